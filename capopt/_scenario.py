@@ -1,0 +1,293 @@
+"""Loading a scenario (TOML file or dict, contract v1) into a `Scenario`."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from ._cards import load_card
+from ._errors import CapoptError
+from ._hardware import GiB, get_hardware
+from ._runtime import get_profile
+from ._specs import (KNOBS, REMAT_POLICIES, Budget, Config, KnobDomain, LoRA, Scenario,
+                     Workload)
+
+DEFAULT_SCENARIO = "llama3-8b-8xh100"
+
+SCHEMA: dict[str, set[str]] = {
+    "": {"name", "model", "hardware", "training", "budget", "config", "objective"},
+    "model": {"card"},
+    "hardware": {"gpu", "count", "per_node", "price_per_gpu_hour"},
+    "training": {"seq_len", "global_batch", "precision", "optimizer", "grad_clip", "runtime",
+                 "lora", "input_samples_per_s", "train_tokens"},
+    "budget": {"vram_gib", "headroom"},
+    "config": set(KNOBS),
+    "objective": {"maximize"},
+}
+
+
+def repo_dir(name: str, env: str) -> Path:
+    """A data folder beside the package (``models/``, ``scenarios/``), or ``$env``."""
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    return Path(__file__).resolve().parent.parent / name
+
+
+def scenarios_dir() -> Path:
+    return repo_dir("scenarios", "CAPOPT_SCENARIOS_DIR")
+
+
+def list_scenarios() -> list[str]:
+    d = scenarios_dir()
+    return sorted(p.stem for p in d.glob("*.toml")) if d.is_dir() else []
+
+
+def resolve_scenario_path(name_or_path: str | os.PathLike) -> Path:
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    cand = scenarios_dir() / f"{name_or_path}.toml"
+    if cand.exists():
+        return cand
+    raise CapoptError(f"no scenario file {str(name_or_path)!r}", field="scenario",
+                      allowed=", ".join(list_scenarios()) + ", or a path to a .toml file")
+
+
+# --------------------------------------------------------------------------------------------
+def _check_keys(table: Mapping, section: str, file: str | None):
+    allowed = SCHEMA[section]
+    for key in table:
+        if key not in allowed:
+            where = f"{section}.{key}" if section else key
+            raise CapoptError(f"unknown key {key!r}", file=file, field=where,
+                              allowed=", ".join(sorted(allowed)))
+
+
+def _get(table: Mapping, key: str, kind, section: str, file, default=...):
+    if key not in table:
+        if default is ...:
+            raise CapoptError("missing required field", file=file, field=f"{section}.{key}")
+        return default
+    v = table[key]
+    ok = {
+        int: isinstance(v, int) and not isinstance(v, bool),
+        float: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: isinstance(v, str),
+        bool: isinstance(v, bool),
+    }[kind]
+    if not ok:
+        raise CapoptError(f"must be {kind.__name__}, got {v!r}", file=file,
+                          field=f"{section}.{key}")
+    return float(v) if kind is float else v
+
+
+def parse_knob(name: str, raw: Any, file: str | None = None) -> KnobDomain:
+    """A `[config]` entry: a value (pinned), a list of allowed values, or ``"auto"``."""
+    spec = KNOBS.get(name)
+    if spec is None:
+        raise CapoptError(f"unknown knob {name!r}", file=file, field=f"config.{name}",
+                          allowed=", ".join(KNOBS))
+    if raw == "auto":
+        return KnobDomain(name, None)
+    values = raw if isinstance(raw, list) else [raw]
+    if not values:
+        raise CapoptError("empty list", file=file, field=f"config.{name}")
+    out = []
+    for v in values:
+        if spec.kind == "int":
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise CapoptError(f"got {v!r}", file=file, field=f"config.{name}",
+                                  allowed='a positive integer, a list of them, or "auto"')
+        elif spec.kind == "choice":
+            if v not in spec.choices or isinstance(v, bool):
+                raise CapoptError(f"got {v!r}", file=file, field=f"config.{name}",
+                                  allowed=", ".join(map(str, spec.choices)) + ', a list, or "auto"')
+        elif spec.kind == "bool":
+            if not isinstance(v, bool):
+                raise CapoptError(f"got {v!r}", file=file, field=f"config.{name}",
+                                  allowed='true, false, [true, false], or "auto"')
+        elif spec.kind == "remat":
+            ok = v in REMAT_POLICIES or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                         and 0.0 <= v <= 1.0)
+            if not ok:
+                raise CapoptError(f"got {v!r}", file=file, field=f"config.{name}",
+                                  allowed='none, selective, full, a fraction in [0, 1], a list, '
+                                          'or "auto"')
+        out.append(v)
+    return KnobDomain(name, tuple(dict.fromkeys(out)))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``knob=value`` from the command line; the value is read as TOML (bare words as strings)."""
+    if "=" not in text:
+        raise CapoptError(f"expected knob=value, got {text!r}", field="--set",
+                          allowed=", ".join(KNOBS))
+    key, value = text.split("=", 1)
+    key, value = key.strip(), value.strip()
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value
+    return key, parsed
+
+
+def _lora(raw, file) -> LoRA | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise CapoptError("must be a table like { rank = 16, targets = [...], base_bits = 4 }",
+                          file=file, field="training.lora")
+    unknown = set(raw) - {"rank", "targets", "base_bits"}
+    if unknown:
+        raise CapoptError(f"unknown key {sorted(unknown)[0]!r}", file=file,
+                          field="training.lora", allowed="rank, targets, base_bits")
+    try:
+        return LoRA(rank=raw.get("rank", 16), targets=tuple(raw.get("targets", ("attn", "mlp"))),
+                    base_bits=raw.get("base_bits", 16))
+    except CapoptError as e:
+        raise e.in_file(file) from None
+
+
+def scenario_from_dict(data: Mapping, *, file: str | None = None,
+                       overrides: Mapping[str, Any] | None = None) -> Scenario:
+    try:
+        return _from_dict(data, file, overrides or {})
+    except CapoptError as e:
+        raise e.in_file(file) if file else e from None
+
+
+def _section(data, name, file) -> Mapping:
+    t = data.get(name, {})
+    if not isinstance(t, dict):
+        raise CapoptError("must be a table", file=file, field=name)
+    _check_keys(t, name, file)
+    return t
+
+
+def _from_dict(data: Mapping, file, overrides) -> Scenario:
+    _check_keys(data, "", file)
+    model_t = _section(data, "model", file)
+    hw_t = _section(data, "hardware", file)
+    tr_t = _section(data, "training", file)
+    bud_t = _section(data, "budget", file)
+    cfg_t = dict(_section(data, "config", file))
+    obj_t = _section(data, "objective", file)
+
+    card = _get(model_t, "card", str, "model", file)
+    base = Path(file).parent if file else Path.cwd()
+    card_path = base / card
+    model = load_card(str(card_path) if (card.endswith((".toml", ".json"))
+                                         and card_path.exists()) else card)
+
+    gpu = _get(hw_t, "gpu", str, "hardware", file)
+    gpu_path = base / gpu
+    hardware = get_hardware(str(gpu_path) if gpu.endswith(".toml") and gpu_path.exists()
+                            else gpu)
+    count = _get(hw_t, "count", int, "hardware", file, 1)
+    per_node = _get(hw_t, "per_node", int, "hardware", file, min(hardware.per_node, count))
+    price = _get(hw_t, "price_per_gpu_hour", float, "hardware", file, None)
+    if price is not None and price < 0:
+        raise CapoptError(f"must be >= 0, got {price}", file=file,
+                          field="hardware.price_per_gpu_hour")
+
+    seq_default = model.native_seq_len or ...
+    workload = Workload(
+        seq_len=_get(tr_t, "seq_len", int, "training", file, seq_default),
+        global_batch=_get(tr_t, "global_batch", int, "training", file),
+        precision=_get(tr_t, "precision", str, "training", file, "bf16-mixed"),
+        optimizer=_get(tr_t, "optimizer", str, "training", file, "adamw"),
+        grad_clip=_get(tr_t, "grad_clip", bool, "training", file, True),
+        lora=_lora(tr_t.get("lora"), file),
+        input_samples_per_s=_get(tr_t, "input_samples_per_s", float, "training", file, None),
+        train_tokens=_get(tr_t, "train_tokens", float, "training", file, None),
+    )
+    runtime = get_profile(_get(tr_t, "runtime", str, "training", file, "xla-gpu"))
+
+    vram_gib = _get(bud_t, "vram_gib", float, "budget", file, hardware.memory_bytes / GiB)
+    if not vram_gib > 0:
+        raise CapoptError(f"must be > 0, got {vram_gib}", file=file, field="budget.vram_gib")
+    budget = Budget(vram_bytes=int(vram_gib * GiB),
+                    headroom=_get(bud_t, "headroom", float, "budget", file, 0.10))
+
+    for key, value in overrides.items():
+        if key not in KNOBS:
+            raise CapoptError(f"unknown knob {key!r}", field="--set", allowed=", ".join(KNOBS))
+        cfg_t[key] = value
+    knobs = tuple(parse_knob(name, raw, file) for name, raw in cfg_t.items())
+
+    return Scenario(
+        name=_get(data, "name", str, "", file, Path(file).stem if file else "scenario"),
+        model=model, hardware=hardware, count=count, per_node=per_node, workload=workload,
+        budget=budget, runtime=runtime, knobs=knobs,
+        objective=_get(obj_t, "maximize", str, "objective", file, "throughput"),
+        price_per_gpu_hour=price, path=file)
+
+
+def load_scenario(path_or_dict: str | os.PathLike | Mapping | None = None, *,
+                  overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """A `Scenario` from a TOML path, a scenario name in ``scenarios/``, or a dict.
+
+    ``None`` loads the default scenario. Bad input raises `CapoptError` naming file and field.
+    """
+    if isinstance(path_or_dict, Mapping):
+        return scenario_from_dict(path_or_dict, overrides=overrides)
+    path = resolve_scenario_path(path_or_dict or DEFAULT_SCENARIO)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise CapoptError(f"malformed TOML: {e}", file=str(path)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CapoptError(f"cannot read: {e}", file=str(path)) from None
+    return scenario_from_dict(data, file=str(path), overrides=overrides)
+
+
+def pinned_config(sc: Scenario, **knobs) -> Config:
+    """The one `Config` a scenario pins (plus ``knobs``), with defaults filling the rest.
+
+    Unpinned parallel degrees default to pure data parallelism over all devices; an unpinned
+    micro-batch to the largest that divides the per-replica batch with no accumulation is not
+    guessed: `plan` needs every knob pinned or defaulted.
+    """
+    values: dict[str, Any] = {}
+    for name, spec in KNOBS.items():
+        if name in knobs:
+            values[name] = knobs[name]
+            continue
+        dom = sc.knob(name)
+        if dom.pinned:
+            values[name] = dom.values[0]
+        elif spec.default != "auto":
+            values[name] = spec.default
+    tp, pp = values.setdefault("tp", 1), values.setdefault("pp", 1)
+    if "dp" not in values:
+        values["dp"] = max(sc.count // (tp * pp), 1)
+    values.setdefault("zero_stage", 0)
+    values.setdefault("sequence_parallel", False)
+    values.setdefault("remat", "none")
+    dp = values["dp"]
+    per_replica = sc.workload.global_batch // dp if sc.workload.global_batch % dp == 0 else None
+    if "micro_batch" not in values and "grad_accum" not in values:
+        missing = "config.micro_batch"
+        raise CapoptError("plan needs micro_batch or grad_accum pinned (or use optimize)",
+                          file=sc.path, field=missing, allowed="a positive integer")
+    if per_replica is None:
+        raise CapoptError(f"global_batch {sc.workload.global_batch} is not divisible by dp {dp}",
+                          file=sc.path, field="config.dp")
+    if "micro_batch" not in values:
+        ga = values["grad_accum"]
+        if per_replica % ga:
+            raise CapoptError(f"per-replica batch {per_replica} not divisible by grad_accum {ga}",
+                              file=sc.path, field="config.grad_accum")
+        values["micro_batch"] = per_replica // ga
+    if "grad_accum" not in values:
+        mb = values["micro_batch"]
+        if per_replica % mb:
+            raise CapoptError(f"per-replica batch {per_replica} not divisible by micro_batch "
+                              f"{mb}", file=sc.path, field="config.micro_batch")
+        values["grad_accum"] = per_replica // mb
+    try:
+        return Config(**values)
+    except CapoptError as e:
+        raise e.in_file(sc.path) if sc.path else e from None

@@ -1,0 +1,257 @@
+"""Specs: the workload, the budget, one concrete `Config`, the knob domains, the `Scenario`.
+
+Plain frozen dataclasses: no numerics beyond validation, no I/O. Constructors raise
+`CapoptError` naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import CapoptError
+from ._hardware import Hardware
+from ._model import ModelSpec
+from ._runtime import RuntimeProfile
+
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed")
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adamw-8bit")
+REMAT_POLICIES = ("none", "selective", "full")
+OBJECTIVES = ("throughput", "cost_efficiency")
+LORA_TARGETS = ("attn", "mlp")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class LoRA:
+    """Low-rank adapters on the chosen matrices; ``base_bits`` 4 is QLoRA (NF4 base)."""
+
+    rank: int = 16
+    targets: tuple[str, ...] = ("attn", "mlp")
+    base_bits: int = 16       # 16: base weights in the compute dtype; 8; 4: NF4 (QLoRA)
+
+    def __post_init__(self):
+        if not _is_int(self.rank) or self.rank < 1:
+            raise CapoptError(f"must be a positive integer, got {self.rank!r}",
+                              field="training.lora.rank")
+        bad = [t for t in self.targets if t not in LORA_TARGETS]
+        if bad or not self.targets:
+            raise CapoptError(f"unknown targets {bad or self.targets!r}",
+                              field="training.lora.targets", allowed=", ".join(LORA_TARGETS))
+        if self.base_bits not in (4, 8, 16):
+            raise CapoptError(f"got {self.base_bits!r}", field="training.lora.base_bits",
+                              allowed="4, 8, 16")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one optimizer step processes, and how."""
+
+    seq_len: int
+    global_batch: int
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    grad_clip: bool = True
+    lora: LoRA | None = None
+    input_samples_per_s: float | None = None    # data-loader rate (None: not a limit)
+    train_tokens: float | None = None           # for time-to-train
+
+    def __post_init__(self):
+        if not _is_int(self.seq_len) or self.seq_len < 1:
+            raise CapoptError(f"must be a positive integer, got {self.seq_len!r}",
+                              field="training.seq_len")
+        if not _is_int(self.global_batch) or self.global_batch < 1:
+            raise CapoptError(f"must be a positive integer, got {self.global_batch!r}",
+                              field="training.global_batch")
+        if self.precision not in PRECISIONS:
+            raise CapoptError(f"unknown precision {self.precision!r}",
+                              field="training.precision", allowed=", ".join(PRECISIONS))
+        if self.optimizer not in OPTIMIZERS:
+            raise CapoptError(f"unknown optimizer {self.optimizer!r}",
+                              field="training.optimizer", allowed=", ".join(OPTIMIZERS))
+        if self.input_samples_per_s is not None and not self.input_samples_per_s > 0:
+            raise CapoptError(f"must be > 0, got {self.input_samples_per_s!r}",
+                              field="training.input_samples_per_s")
+        if self.train_tokens is not None and not self.train_tokens > 0:
+            raise CapoptError(f"must be > 0, got {self.train_tokens!r}",
+                              field="training.train_tokens")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Per-device memory budget; the model must fit in ``vram_bytes * (1 - headroom)``."""
+
+    vram_bytes: int
+    headroom: float = 0.10
+
+    def __post_init__(self):
+        if not self.vram_bytes > 0:
+            raise CapoptError(f"must be > 0, got {self.vram_bytes!r}", field="budget.vram_gib")
+        if not 0.0 <= self.headroom < 1.0:
+            raise CapoptError(f"must be in [0, 1), got {self.headroom!r}",
+                              field="budget.headroom")
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.vram_bytes * (1.0 - self.headroom)
+
+
+# --------------------------------------------------------------------------------------------
+# Knobs
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KnobSpec:
+    name: str
+    kind: str              # "int" | "bool" | "choice" | "remat"
+    default: Any
+    help: str
+    choices: tuple = ()
+
+
+KNOBS: dict[str, KnobSpec] = {k.name: k for k in [
+    KnobSpec("micro_batch", "int", "auto", "sequences per device per forward/backward"),
+    KnobSpec("grad_accum", "int", "auto", "micro-batches per optimizer step"),
+    KnobSpec("dp", "int", "auto", "data-parallel degree (replicas or ZeRO/FSDP shards)"),
+    KnobSpec("zero_stage", "choice", "auto", "ZeRO stage (3 = FSDP)", (0, 1, 2, 3)),
+    KnobSpec("tp", "int", "auto", "tensor-parallel degree"),
+    KnobSpec("pp", "int", "auto", "pipeline-parallel degree"),
+    KnobSpec("ep", "int", 1, "expert-parallel degree (MoE; divides dp)"),
+    KnobSpec("sequence_parallel", "bool", "auto", "shard norms/dropout over tp"),
+    KnobSpec("remat", "remat", "auto",
+             "activation checkpointing: none | selective | full, or the fraction of layers "
+             "fully recomputed"),
+    KnobSpec("offload_optimizer", "bool", False, "optimizer state in host memory"),
+    KnobSpec("flash_attention", "bool", True, "fused attention (no materialised scores)"),
+]}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One concrete choice of every knob."""
+
+    micro_batch: int = 1
+    grad_accum: int = 1
+    dp: int = 1
+    zero_stage: int = 0
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    remat: str | float = "none"
+    offload_optimizer: bool = False
+    flash_attention: bool = True
+
+    def __post_init__(self):
+        for name in ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise CapoptError(f"must be a positive integer, got {v!r}", field=f"config.{name}")
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise CapoptError(f"got {self.zero_stage!r}", field="config.zero_stage",
+                              allowed="0, 1, 2, 3")
+        r = self.remat
+        if isinstance(r, str):
+            if r not in REMAT_POLICIES:
+                raise CapoptError(f"got {r!r}", field="config.remat",
+                                  allowed="none, selective, full, or a fraction in [0, 1]")
+        elif isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
+            raise CapoptError(f"got {r!r}", field="config.remat",
+                              allowed="none, selective, full, or a fraction in [0, 1]")
+        for name in ("sequence_parallel", "offload_optimizer", "flash_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise CapoptError(f"must be true or false, got {getattr(self, name)!r}",
+                                  field=f"config.{name}")
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def remat_weights(self) -> tuple[float, float, float]:
+        """Fraction of layers under (none, selective, full) recomputation."""
+        r = self.remat
+        if r == "none":
+            return (1.0, 0.0, 0.0)
+        if r == "selective":
+            return (0.0, 1.0, 0.0)
+        if r == "full":
+            return (0.0, 0.0, 1.0)
+        return (1.0 - float(r), 0.0, float(r))
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class KnobDomain:
+    """What the scenario allows for one knob: one value, a list of values, or ``auto``."""
+
+    name: str
+    values: tuple | None          # None means "auto"
+
+    @property
+    def pinned(self) -> bool:
+        return self.values is not None and len(self.values) == 1
+
+    @property
+    def auto(self) -> bool:
+        return self.values is None
+
+    def allows(self, value) -> bool:
+        return self.values is None or value in self.values
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    model: ModelSpec
+    hardware: Hardware
+    count: int
+    per_node: int
+    workload: Workload
+    budget: Budget
+    runtime: RuntimeProfile
+    knobs: tuple[KnobDomain, ...] = ()
+    objective: str = "throughput"
+    price_per_gpu_hour: float | None = None
+    path: str | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if not _is_int(self.count) or self.count < 1:
+            raise CapoptError(f"must be a positive integer, got {self.count!r}",
+                              file=self.path, field="hardware.count")
+        if not _is_int(self.per_node) or self.per_node < 1:
+            raise CapoptError(f"must be a positive integer, got {self.per_node!r}",
+                              file=self.path, field="hardware.per_node")
+        if self.objective not in OBJECTIVES:
+            raise CapoptError(f"got {self.objective!r}", file=self.path,
+                              field="objective.maximize", allowed=", ".join(OBJECTIVES))
+        if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
+            raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
+                              file=self.path, field="objective.maximize")
+
+    @property
+    def seq_len(self) -> int:
+        return self.model.native_seq_len or self.workload.seq_len
+
+    @property
+    def gpu_hour_price(self) -> float | None:
+        if self.price_per_gpu_hour is not None:
+            return self.price_per_gpu_hour
+        return self.hardware.price_per_hour
+
+    def knob(self, name: str) -> KnobDomain:
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        d = KNOBS[name].default
+        return KnobDomain(name, None if d == "auto" else (d,))
+
+    def replace(self, **changes) -> "Scenario":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,206 @@
+"""``capopt``: the command line. Parses, calls the library, prints; no numerics here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ._errors import CapoptError
+from ._format import GiB, bar, gib, seconds, si, table
+
+MEMORY_LABELS = [("params_bytes", "parameters"), ("grads_bytes", "gradients"),
+                 ("optimizer_bytes", "optimizer state"), ("activations_bytes", "activations"),
+                 ("logits_bytes", "logits / loss"), ("comm_bytes", "communication buffers"),
+                 ("overhead_bytes", "runtime overhead")]
+
+
+def _config_line(cfg: dict) -> str:
+    keys = ("micro_batch", "grad_accum", "dp", "zero_stage", "tp", "pp", "ep",
+            "sequence_parallel", "remat", "offload_optimizer", "flash_attention")
+    short = {"micro_batch": "mb", "grad_accum": "ga", "zero_stage": "zero",
+             "sequence_parallel": "sp", "offload_optimizer": "offload",
+             "flash_attention": "flash"}
+    parts = []
+    for k in keys:
+        v = cfg[k]
+        if isinstance(v, bool):
+            v = "on" if v else "off"
+        parts.append(f"{short.get(k, k)}={v}")
+    return " ".join(parts)
+
+
+def render_plan(p: dict, title: str | None = None) -> str:
+    mem, tm, thr = p["memory"], p["time"], p["throughput"]
+    total = mem["total_bytes"]
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append(f"config: {_config_line(p['config'])}")
+    rows = [(label, gib(mem[key]), f"{100 * mem[key] / total:5.1f}%", bar(mem[key] / total))
+            for key, label in MEMORY_LABELS]
+    rows.append(("total", gib(total), "100.0%", ""))
+    lines.append(table(rows, ["per device (GiB)", "GiB", "share", ""], "lrrl"))
+    budget = mem["budget_bytes"]
+    verdict = "FITS" if p["fits"] else "DOES NOT FIT"
+    lines.append(f"budget {gib(budget)} GiB usable of {gib(mem['vram_bytes'])} GiB: {verdict} "
+                 f"({gib(abs(budget - total))} GiB {'free' if p['fits'] else 'over'})")
+    if tm:
+        trows = [(k[:-2].replace("_", " "), seconds(v)) for k, v in tm.items()
+                 if k.endswith("_s") and k != "step_s" and v > 0]
+        trows.append(("step", seconds(tm["step_s"])))
+        lines.append("")
+        lines.append(table(trows, ["step time", ""], "lr"))
+        bits = [f"{si(thr['tokens_per_s'], 'tok/s')}"]
+        if "tokens_per_s_per_device" in thr:
+            bits.append(f"{si(thr['tokens_per_s_per_device'], 'tok/s')} per device")
+        if "mfu" in thr:
+            bits.append(f"MFU {100 * thr['mfu']:.1f}%")
+        if thr.get("hfu"):
+            bits.append(f"HFU {100 * thr['hfu']:.1f}%")
+        if thr.get("time_to_train_s"):
+            bits.append(f"time to train {seconds(thr['time_to_train_s'])}")
+        if thr.get("cost_per_million_tokens"):
+            bits.append(f"${thr['cost_per_million_tokens']:.3f} per M tokens")
+        lines.append("throughput: " + ", ".join(bits))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+def _overrides(items: list[str] | None) -> dict[str, Any]:
+    from ._scenario import parse_override
+    return dict(parse_override(s) for s in items or [])
+
+
+def cmd_plan(args) -> int:
+    from ._plan import plan
+    from ._scenario import load_scenario
+    sc = load_scenario(args.scenario, overrides=_overrides(args.set))
+    p = plan(sc)
+    d = p.to_dict()
+    if args.json:
+        print(json.dumps(d, indent=2))
+    else:
+        print(render_plan(d, f"{sc.name}: {sc.model.name} on {sc.count}x {sc.hardware.name}"))
+    if args.plot:
+        from .plots import memory_breakdown, save
+        save(memory_breakdown([p]), args.plot)
+    return 0
+
+
+def cmd_optimize(args) -> int:
+    from ._scenario import load_scenario
+    from .search import optimize
+    sc = load_scenario(args.scenario, overrides=_overrides(args.set))
+    res = optimize(sc, top_k=args.top, method=args.method, seed=args.seed)
+    d = res.to_dict()
+    if args.json:
+        print(json.dumps(d, indent=2))
+    else:
+        print(res.render())
+    if args.plot:
+        from .plots import pareto, save
+        save(pareto(res), args.plot)
+    return 0 if d["status"] == "ok" else 2
+
+
+def cmd_catalog(args) -> int:
+    if args.what == "gpus":
+        from ._hardware import load_catalog
+        cat = load_catalog()
+        rows = [(h.name, f"{h.memory_bytes / GiB:.0f}", si(h.peak('bf16'), 'FLOP/s')
+                 if 'bf16' in dict(h.peak_flops) else "-", si(h.mem_bw, "B/s"),
+                 si(h.intra_node_bw, "B/s"), h.per_node) for h in cat.values()]
+        if args.json:
+            print(json.dumps({h.name: {"memory_bytes": h.memory_bytes,
+                                       "peak_flops": dict(h.peak_flops), "mem_bw": h.mem_bw,
+                                       "source": h.source} for h in cat.values()}, indent=2))
+        else:
+            print(table(rows, ["gpu", "GiB", "bf16 dense", "HBM", "intra-node", "per node"]))
+    elif args.what == "models":
+        from ._cards import list_cards, load_card
+        cards = [load_card(n) for n in list_cards()]
+        if args.json:
+            print(json.dumps({c.name: {"family": c.family, "params": c.num_params(),
+                                       "published_params": c.published_params}
+                              for c in cards}, indent=2))
+        else:
+            rows = [(c.name, c.family, si(c.num_params()), c.num_hidden_layers, c.hidden_size,
+                     c.num_attention_heads, c.kv_heads,
+                     f"{c.num_local_experts}x top{c.num_experts_per_tok}" if c.is_moe else "")
+                    for c in cards]
+            print(table(rows, ["card", "family", "params", "layers", "hidden", "heads", "kv",
+                               "experts"]))
+    elif args.what == "scenarios":
+        from ._scenario import list_scenarios
+        print("\n".join(list_scenarios()))
+    else:
+        from ._runtime import list_profiles
+        print("\n".join(list_profiles()))
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from .doctor import run_doctor
+    rep = run_doctor(run_step=not args.no_step)
+    print(json.dumps(rep.to_dict(), indent=2) if args.json else rep.render())
+    return rep.exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="capopt", description="The fastest training config that fits your GPU memory.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    def scenario_args(p, optional=False):
+        p.add_argument("scenario", nargs="?" if optional else None, default=None,
+                       help="scenario .toml path or a name in scenarios/ "
+                            + ("(default: the default scenario)" if optional else ""))
+        p.add_argument("--set", action="append", metavar="KNOB=VALUE",
+                       help="pin a knob, e.g. --set micro_batch=2 --set remat=full")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--plot", metavar="FILE", help="also save a figure (PNG/SVG/PDF)")
+
+    p = sub.add_parser("plan", help="memory and time of one config")
+    scenario_args(p, optional=True)
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("optimize", help="find the fastest config that fits")
+    scenario_args(p, optional=True)
+    p.add_argument("--top", type=int, default=5, help="candidates to show")
+    p.add_argument("--method", choices=["gradient", "exhaustive"], default="gradient")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("catalog", help="list GPUs, model cards, scenarios, runtime profiles")
+    p.add_argument("what", choices=["gpus", "models", "scenarios", "profiles"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_catalog)
+
+    p = sub.add_parser("doctor", help="check the GPU-training setup of this machine")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-step", action="store_true", help="skip the tiny training step")
+    p.set_defaults(func=cmd_doctor)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command not in ("doctor", "validate"):
+        # The cost model is a few scalars: keep it off the accelerator (and its memory) so
+        # planning never disturbs a training job running beside it.
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    try:
+        return args.func(args)
+    except CapoptError as e:
+        print(f"capopt: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("capopt: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""`estimate(config, scenario) -> Estimate`: the one pure entry point to the cost model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+
+from .._specs import Config, Scenario
+from ._inputs import Knobs, knobs_from_config, numbers_pytree
+from .memory import memory
+from .time import time_terms
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Per-device memory terms (bytes), time terms (seconds) and throughput figures.
+
+    A pytree of scalars (or of arrays, when evaluated under `vmap`).
+    """
+
+    memory: dict
+    time: dict
+    throughput: dict
+
+    def to_dict(self) -> dict:
+        conv = lambda d: {k: float(v) for k, v in d.items()}  # noqa: E731
+        return {"memory": conv(self.memory), "time": conv(self.time),
+                "throughput": conv(self.throughput)}
+
+    @property
+    def fits(self):
+        return self.memory["total_bytes"] <= self.memory["budget_bytes"]
+
+
+jax.tree_util.register_dataclass(Estimate, data_fields=["memory", "time", "throughput"],
+                                 meta_fields=[])
+
+
+def estimate_numbers(k: Knobs, n: dict) -> Estimate:
+    """The cost model on raw pytrees (traceable; what `jit`, `grad` and `vmap` see)."""
+    mem = memory(k, n)
+    time, thr = time_terms(k, n, mem)
+    return Estimate(memory=mem, time=time, throughput=thr)
+
+
+_estimate_jit = jax.jit(estimate_numbers)
+
+
+def estimate(config: Config | Knobs, scenario: Scenario | dict, *, jit: bool = True) -> Estimate:
+    """Memory and time of ``config`` (a `Config` or relaxed `Knobs`) in ``scenario``."""
+    k = knobs_from_config(config) if isinstance(config, Config) else config
+    n = numbers_pytree(scenario)
+    return (_estimate_jit if jit else estimate_numbers)(k, n)
+
+
+__all__ = ["Estimate", "estimate", "estimate_numbers"]

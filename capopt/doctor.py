@@ -1,0 +1,1497 @@
+"""``capopt doctor``: is this machine ready to train on its GPU with JAX?
+
+The checklist, in order:
+
+1. ``accelerator``: does the NVIDIA driver see a GPU (NVML, else ``nvidia-smi``)? Name,
+   driver version, the CUDA version the driver supports, memory total / used, and the
+   processes already holding memory.
+2. ``jax-backend``: does JAX use it? ``jax.default_backend()``, the devices, and a *fail*
+   when the driver sees a GPU but JAX silently fell back to the CPU.
+3. ``cuda-versions``: the CUDA / cuDNN that jaxlib was built for against what the driver
+   and the installed libraries provide, plus the version errors JAX and XLA log.
+4. ``tiny-step``: a small jitted forward + backward step on the default device, timed
+   (compile versus run), its outputs confirmed to live on that device, with
+   ``device.memory_stats()`` when the device reports it.
+5. ``memory-settings``: what ``XLA_PYTHON_CLIENT_PREALLOCATE``, ``*_MEM_FRACTION``,
+   ``XLA_PYTHON_CLIENT_ALLOCATOR``, ``TF_GPU_ALLOCATOR`` and ``XLA_FLAGS`` mean for the
+   numbers people see.
+6. ``versions``: Python, jax, jaxlib, the CUDA plugin, flax, optax.
+
+Each check is split in two: a *probe* that gathers raw outputs from the machine
+(`probe_driver`, `probe_jax`, `probe_step`, `probe_versions`, plus the environment) and a
+pure *judge* that turns raw outputs into a `Check` (`judge_driver`, `judge_jax`,
+`judge_cuda_versions`, `judge_step`, `judge_memory_settings`, `judge_versions`). Judges
+run as well on outputs recorded elsewhere, e.g. a pasted ``jax.print_environment_info()``
+(`parse_environment_info`).
+
+A machine without an accelerator gets a clean report and exit code 0::
+
+    >>> report = run_doctor(run_step=False)
+    >>> report.exit_code
+    0
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from capopt.monitor import GIB, MIB, explain_memory, load_nvml
+
+__all__ = [
+    "Check",
+    "DoctorReport",
+    "DriverFacts",
+    "DriverRaw",
+    "JaxRaw",
+    "StepRaw",
+    "VersionsRaw",
+    "diagnose",
+    "judge_cuda_versions",
+    "judge_driver",
+    "judge_jax",
+    "judge_memory_settings",
+    "judge_step",
+    "judge_versions",
+    "parse_environment_info",
+    "parse_query_apps_csv",
+    "parse_query_gpu_csv",
+    "parse_smi_table",
+    "probe_driver",
+    "probe_jax",
+    "probe_step",
+    "probe_versions",
+    "read_driver",
+    "run_doctor",
+]
+
+Status = Literal["ok", "warn", "fail", "skip"]
+STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")
+_SEVERITY = {"skip": 0, "ok": 1, "warn": 2, "fail": 3}
+
+MEMORY_ENV_VARS: tuple[str, ...] = (
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+    "TF_GPU_ALLOCATOR",
+    "XLA_FLAGS",
+)
+"""Environment variables the ``memory-settings`` check explains."""
+
+QUERY_GPU_FIELDS: tuple[str, ...] = ("index", "name", "driver_version", "memory.total", "memory.used", "pci.bus_id")
+QUERY_APPS_FIELDS: tuple[str, ...] = ("gpu_bus_id", "pid", "process_name", "used_memory")
+SMI_TIMEOUT_S = 15.0
+OTHER_PROCESS_MEMORY_WARN_FRACTION = 0.10
+"""Memory already in use above this fraction of a GPU, before capopt ran, is worth a warning."""
+PLUGIN_DISTRIBUTIONS: tuple[str, ...] = (
+    "jax-cuda12-plugin",
+    "jax-cuda12-pjrt",
+    "jax-cuda13-plugin",
+    "jax-cuda13-pjrt",
+    "jax-rocm-plugin",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Report types
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the checklist.
+
+    Attributes:
+        name: stable identifier (``accelerator``, ``jax-backend``, ...).
+        status: ``ok`` | ``warn`` | ``fail`` | ``skip``.
+        saw: what was found, one or two sentences a person can read.
+        fix: what to do about it, or ``None``.
+        data: the facts behind ``saw`` as JSON-able values.
+    """
+
+    name: str
+    status: Status
+    saw: str
+    fix: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "saw": self.saw, "fix": self.fix, "data": _jsonable(self.data)}
+
+
+@dataclass
+class DoctorReport:
+    """The checklist's result; `to_dict` is the ``--json`` output, `render` the terminal table."""
+
+    checks: list[Check]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when any check failed, else 0 (a machine without an accelerator is not a failure)."""
+        return 1 if any(c.status == "fail" for c in self.checks) else 0
+
+    def check(self, name: str) -> Check:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def summary(self) -> dict[str, Any]:
+        counts = {s: sum(1 for c in self.checks if c.status == s) for s in STATUSES}
+        accelerator = None
+        backend = None
+        for c in self.checks:
+            if c.name == "accelerator" and c.data.get("gpus"):
+                accelerator = c.data["gpus"][0].get("name")
+            if c.name == "jax-backend":
+                backend = c.data.get("backend")
+        return {**counts, "exit_code": self.exit_code, "accelerator": accelerator, "backend": backend}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checks": [c.to_dict() for c in self.checks], "summary": _jsonable(self.summary())}
+
+    def render(self, width: int = 100) -> str:
+        """A plain-text table: status, check, what was seen, and the fix under failing rows."""
+        s = self.summary()
+        head = ", ".join(f"{s[k]} {k}" for k in ("fail", "warn", "ok", "skip") if s[k])
+        lines = [f"capopt doctor: {head}", ""]
+        name_w = max(len(c.name) for c in self.checks) if self.checks else 5
+        saw_w = max(30, width - 8 - name_w - 4)
+        lines.append(f"  {'STATUS':<6}  {'CHECK':<{name_w}}  SAW")
+        for c in self.checks:
+            tag = c.status.upper() if c.status in ("warn", "fail") else c.status
+            wrapped = textwrap.wrap(c.saw, saw_w) or [""]
+            lines.append(f"  {tag:<6}  {c.name:<{name_w}}  {wrapped[0]}")
+            pad = " " * (2 + 6 + 2 + name_w + 2)
+            lines.extend(pad + w for w in wrapped[1:])
+            if c.fix and c.status in ("warn", "fail"):
+                fix_lines = textwrap.wrap("fix: " + c.fix, saw_w)
+                lines.extend(pad + w for w in fix_lines)
+        lines.append("")
+        lines.append(f"exit code {self.exit_code}")
+        return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types only: dicts with str keys, lists, str, int, float, bool, None."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    try:  # numpy scalars and the like
+        return value.item()
+    except Exception:
+        return str(value)
+
+
+def _worst(statuses: Sequence[Status]) -> Status:
+    return max(statuses, key=lambda s: _SEVERITY[s]) if statuses else "ok"
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw inputs (what probes gather and judges read)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DriverRaw:
+    """What the NVIDIA driver said, as gathered.
+
+    Attributes:
+        nvml: facts read through NVML as plain data (``driver_version``,
+            ``cuda_driver_version`` as NVML's integer, ``gpus``, ``processes``), or ``None``.
+        nvml_error: why NVML gave nothing.
+        smi_path: where ``nvidia-smi`` was found; ``None`` when it is not on PATH.
+        smi_query_gpu: output of ``nvidia-smi --query-gpu=...`` (CSV, any header/units form).
+        smi_query_apps: output of ``nvidia-smi --query-compute-apps=...`` (CSV).
+        smi_table: output of plain ``nvidia-smi`` (the table; its header carries the CUDA
+            version the driver supports).
+        smi_error: what ``nvidia-smi`` printed when it failed.
+        pci_nvidia_devices: NVIDIA display/3D controllers on the PCI bus (Linux), or ``None``.
+    """
+
+    nvml: dict[str, Any] | None = None
+    nvml_error: str | None = None
+    smi_path: str | None = None
+    smi_query_gpu: str | None = None
+    smi_query_apps: str | None = None
+    smi_table: str | None = None
+    smi_error: str | None = None
+    pci_nvidia_devices: int | None = None
+
+
+@dataclass(frozen=True)
+class JaxRaw:
+    """What JAX said about itself.
+
+    Attributes:
+        jax_version / jaxlib_version: version strings, ``None`` if unknown.
+        backend: ``jax.default_backend()`` (``cpu``, ``gpu``, ``tpu``, ...).
+        devices: ``repr`` of each device.
+        device_kinds: ``device.device_kind`` of each device.
+        backend_errors: platform -> error text for backends that failed to initialise.
+        log_text: warnings JAX / XLA logged (or pasted from a report).
+        cuda_versions: integers from jaxlib's CUDA version helpers: ``cuda_runtime_build``,
+            ``cuda_runtime``, ``cudnn_build``, ``cudnn``, ``cuda_driver`` (absent if unknown).
+        plugins: installed JAX accelerator plugin distributions -> version.
+        env: ``JAX_PLATFORMS`` and ``CUDA_VISIBLE_DEVICES`` as seen by the process.
+        error: why JAX could not be imported or initialised.
+    """
+
+    jax_version: str | None = None
+    jaxlib_version: str | None = None
+    backend: str | None = None
+    devices: tuple[str, ...] = ()
+    device_kinds: tuple[str, ...] = ()
+    backend_errors: Mapping[str, str] = field(default_factory=dict)
+    log_text: str = ""
+    cuda_versions: Mapping[str, int | None] = field(default_factory=dict)
+    plugins: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StepRaw:
+    """The tiny training step, as measured.
+
+    Attributes:
+        platform: the default device's platform.
+        device: ``repr`` of the default device.
+        output_platforms: platform of every device holding an output array.
+        compile_s: lowering + compilation time.
+        run_s: median wall time of the compiled step after one warm-up call.
+        first_run_s: the warm-up call (includes transfers of the inputs).
+        memory_stats: ``device.memory_stats()`` after the step, ``None`` when unsupported.
+        error: the exception text when the step failed.
+    """
+
+    platform: str | None = None
+    device: str | None = None
+    output_platforms: tuple[str, ...] = ()
+    compile_s: float | None = None
+    run_s: float | None = None
+    first_run_s: float | None = None
+    memory_stats: Mapping[str, int] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class VersionsRaw:
+    """Interpreter and package versions (``None`` = not installed)."""
+
+    python: str
+    packages: Mapping[str, str | None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing nvidia-smi output
+# ---------------------------------------------------------------------------------------------
+
+_UNIT_RE = re.compile(r"\s*\[[^\]]*\]$")
+_NUMBER_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:%|MiB|W|MHz|C|us)?\s*$")
+_FIELD_ALIASES = {"used_gpu_memory": "used_memory", "gpu_name": "name", "gpu_bus_id": "gpu_bus_id"}
+
+
+def _number(cell: str | None) -> float | None:
+    if cell is None:
+        return None
+    m = _NUMBER_RE.match(cell)
+    return float(m.group(1)) if m else None
+
+
+def _csv_rows(text: str, fields: Sequence[str]) -> list[dict[str, str]]:
+    """Rows of nvidia-smi CSV keyed by field name; reads the header when there is one."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return []
+    first = [_UNIT_RE.sub("", c.strip()) for c in lines[0].split(",")]
+    known = set(fields) | set(_FIELD_ALIASES) | set(_FIELD_ALIASES.values())
+    if any(c in known for c in first) and not any(_number(c) is not None for c in first):
+        names = [_FIELD_ALIASES.get(c, c) for c in first]
+        body = lines[1:]
+    else:
+        names = list(fields)
+        body = lines
+    return [dict(zip(names, (v.strip() for v in ln.split(",")))) for ln in body]
+
+
+def _mib_to_bytes(cell: str | None) -> int | None:
+    v = _number(cell)
+    return None if v is None else int(v * MIB)
+
+
+def parse_query_gpu_csv(text: str, fields: Sequence[str] = QUERY_GPU_FIELDS) -> list[dict[str, Any]]:
+    """GPUs from ``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]``.
+
+    Returns dicts with ``index``, ``name``, ``driver_version``, ``memory_total_bytes``,
+    ``memory_used_bytes`` and ``bus_id`` (``None`` where the query lacks the field).
+    Without a header, ``fields`` names the columns in order.
+    """
+    gpus = []
+    for i, row in enumerate(_csv_rows(text, fields)):
+        idx = _number(row.get("index"))
+        gpus.append(
+            {
+                "index": int(idx) if idx is not None else i,
+                "name": row.get("name"),
+                "driver_version": row.get("driver_version"),
+                "memory_total_bytes": _mib_to_bytes(row.get("memory.total")),
+                "memory_used_bytes": _mib_to_bytes(row.get("memory.used")),
+                "bus_id": row.get("pci.bus_id"),
+            }
+        )
+    return gpus
+
+
+def parse_query_apps_csv(text: str, fields: Sequence[str] = QUERY_APPS_FIELDS) -> list[dict[str, Any]]:
+    """Processes from ``nvidia-smi --query-compute-apps=...`` (``pid``, ``name``, ``used_bytes``, ``bus_id``)."""
+    procs = []
+    for row in _csv_rows(text, fields):
+        pid = _number(row.get("pid"))
+        if pid is None:
+            continue
+        procs.append(
+            {
+                "pid": int(pid),
+                "name": row.get("process_name"),
+                "used_bytes": _mib_to_bytes(row.get("used_memory")),
+                "bus_id": row.get("gpu_bus_id"),
+            }
+        )
+    return procs
+
+
+_SMI_DRIVER_RE = re.compile(r"(?:Driver|KMD) Version:\s*([0-9][0-9.]*)")
+_SMI_CUDA_RE = re.compile(r"CUDA(?: UMD)? Version:\s*([0-9][0-9.]*|N/A)")
+_SMI_GPU_ROW_RE = re.compile(
+    r"^\|\s+(\d+)\s+(.+?)\s+(?:On|Off|N/A)\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])"
+)
+_SMI_MEM_RE = re.compile(r"(\d+)MiB\s*/\s*(\d+)MiB")
+_SMI_PROC_RE = re.compile(
+    r"^\|\s+(\d+)\s+(?:(?:N/A|\d+)\s+(?:N/A|\d+)\s+)?(\d+)\s+(C\+G|C|G|M|M\+C)\s+(.+?)\s+(N/A|\d+MiB)\s*\|\s*$"
+)
+
+
+def parse_smi_table(text: str) -> dict[str, Any]:
+    """Facts from plain ``nvidia-smi`` output (old and new table layouts).
+
+    Returns ``driver_version``, ``cuda_version`` (the newest CUDA the driver supports),
+    ``gpus`` (``index``, ``name``, ``bus_id``, ``memory_used_bytes``,
+    ``memory_total_bytes``), ``processes`` and ``header_seen``. Names in old layouts may be
+    truncated by nvidia-smi (``NVIDIA A100-SXM...``).
+    """
+    driver = _SMI_DRIVER_RE.search(text)
+    cuda = _SMI_CUDA_RE.search(text)
+    gpus: list[dict[str, Any]] = []
+    procs: list[dict[str, Any]] = []
+    expect_mem = False
+    in_procs = False
+    for line in text.splitlines():
+        if "Processes:" in line:
+            in_procs = True
+            continue
+        if in_procs:
+            m = _SMI_PROC_RE.match(line)
+            if m:
+                mem = m.group(5)
+                procs.append(
+                    {
+                        "gpu_index": int(m.group(1)),
+                        "pid": int(m.group(2)),
+                        "type": m.group(3),
+                        "name": m.group(4),
+                        "used_bytes": None if mem == "N/A" else int(mem[:-3]) * MIB,
+                    }
+                )
+            continue
+        m = _SMI_GPU_ROW_RE.match(line)
+        if m:
+            gpus.append(
+                {
+                    "index": int(m.group(1)),
+                    "name": m.group(2).strip(),
+                    "bus_id": m.group(3),
+                    "memory_used_bytes": None,
+                    "memory_total_bytes": None,
+                }
+            )
+            expect_mem = True
+            continue
+        if expect_mem:
+            mm = _SMI_MEM_RE.search(line)
+            if mm:
+                gpus[-1]["memory_used_bytes"] = int(mm.group(1)) * MIB
+                gpus[-1]["memory_total_bytes"] = int(mm.group(2)) * MIB
+            expect_mem = False
+    cuda_version = cuda.group(1) if cuda else None
+    return {
+        "driver_version": driver.group(1) if driver else None,
+        "cuda_version": None if cuda_version == "N/A" else cuda_version,
+        "gpus": gpus,
+        "processes": procs,
+        "header_seen": driver is not None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver facts (pure: DriverRaw -> DriverFacts)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DriverFacts:
+    """What the driver outputs add up to."""
+
+    source: str
+    gpu_visible: bool
+    driver_version: str | None
+    cuda_version: str | None
+    gpus: tuple[dict[str, Any], ...]
+    processes: tuple[dict[str, Any], ...]
+    problem: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "gpu_visible": self.gpu_visible,
+            "driver_version": self.driver_version,
+            "cuda_version": self.cuda_version,
+            "gpus": [dict(g) for g in self.gpus],
+            "processes": [dict(p) for p in self.processes],
+        }
+
+
+def _cuda_int_to_str(v: int | None) -> str | None:
+    """NVML / CUDA runtime version integers: 12020 -> "12.2"."""
+    if v is None or v <= 0:
+        return None
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def read_driver(raw: DriverRaw) -> DriverFacts:
+    """Combine NVML and nvidia-smi outputs into one set of facts (NVML first)."""
+    if raw.nvml:
+        gpus = tuple(dict(g) for g in raw.nvml.get("gpus", []))
+        return DriverFacts(
+            source="nvml",
+            gpu_visible=bool(gpus),
+            driver_version=raw.nvml.get("driver_version"),
+            cuda_version=_cuda_int_to_str(raw.nvml.get("cuda_driver_version")),
+            gpus=gpus,
+            processes=tuple(dict(p) for p in raw.nvml.get("processes", [])),
+            problem=None if gpus else "NVML reports no GPUs",
+        )
+    table = parse_smi_table(raw.smi_table) if raw.smi_table else None
+    gpus_q = parse_query_gpu_csv(raw.smi_query_gpu) if raw.smi_query_gpu else []
+    gpus_t = table["gpus"] if table else []
+    gpus = gpus_q or gpus_t
+    procs: list[dict[str, Any]] = []
+    if raw.smi_query_apps is not None:
+        bus_to_index = {(g.get("bus_id") or "").lower(): g["index"] for g in gpus}
+        for p in parse_query_apps_csv(raw.smi_query_apps):
+            p = dict(p)
+            p["gpu_index"] = bus_to_index.get((p.pop("bus_id") or "").lower())
+            procs.append(p)
+    elif table:
+        procs = list(table["processes"])
+    driver_version = (table or {}).get("driver_version") or next(
+        (g["driver_version"] for g in gpus_q if g.get("driver_version")), None
+    )
+    cuda_version = (table or {}).get("cuda_version")
+    text = "\n".join(t for t in (raw.smi_table, raw.smi_error, raw.smi_query_gpu) if t)
+    no_devices = "No devices were found" in text
+    # nvidia-smi prints its table header only when it reached the driver and found a GPU,
+    # so a header with no parsed GPU rows (a truncated paste) still means "visible".
+    visible = bool(gpus) or (bool(table and table["header_seen"]) and not no_devices)
+    for g in gpus:
+        g.pop("driver_version", None)
+    problem = None
+    if raw.smi_error and not visible:
+        problem = raw.smi_error.strip().splitlines()[0] if raw.smi_error.strip() else "nvidia-smi failed"
+    elif no_devices:
+        problem = "nvidia-smi: No devices were found"
+    source = "nvidia-smi" if (raw.smi_path or raw.smi_table or raw.smi_query_gpu) else "none"
+    return DriverFacts(
+        source=source,
+        gpu_visible=visible,
+        driver_version=driver_version,
+        cuda_version=cuda_version,
+        gpus=tuple(gpus),
+        processes=tuple(procs),
+        problem=problem,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Judges
+# ---------------------------------------------------------------------------------------------
+
+
+def _gib(n: int | float | None) -> str:
+    return "?" if n is None else f"{n / GIB:.1f} GiB"
+
+
+def judge_driver(raw: DriverRaw) -> Check:
+    """``accelerator``: does the driver see a GPU, and how much of it is already taken?"""
+    facts = read_driver(raw)
+    data = facts.to_dict()
+    data["pci_nvidia_devices"] = raw.pci_nvidia_devices
+    if facts.gpu_visible:
+        if facts.gpus:
+            names: dict[str, int] = {}
+            for g in facts.gpus:
+                names[g.get("name") or "?"] = names.get(g.get("name") or "?", 0) + 1
+            desc = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in names.items())
+            g0 = facts.gpus[0]
+            mem = (f"; GPU {g0['index']}: {_gib(g0.get('memory_used_bytes'))} of "
+                   f"{_gib(g0.get('memory_total_bytes'))} in use") if g0.get("memory_total_bytes") else ""
+        else:
+            desc, mem = "an NVIDIA GPU (nvidia-smi printed its header; this output has no GPU rows)", ""
+        cuda = f", supports CUDA up to {facts.cuda_version}" if facts.cuda_version else ""
+        saw = f"{desc}; driver {facts.driver_version or '?'}{cuda}{mem}"
+        procs = [p for p in facts.processes]
+        if procs:
+            top = sorted(procs, key=lambda p: -(p.get("used_bytes") or 0))[:3]
+            held = ", ".join(f"{p.get('name')} (pid {p['pid']}) {_gib(p.get('used_bytes'))}" for p in top)
+            saw += f"; {len(procs)} process{'es' if len(procs) > 1 else ''} hold memory: {held}"
+        busy = [
+            g for g in facts.gpus
+            if g.get("memory_total_bytes") and (g.get("memory_used_bytes") or 0)
+            > OTHER_PROCESS_MEMORY_WARN_FRACTION * g["memory_total_bytes"]
+        ]
+        if busy:
+            g = busy[0]
+            return Check(
+                "accelerator", "warn", saw,
+                fix=(f"{_gib(g['memory_used_bytes'])} of GPU {g['index']} is taken before capopt "
+                     "runs anything: plans assume the whole card. Stop the other processes, pick "
+                     "another GPU with CUDA_VISIBLE_DEVICES, or lower the budget (vram_gib)."),
+                data=data,
+            )
+        return Check("accelerator", "ok", saw, data=data)
+    if raw.smi_error and "No devices were found" in raw.smi_error:
+        return Check(
+            "accelerator", "warn",
+            "nvidia-smi runs but finds no GPU (No devices were found)",
+            fix=("the driver is loaded but no GPU is attached to it: in a container, start it with "
+                 "`--gpus all`; on a VM, check the GPU is passed through; `dmesg | grep -i nvrm` "
+                 "shows a GPU that fell off the bus."),
+            data=data,
+        )
+    if raw.smi_error and not raw.nvml:
+        return Check(
+            "accelerator", "fail",
+            f"nvidia-smi is installed but fails: {facts.problem}",
+            fix=("the NVIDIA kernel driver is not reachable: check `lsmod | grep nvidia` and "
+                 "`dmesg | grep -i nvrm`, reinstall or reload the driver (a reboot after a driver "
+                 "update often suffices); in a container, start it with `--gpus all` "
+                 "(NVIDIA Container Toolkit)."),
+            data=data,
+        )
+    if raw.pci_nvidia_devices:
+        return Check(
+            "accelerator", "fail",
+            f"{raw.pci_nvidia_devices} NVIDIA device(s) on the PCI bus, but neither NVML nor "
+            "nvidia-smi is available to talk to them",
+            fix=("install the NVIDIA driver (it ships nvidia-smi and NVML); in a container, run "
+                 "with the NVIDIA Container Toolkit (`--gpus all`)."),
+            data=data,
+        )
+    why = []
+    if raw.nvml_error:
+        why.append(raw.nvml_error)
+    if not raw.smi_path and not raw.smi_table:
+        why.append("nvidia-smi not on PATH")
+    elif facts.problem:
+        why.append(facts.problem)
+    return Check(
+        "accelerator", "skip",
+        "no NVIDIA accelerator found" + (f": {'; '.join(why)}" if why else ""),
+        data=data,
+    )
+
+
+_GPU_BACKENDS = ("gpu", "cuda", "rocm")
+
+
+def _jax_expected_gpu(raw: JaxRaw, facts: DriverFacts) -> tuple[bool, str | None]:
+    """Whether a GPU should have been used, and the evidence."""
+    log = raw.log_text or ""
+    if facts.gpu_visible:
+        name = facts.gpus[0].get("name") if facts.gpus else "a GPU"
+        return True, f"the driver sees {name}"
+    if "An NVIDIA GPU may be present" in log:
+        return True, "JAX itself warned that an NVIDIA GPU may be present"
+    if "cuda" in raw.backend_errors or "CUDA backend failed" in log:
+        return True, "JAX's CUDA backend was found but failed to initialise"
+    return False, None
+
+
+def _cuda_extra(facts: DriverFacts) -> str:
+    major = None
+    if facts.cuda_version:
+        try:
+            major = int(facts.cuda_version.split(".")[0])
+        except ValueError:
+            major = None
+    if major is not None and major >= 13:
+        return 'pip install -U "jax[cuda13]"'
+    return 'pip install -U "jax[cuda12]"'
+
+
+def judge_jax(raw: JaxRaw, driver: DriverRaw) -> Check:
+    """``jax-backend``: which backend JAX uses, failing on a silent CPU fallback."""
+    facts = read_driver(driver)
+    data: dict[str, Any] = {
+        "backend": raw.backend,
+        "devices": list(raw.devices),
+        "device_kinds": list(raw.device_kinds),
+        "jax_version": raw.jax_version,
+        "jaxlib_version": raw.jaxlib_version,
+        "plugins": dict(raw.plugins),
+        "backend_errors": dict(raw.backend_errors),
+        "env": dict(raw.env),
+    }
+    if raw.error:
+        return Check(
+            "jax-backend", "fail", f"JAX could not start: {raw.error}",
+            fix='reinstall JAX: pip install -U jax  (with a GPU: pip install -U "jax[cuda12]")',
+            data=data,
+        )
+    n = len(raw.devices)
+    dev_desc = ", ".join(raw.devices[:4]) + (" ..." if n > 4 else "")
+    if raw.backend in _GPU_BACKENDS or raw.backend == "tpu":
+        kind = f" ({raw.device_kinds[0]})" if raw.device_kinds else ""
+        return Check(
+            "jax-backend", "ok",
+            f"backend {raw.backend}, {n} device{'s' if n != 1 else ''}: {dev_desc}{kind}",
+            data=data,
+        )
+    expected, evidence = _jax_expected_gpu(raw, facts)
+    if not expected:
+        return Check(
+            "jax-backend", "ok",
+            f"backend {raw.backend or '?'} ({dev_desc or 'no devices listed'}); no accelerator is "
+            "visible, so running on the CPU is expected",
+            data=data,
+        )
+    platforms = (raw.env.get("JAX_PLATFORMS") or "").strip().lower()
+    if platforms and not any(p in platforms for p in ("cuda", "gpu", "rocm")):
+        return Check(
+            "jax-backend", "warn",
+            f"{evidence}, but JAX_PLATFORMS={platforms} keeps JAX on {raw.backend}",
+            fix="unset JAX_PLATFORMS (or set JAX_PLATFORMS=cuda) to train on the GPU",
+            data=data,
+        )
+    if raw.env.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return Check(
+            "jax-backend", "fail",
+            f"{evidence}, but CUDA_VISIBLE_DEVICES={raw.env['CUDA_VISIBLE_DEVICES']!r} hides it; "
+            f"JAX runs on {raw.backend}",
+            fix="unset CUDA_VISIBLE_DEVICES or list the GPU indices to use (e.g. CUDA_VISIBLE_DEVICES=0)",
+            data=data,
+        )
+    cuda_err = raw.backend_errors.get("cuda") or _first_line_with(raw.log_text, "CUDA backend failed to initialize")
+    if cuda_err:
+        err_lines = [ln.strip() for ln in cuda_err.strip().splitlines() if ln.strip()]
+        why = " ".join(err_lines[:2]) if err_lines[0].endswith(":") else err_lines[0]
+        fix = ("JAX's CUDA plugin is installed but could not start (see cuda-versions). Let pip "
+               f"supply matched CUDA and cuDNN: {_cuda_extra(facts)}; and remove older CUDA/cuDNN "
+               "directories from LD_LIBRARY_PATH, which take precedence over the pip wheels.")
+    else:
+        if raw.plugins:
+            why = "the CUDA plugin is installed but registered no devices"
+        elif "CUDA-enabled jaxlib is not installed" in (raw.log_text or ""):
+            why = "no CUDA-enabled jaxlib is installed"
+        else:
+            why = "JAX registered no CUDA backend (no CUDA-enabled jaxlib or CUDA plugin found)"
+        fix = (f"install JAX's CUDA build: {_cuda_extra(facts)}  (conda: conda install -c conda-forge "
+               "jax \"jaxlib=*=*cuda*\"); then check `python -c \"import jax; print(jax.devices())\"` "
+               "lists CudaDevice and that LD_LIBRARY_PATH holds no older CUDA libraries.")
+    return Check(
+        "jax-backend", "fail",
+        f"{evidence}, but JAX runs on {raw.backend or 'cpu'} (silent CPU fallback): {why}",
+        fix=fix, data=data,
+    )
+
+
+def _first_line_with(text: str, needle: str) -> str | None:
+    """The line holding ``needle`` from there on, plus the next line when it ends in ':'."""
+    lines = (text or "").splitlines()
+    for i, line in enumerate(lines):
+        if needle in line:
+            out = line[line.index(needle):]
+            if out.rstrip().endswith(":") and i + 1 < len(lines):
+                out += "\n" + lines[i + 1]
+            return out
+    return None
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def _cudnn_int(v: int) -> tuple[int, int, int]:
+    """cuDNN version integers: 8906 -> (8, 9, 6); 90100 -> (9, 1, 0); 9100 -> (9, 1, 0)."""
+    if v >= 10000:
+        return v // 10000, (v % 10000) // 100, v % 100
+    return v // 1000, (v % 1000) // 100, v % 100
+
+
+def _dotted(t: Sequence[int]) -> str:
+    return ".".join(str(x) for x in t)
+
+
+_VERSION_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("found-older", re.compile(
+        r"Found (cuDNN|CUDA|cuBLAS|cuFFT|cuSPARSE|cuSOLVER|cuPTI) version (\d+), but JAX was built against version (\d+)")),
+    ("outdated", re.compile(
+        r"Outdated (\S+) installation found\.\s*Version JAX was built against: (\d+)\s*"
+        r"Minimum supported: (\d+)\s*Installed version: (\d+)")),
+    ("loaded-runtime", re.compile(
+        r"Loaded runtime CuDNN library: (\d+(?:\.\d+)*) but source was compiled with: (\d+(?:\.\d+)*)")),
+    ("ptxas", re.compile(
+        r"The NVIDIA driver's CUDA version is (\d+(?:\.\d+)*) which is older than the "
+        r"(?:ptxas CUDA version|PTX compiler version) \(?(\d+(?:\.\d+)*)\)?")),
+    ("unable-to-load", re.compile(r"Unable to load (\w+)\. Is it installed\?")),
+)
+
+
+def judge_cuda_versions(raw: JaxRaw, driver: DriverRaw) -> Check:
+    """``cuda-versions``: jaxlib's CUDA / cuDNN against what the driver and libraries provide."""
+    facts = read_driver(driver)
+    cv = dict(raw.cuda_versions)
+    text = "\n".join([raw.log_text or "", *raw.backend_errors.values()])
+    issues: list[tuple[Status, str, str]] = []  # (status, saw, fix)
+    matched: list[dict[str, Any]] = []
+
+    for kind, pattern in _VERSION_PATTERNS:
+        for m in pattern.finditer(text):
+            matched.append({"kind": kind, "text": m.group(0)})
+            if kind == "found-older":
+                lib, have, built = m.group(1), int(m.group(2)), int(m.group(3))
+                dec = _cudnn_int if lib == "cuDNN" else (lambda v: (v // 1000, (v % 1000) // 10, 0))
+                issues.append((
+                    "fail",
+                    f"installed {lib} {_dotted(dec(have))} is older than the {_dotted(dec(built))} "
+                    "jaxlib was built against, so the CUDA backend did not start",
+                    f"upgrade {lib} to {_dotted(dec(built)[:2])} or newer; with pip wheels: "
+                    f"{_cuda_extra(facts)}, and drop older {lib} directories from LD_LIBRARY_PATH",
+                ))
+            elif kind == "outdated":
+                lib, built, minimum, have = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
+                dec = _cudnn_int if lib == "cuDNN" else (lambda v: (v // 1000, (v % 1000) // 10, 0))
+                issues.append((
+                    "fail",
+                    f"installed {lib} {_dotted(dec(have))} is below the minimum {_dotted(dec(minimum))} "
+                    f"this jaxlib supports (built against {_dotted(dec(built))})",
+                    f"install {lib} {_dotted(dec(minimum)[:2])} or newer (conda: update the {lib.lower()} "
+                    f"package; pip: {_cuda_extra(facts)}), or pin jaxlib to a release built for "
+                    f"{lib} {_dotted(dec(have)[:2])}",
+                ))
+            elif kind == "loaded-runtime":
+                have, built = m.group(1), m.group(2)
+                issues.append((
+                    "fail",
+                    f"the cuDNN loaded at run time ({have}) is older than the {built} XLA was compiled "
+                    "with; convolutions and attention fail",
+                    f"make cuDNN >= {built} the one that loads: remove the older copy from "
+                    f"LD_LIBRARY_PATH or install matched wheels with {_cuda_extra(facts)}",
+                ))
+            elif kind == "ptxas":
+                drv, ptx = m.group(1), m.group(2)
+                issues.append((
+                    "warn",
+                    f"the driver supports CUDA {drv} but the PTX compiler is CUDA {ptx}: XLA disables "
+                    "parallel compilation, so every compile is slower",
+                    f"update the NVIDIA driver to one supporting CUDA {_dotted(_version_tuple(ptx)[:2])} "
+                    "or newer, or install NVIDIA's CUDA forward-compatibility package",
+                ))
+            elif kind == "unable-to-load":
+                lib = m.group(1)
+                issues.append((
+                    "fail",
+                    f"JAX could not load {lib}, so the CUDA backend did not start",
+                    f"install the CUDA libraries with JAX: {_cuda_extra(facts)}; or, for a local "
+                    f"CUDA toolkit, put its {lib} on LD_LIBRARY_PATH",
+                ))
+
+    built_cuda = cv.get("cuda_runtime_build")
+    if built_cuda and facts.cuda_version:
+        b = (built_cuda // 1000, (built_cuda % 1000) // 10)
+        d = _version_tuple(facts.cuda_version)[:2]
+        if b[0] > d[0]:
+            issues.append((
+                "fail",
+                f"jaxlib was built for CUDA {_dotted(b)} but the driver supports only CUDA "
+                f"{facts.cuda_version}",
+                f"update the NVIDIA driver to one supporting CUDA {_dotted(b)}, or install a JAX "
+                f"build for CUDA {d[0]}",
+            ))
+        elif b > tuple(d):
+            issues.append((
+                "warn",
+                f"jaxlib was built for CUDA {_dotted(b)}, newer than the driver's CUDA "
+                f"{facts.cuda_version}: it runs under CUDA minor-version compatibility, but PTX "
+                "from the newer toolkit cannot be JIT-compiled by this driver",
+                f"update the NVIDIA driver to one supporting CUDA {_dotted(b)}",
+            ))
+    elif facts.cuda_version and raw.plugins:
+        d_major = _version_tuple(facts.cuda_version)[:1]
+        for dist in raw.plugins:
+            m = re.match(r"jax-cuda(\d+)-", dist)
+            if m and d_major and int(m.group(1)) > d_major[0]:
+                issues.append((
+                    "fail",
+                    f"{dist} needs a driver supporting CUDA {m.group(1)}, but this driver supports "
+                    f"CUDA {facts.cuda_version}",
+                    f"update the NVIDIA driver, or install jax[cuda{d_major[0]}] if such a build exists",
+                ))
+                break
+    have_dnn, built_dnn = cv.get("cudnn"), cv.get("cudnn_build")
+    if have_dnn and built_dnn:
+        h, b = _cudnn_int(have_dnn), _cudnn_int(built_dnn)
+        if h[0] != b[0] or h[:2] < b[:2]:
+            issues.append((
+                "fail",
+                f"cuDNN {_dotted(h)} is loaded but jaxlib was built against {_dotted(b)} "
+                "(cuDNN needs the same major version and an equal or newer minor)",
+                f"install cuDNN {b[0]}.{b[1]} or newer of major version {b[0]}: {_cuda_extra(facts)}",
+            ))
+
+    data: dict[str, Any] = {
+        "driver_cuda_version": facts.cuda_version,
+        "jaxlib_cuda_build": _cuda_int_to_str(built_cuda),
+        "cuda_runtime": _cuda_int_to_str(cv.get("cuda_runtime")),
+        "cudnn_build": _dotted(_cudnn_int(built_dnn)) if built_dnn else None,
+        "cudnn_runtime": _dotted(_cudnn_int(have_dnn)) if have_dnn else None,
+        "plugins": dict(raw.plugins),
+        "messages": matched,
+    }
+    if issues:
+        status = _worst([i[0] for i in issues])
+        saw = "; ".join(i[1] for i in issues)
+        fix = "; ".join(dict.fromkeys(i[2] for i in issues if i[0] == status))
+        return Check("cuda-versions", status, saw, fix=fix, data=data)
+    if not facts.gpu_visible and not cv and not raw.plugins:
+        return Check("cuda-versions", "skip", "no CUDA stack to check (no GPU visible, no CUDA plugin)", data=data)
+    parts = []
+    if facts.cuda_version:
+        parts.append(f"driver supports CUDA {facts.cuda_version}")
+    if data["jaxlib_cuda_build"]:
+        parts.append(f"jaxlib built for CUDA {data['jaxlib_cuda_build']}")
+    if data["cudnn_build"]:
+        rt = f" (loaded {data['cudnn_runtime']})" if data["cudnn_runtime"] else ""
+        parts.append(f"cuDNN {data['cudnn_build']}{rt}")
+    if raw.plugins:
+        parts.append(", ".join(f"{k} {v}" for k, v in raw.plugins.items()))
+    saw = "; ".join(parts) + "; no incompatibility seen" if parts else "no incompatibility seen"
+    return Check("cuda-versions", "ok", saw, data=data)
+
+
+def judge_step(raw: StepRaw | None, *, expect_accelerator: bool | None = None) -> Check:
+    """``tiny-step``: did a jitted forward + backward run, where, and how fast?
+
+    Args:
+        raw: the measurement, or ``None`` when the step was not run.
+        expect_accelerator: when true, a step that ran on the CPU fails.
+    """
+    if raw is None:
+        return Check("tiny-step", "skip", "not run (run_step=False)")
+    data: dict[str, Any] = {
+        "platform": raw.platform,
+        "device": raw.device,
+        "output_platforms": list(raw.output_platforms),
+        "compile_s": raw.compile_s,
+        "first_run_s": raw.first_run_s,
+        "run_s": raw.run_s,
+        "memory_stats": dict(raw.memory_stats) if raw.memory_stats else None,
+    }
+    if raw.error:
+        oom = "RESOURCE_EXHAUSTED" in raw.error or "out of memory" in raw.error.lower()
+        fix = ("device memory is exhausted before any model ran: another process (or "
+               "preallocation by an earlier JAX/TensorFlow process) holds it; see the accelerator "
+               "and memory-settings checks") if oom else (
+               "run `python -c \"import jax; jax.print_environment_info()\"` and fix the first "
+               "error it shows; the cuda-versions check lists known version problems")
+        return Check("tiny-step", "fail", f"the tiny step failed: {raw.error.strip().splitlines()[0]}", fix=fix, data=data)
+    where = set(raw.output_platforms)
+    if raw.platform and where and where != {raw.platform}:
+        return Check(
+            "tiny-step", "fail",
+            f"the step ran but its outputs live on {sorted(where)}, not on the default device "
+            f"{raw.device}",
+            fix="something moves results off the device (a host callback, or a default_device "
+                "override); check jax.config.jax_default_device and JAX_PLATFORMS",
+            data=data,
+        )
+    ms = lambda s: "?" if s is None else f"{1e3 * s:.1f} ms"  # noqa: E731
+    saw = (f"jit forward+backward on {raw.device}: compile {ms(raw.compile_s)}, step "
+           f"{ms(raw.run_s)} (first call {ms(raw.first_run_s)}); outputs on {', '.join(sorted(where)) or '?'}")
+    if raw.memory_stats:
+        ex = explain_memory(raw.memory_stats)
+        saw += f"; memory in use {_gib(ex.in_use_bytes)}, peak {_gib(ex.peak_bytes)}"
+        data["memory"] = ex.to_dict()
+    else:
+        saw += "; memory_stats: none (the CPU backend reports none)" if raw.platform == "cpu" else "; memory_stats: not reported"
+    if expect_accelerator and raw.platform == "cpu":
+        return Check("tiny-step", "fail", saw + "; a GPU is visible but the step ran on the CPU",
+                     fix="see the jax-backend check", data=data)
+    return Check("tiny-step", "ok", saw, data=data)
+
+
+def _explain_preallocate(value: str | None) -> tuple[Status, str]:
+    if value is None:
+        return "ok", ("unset (default true): JAX reserves a fixed share of GPU memory at its first "
+                      "operation, so nvidia-smi shows ~75% of the card in use whatever the model; "
+                      "read device.memory_stats()['peak_bytes_in_use'] for what a step needs")
+    v = value.strip().lower()
+    if v in ("true", "1"):
+        return "ok", ("true: JAX reserves its pool up front, so nvidia-smi shows the pool, not the "
+                      "model; read device.memory_stats()['peak_bytes_in_use'] for the real need")
+    if v in ("false", "0"):
+        return "ok", ("false: JAX grows its pool as needed and does not give memory back, so "
+                      "nvidia-smi shows the high-water mark; near the limit fragmentation can cause "
+                      "OOMs that preallocation would avoid")
+    return "warn", f"{value!r} is not true/false; JAX's parsing of it is undefined"
+
+
+def _explain_fraction(name: str, value: str | None) -> tuple[Status, str]:
+    if value is None:
+        return "ok", "unset: the default 0.75 of the device's memory"
+    try:
+        f = float(value)
+    except ValueError:
+        return "warn", f"{value!r} is not a number between 0 and 1"
+    if not 0 < f <= 1:
+        return "warn", f"{f} is outside (0, 1]"
+    text = (f"{f:g}: JAX's pool is {100 * f:.0f}% of the device's memory (preallocated when "
+            "preallocation is on); plans should use this, not the full card, as the budget")
+    if f > 0.95:
+        return "warn", text + ("; this leaves too little for the CUDA context, cuBLAS/cuDNN "
+                               "workspaces and NCCL, which allocate outside JAX's pool")
+    return "ok", text
+
+
+def _explain_allocator(value: str | None) -> tuple[Status, str]:
+    if value is None:
+        return "ok", "unset: the BFC allocator, which reuses freed memory and never returns it to the device"
+    v = value.strip().lower()
+    if v in ("default", "bfc"):
+        return "ok", f"{v}: the BFC allocator, which reuses freed memory and never returns it"
+    if v == "platform":
+        return "warn", ("platform: allocates and frees exactly on demand, so nvidia-smi tracks live "
+                        "memory, but every allocation is a cudaMalloc: far too slow for training, "
+                        "meant for debugging OOMs")
+    if v == "cuda_async":
+        return "ok", "cuda_async: CUDA's stream-ordered allocator (cudaMallocAsync) manages the pool"
+    return "warn", f"{value!r} is not one of default, bfc, platform, cuda_async"
+
+
+def _explain_tf_allocator(value: str | None) -> tuple[Status, str]:
+    if value is None:
+        return "ok", "unset (read by TensorFlow's GPU allocator; JAX picks its own with XLA_PYTHON_CLIENT_ALLOCATOR)"
+    return "ok", (f"{value}: affects TensorFlow if it runs in this process (cuda_malloc_async = "
+                  "CUDA's async allocator); JAX chooses its allocator with XLA_PYTHON_CLIENT_ALLOCATOR. "
+                  "A TensorFlow in the same process also preallocates GPU memory unless limited")
+
+
+_XLA_FLAG_NOTES = {
+    "--xla_force_host_platform_device_count": "splits the CPU into N virtual devices (sharding tests; no real parallelism)",
+    "--xla_gpu_memory_fraction_policy": "overrides JAX's memory-fraction policy",
+    "--xla_gpu_autotune_level": "autotuning level (0 = off: faster compiles, possibly slower kernels)",
+    "--xla_dump_to": "dumps compiled HLO to disk (slower compiles, disk use)",
+    "--xla_gpu_enable_command_buffer": "CUDA graphs; captured graphs hold extra device memory",
+    "--xla_gpu_memory_limit_slop_factor": "how far XLA may exceed its memory estimate when scheduling",
+    "--xla_gpu_enable_latency_hiding_scheduler": "overlaps communication with compute; raises peak memory",
+    "--xla_gpu_cuda_data_dir": "where XLA looks for CUDA (libdevice, ptxas)",
+}
+
+
+def _explain_xla_flags(value: str | None) -> tuple[Status, str, list[dict[str, str | None]]]:
+    if not value or not value.strip():
+        return "ok", "unset", []
+    flags_ = []
+    for tok in value.split():
+        name = tok.split("=", 1)[0]
+        flags_.append({"flag": tok, "note": _XLA_FLAG_NOTES.get(name)})
+    noted = [f"{f['flag']} ({f['note']})" for f in flags_ if f["note"]]
+    other = [f["flag"] for f in flags_ if not f["note"]]
+    text = "; ".join(noted + ([f"also: {' '.join(other)}"] if other else []))
+    return "ok", text, flags_
+
+
+def judge_memory_settings(env: Mapping[str, str]) -> Check:
+    """``memory-settings``: what the allocator environment variables mean for the numbers seen."""
+    data: dict[str, Any] = {}
+    statuses: list[Status] = []
+    warn_lines: list[str] = []
+
+    def put(name: str, status: Status, meaning: str, **extra: Any) -> None:
+        data[name] = {"value": env.get(name), "meaning": meaning, "status": status, **extra}
+        statuses.append(status)
+        if status != "ok":
+            warn_lines.append(f"{name}={env.get(name)}: {meaning}")
+
+    put("XLA_PYTHON_CLIENT_PREALLOCATE", *_explain_preallocate(env.get("XLA_PYTHON_CLIENT_PREALLOCATE")))
+    for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION"):
+        put(name, *_explain_fraction(name, env.get(name)))
+    if env.get("XLA_PYTHON_CLIENT_MEM_FRACTION") and env.get("XLA_CLIENT_MEM_FRACTION") and (
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] != env["XLA_CLIENT_MEM_FRACTION"]
+    ):
+        statuses.append("warn")
+        warn_lines.append("both XLA_PYTHON_CLIENT_MEM_FRACTION and XLA_CLIENT_MEM_FRACTION are set, "
+                          "to different values (the first is the older name of the second)")
+    put("XLA_PYTHON_CLIENT_ALLOCATOR", *_explain_allocator(env.get("XLA_PYTHON_CLIENT_ALLOCATOR")))
+    put("TF_GPU_ALLOCATOR", *_explain_tf_allocator(env.get("TF_GPU_ALLOCATOR")))
+    st, meaning, parsed = _explain_xla_flags(env.get("XLA_FLAGS"))
+    put("XLA_FLAGS", st, meaning, flags=parsed)
+
+    prealloc = (env.get("XLA_PYTHON_CLIENT_PREALLOCATE") or "true").strip().lower() not in ("false", "0")
+    frac = env.get("XLA_CLIENT_MEM_FRACTION") or env.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    allocator = (env.get("XLA_PYTHON_CLIENT_ALLOCATOR") or "default").strip().lower()
+    if allocator == "platform":
+        headline = "platform allocator: nvidia-smi tracks live memory, at a large speed cost"
+    elif prealloc:
+        share = f"{100 * float(frac):.0f}%" if frac and _is_float(frac) else "75%"
+        headline = (f"JAX preallocates {share} of GPU memory at first use: nvidia-smi will show "
+                    f"about {share} in use regardless of the model; use memory_stats() peak for the real need")
+    else:
+        headline = ("preallocation off: the pool grows to the peak and stays there; nvidia-smi "
+                    "shows the high-water mark")
+    status = _worst(statuses)
+    saw = headline if status == "ok" else headline + "; " + "; ".join(warn_lines)
+    fix = None
+    if status == "warn":
+        fix = ("unset the variables flagged above, or set them as described at "
+               "https://docs.jax.dev/en/latest/gpu_memory_allocation.html")
+    return Check("memory-settings", status, saw, fix=fix, data=data)
+
+
+def _is_float(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def judge_versions(raw: VersionsRaw) -> Check:
+    """``versions``: Python and the packages capopt runs on, with mismatches that break JAX."""
+    pk = dict(raw.packages)
+    data = {"python": raw.python, "packages": pk}
+    problems: list[str] = []
+    fixes: list[str] = []
+    jax_v, jaxlib_v = pk.get("jax"), pk.get("jaxlib")
+    if jax_v is None:
+        problems.append("jax is not installed")
+        fixes.append("pip install -U jax")
+    if jax_v and jaxlib_v and _version_tuple(jax_v)[:2] != _version_tuple(jaxlib_v)[:2]:
+        problems.append(f"jax {jax_v} and jaxlib {jaxlib_v} are from different releases")
+        fixes.append("pip install -U jax jaxlib  (keep them on the same release)")
+    for dist in PLUGIN_DISTRIBUTIONS:
+        v = pk.get(dist)
+        if v and jaxlib_v and _version_tuple(v) != _version_tuple(jaxlib_v):
+            problems.append(f"{dist} {v} does not match jaxlib {jaxlib_v}")
+            fixes.append('pip install -U "jax[cuda12]"  (installs a plugin matching jaxlib)')
+    for dist in ("flax", "optax"):
+        if pk.get(dist) is None:
+            problems.append(f"{dist} is not installed (needed to validate plans with real steps)")
+            fixes.append(f"pip install {dist}")
+    shown = ", ".join(f"{k} {v}" for k, v in pk.items() if v is not None)
+    saw = f"python {raw.python.split()[0]}; {shown}"
+    if problems:
+        return Check("versions", "warn", saw + "; " + "; ".join(problems), fix="; ".join(dict.fromkeys(fixes)), data=data)
+    return Check("versions", "ok", saw, data=data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing a pasted jax.print_environment_info() report
+# ---------------------------------------------------------------------------------------------
+
+_ENV_LINE_RES = {
+    "jax": re.compile(r"^jax:\s+(\S+)"),
+    "jaxlib": re.compile(r"^jaxlib:\s+(\S+)"),
+    "devices": re.compile(r"^jax\.devices \((\d+) total, (\d+) local\): \[(.*)\]\s*$"),
+    "device_info": re.compile(r"^device info: (.+)-(\d+), (\d+) local devices"),
+}
+
+
+def _backend_from_device_repr(text: str) -> str | None:
+    t = text.lower()
+    if "cpudevice" in t or "tfrt_cpu" in t or t.startswith("cpu"):
+        return "cpu"
+    if any(k in t for k in ("cudadevice", "gpudevice", "cuda(", "gpu(", "rocm(", "rocmdevice", "nvidia", "tesla")):
+        return "gpu"
+    if "tpu" in t:
+        return "tpu"
+    return None
+
+
+def parse_environment_info(text: str) -> tuple[JaxRaw, DriverRaw]:
+    """Read a ``jax.print_environment_info()`` report (plus any log lines around it).
+
+    Returns the JAX side as `JaxRaw` (versions, devices, backend inferred from the device
+    reprs, the whole text as ``log_text``) and the ``$ nvidia-smi`` section, when present, as
+    `DriverRaw`. Reports from jax 0.3 to 0.11 are understood.
+    """
+    jax_part, sep, smi_part = text.partition("$ nvidia-smi")
+    found: dict[str, Any] = {}
+    for line in jax_part.splitlines():
+        for key, rx in _ENV_LINE_RES.items():
+            m = rx.match(line.strip())
+            if m and key not in found:
+                found[key] = m
+    devices: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    backend = None
+    if "devices" in found:
+        devices = tuple(d.strip() for d in re.split(r",\s*(?=[A-Za-z_]+\()", found["devices"].group(3)) if d.strip())
+        backend = _backend_from_device_repr(devices[0]) if devices else None
+    elif "device_info" in found:
+        kind = found["device_info"].group(1)
+        kinds = (kind,)
+        backend = _backend_from_device_repr(kind)
+    driver = DriverRaw(smi_path="nvidia-smi", smi_table=smi_part.strip("\n")) if sep else DriverRaw()
+    raw = JaxRaw(
+        jax_version=found["jax"].group(1) if "jax" in found else None,
+        jaxlib_version=found["jaxlib"].group(1) if "jaxlib" in found else None,
+        backend=backend,
+        devices=devices,
+        device_kinds=kinds,
+        log_text=jax_part,
+    )
+    return raw, driver
+
+
+# ---------------------------------------------------------------------------------------------
+# Probes (touch the machine)
+# ---------------------------------------------------------------------------------------------
+
+
+def _run(cmd: Sequence[str]) -> tuple[str | None, str | None]:
+    """Run a command; return ``(stdout, None)`` or ``(None, error text)``."""
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=SMI_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"{type(err).__name__}: {err}"
+    if proc.returncode != 0:
+        msg = (proc.stdout + "\n" + proc.stderr).strip()
+        return None, msg or f"exit status {proc.returncode}"
+    return proc.stdout, None
+
+
+def _pci_nvidia_devices(root: str = "/sys/bus/pci/devices") -> int | None:
+    """NVIDIA (vendor 0x10de) display / 3D controllers (class 0x03xxxx) on the PCI bus."""
+    base = Path(root)
+    if not base.is_dir():
+        return None
+    n = 0
+    for dev in base.iterdir():
+        try:
+            vendor = (dev / "vendor").read_text().strip().lower()
+            klass = (dev / "class").read_text().strip().lower()
+        except OSError:
+            continue
+        if vendor == "0x10de" and klass.startswith("0x03"):
+            n += 1
+    return n
+
+
+def _nvml_facts(nv: Any) -> dict[str, Any]:
+    def s(v: Any) -> str:
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    facts: dict[str, Any] = {"gpus": [], "processes": []}
+    facts["driver_version"] = s(nv.nvmlSystemGetDriverVersion())
+    get_cuda = getattr(nv, "nvmlSystemGetCudaDriverVersion_v2", None) or getattr(nv, "nvmlSystemGetCudaDriverVersion", None)
+    try:
+        facts["cuda_driver_version"] = int(get_cuda()) if get_cuda else None
+    except Exception:
+        facts["cuda_driver_version"] = None
+    for i in range(nv.nvmlDeviceGetCount()):
+        h = nv.nvmlDeviceGetHandleByIndex(i)
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        gpu: dict[str, Any] = {
+            "index": i,
+            "name": s(nv.nvmlDeviceGetName(h)),
+            "memory_total_bytes": int(mem.total),
+            "memory_used_bytes": int(mem.used),
+        }
+        facts["gpus"].append(gpu)
+        try:
+            procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+        except Exception:
+            procs = []
+        for p in procs:
+            try:
+                name = s(nv.nvmlSystemGetProcessName(p.pid))
+            except Exception:
+                name = None
+            used = getattr(p, "usedGpuMemory", None)
+            facts["processes"].append({"gpu_index": i, "pid": int(p.pid), "name": name,
+                                       "used_bytes": int(used) if used is not None else None})
+    return facts
+
+
+def probe_driver() -> DriverRaw:
+    """Ask NVML (if importable) and ``nvidia-smi`` (if on PATH) what they see."""
+    nvml: dict[str, Any] | None = None
+    nv, nvml_error = load_nvml()
+    if nv is not None:
+        try:
+            nvml = _nvml_facts(nv)
+        except Exception as err:
+            nvml_error = f"NVML query failed: {err}"
+        finally:
+            try:
+                nv.nvmlShutdown()
+            except Exception:
+                pass
+    smi = shutil.which("nvidia-smi")
+    q_gpu = q_apps = table = smi_error = None
+    if smi and nvml is None:
+        q_gpu, smi_error = _run([smi, f"--query-gpu={','.join(QUERY_GPU_FIELDS)}", "--format=csv,noheader,nounits"])
+        if q_gpu is not None:
+            q_apps, _ = _run([smi, f"--query-compute-apps={','.join(QUERY_APPS_FIELDS)}", "--format=csv,noheader,nounits"])
+            table, _ = _run([smi])
+    elif smi:
+        table, _ = _run([smi])  # for the record; NVML already gave the facts
+    return DriverRaw(
+        nvml=nvml, nvml_error=nvml_error, smi_path=smi, smi_query_gpu=q_gpu, smi_query_apps=q_apps,
+        smi_table=table, smi_error=smi_error, pci_nvidia_devices=_pci_nvidia_devices(),
+    )
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.records.append(record.getMessage())
+        except Exception:
+            pass
+
+
+def _cuda_versions_module() -> Any:
+    try:
+        from jax._src.lib import cuda_versions  # type: ignore[attr-defined]
+
+        if cuda_versions is not None:
+            return cuda_versions
+    except Exception:
+        pass
+    for name in ("jax_cuda13_plugin._versions", "jax_cuda12_plugin._versions", "jaxlib.cuda._versions"):
+        try:
+            return importlib.import_module(name)
+        except Exception:
+            continue
+    return None
+
+
+def _read_cuda_versions() -> dict[str, int | None]:
+    mod = _cuda_versions_module()
+    if mod is None:
+        return {}
+    out: dict[str, int | None] = {}
+    for key, fn in (
+        ("cuda_runtime_build", "cuda_runtime_build_version"),
+        ("cuda_runtime", "cuda_runtime_get_version"),
+        ("cudnn_build", "cudnn_build_version"),
+        ("cudnn", "cudnn_get_version"),
+        ("cuda_driver", "cuda_driver_get_version"),
+    ):
+        f = getattr(mod, fn, None)
+        if f is None:
+            continue
+        try:
+            out[key] = int(f())
+        except Exception:
+            out[key] = None
+    return out
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def probe_jax() -> JaxRaw:
+    """Import JAX, initialise its backends and record what it reports (and logs)."""
+    env = {k: os.environ[k] for k in ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES") if k in os.environ}
+    handler = _ListHandler()
+    loggers = [logging.getLogger(n) for n in ("jax._src.xla_bridge", "jax_plugins", "jax")]
+    for lg in loggers:
+        lg.addHandler(handler)
+    try:
+        import jax
+
+        backend = jax.default_backend()
+        devices = jax.devices()
+        try:
+            from jax._src import xla_bridge as xb
+
+            errors = dict(getattr(xb, "_backend_errors", {}) or {})
+        except Exception:
+            errors = {}
+        try:
+            import jaxlib
+
+            jaxlib_version = getattr(jaxlib, "__version__", None) or _installed("jaxlib")
+        except Exception:
+            jaxlib_version = _installed("jaxlib")
+        return JaxRaw(
+            jax_version=jax.__version__,
+            jaxlib_version=jaxlib_version,
+            backend=backend,
+            devices=tuple(repr(d) for d in devices),
+            device_kinds=tuple(str(getattr(d, "device_kind", "")) for d in devices),
+            backend_errors={k: str(v) for k, v in errors.items() if k != "tpu" or backend == "tpu"},
+            log_text="\n".join(handler.records),
+            cuda_versions=_read_cuda_versions(),
+            plugins={d: v for d in PLUGIN_DISTRIBUTIONS if (v := _installed(d))},
+            env=env,
+        )
+    except Exception as err:
+        return JaxRaw(error=f"{type(err).__name__}: {err}", log_text="\n".join(handler.records), env=env)
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+
+
+def probe_step(repeats: int = 5) -> StepRaw:
+    """Compile and run a small MLP training step (forward + backward) on the default device."""
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        device = jax.devices()[0]
+
+        def loss_fn(params: dict[str, Any], x: Any, y: Any) -> Any:
+            h = jax.nn.relu(x @ params["w1"] + params["b1"])
+            return jnp.mean((h @ params["w2"] - y) ** 2)
+
+        def step(params: dict[str, Any], x: Any, y: Any) -> Any:
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            new = jax.tree_util.tree_map(lambda p, g: p - 1e-3 * g, params, grads)
+            return loss, new
+
+        k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+        params = {
+            "w1": jax.random.normal(k1, (128, 256), jnp.float32) * 0.05,
+            "b1": jnp.zeros((256,), jnp.float32),
+            "w2": jax.random.normal(k2, (256, 16), jnp.float32) * 0.05,
+        }
+        x = jax.random.normal(k3, (64, 128), jnp.float32)
+        y = jnp.zeros((64, 16), jnp.float32)
+        jax.block_until_ready((params, x, y))
+        t0 = time.perf_counter()
+        compiled = jax.jit(step).lower(params, x, y).compile()
+        compile_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(compiled(params, x, y))
+        first_s = time.perf_counter() - t0
+        times = []
+        for _ in range(max(1, repeats)):
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(compiled(params, x, y))
+            times.append(time.perf_counter() - t0)
+        platforms: set[str] = set()
+        for leaf in jax.tree_util.tree_leaves(out):
+            for d in leaf.devices():
+                platforms.add(d.platform)
+        try:
+            stats = device.memory_stats()
+        except Exception:
+            stats = None
+        return StepRaw(
+            platform=device.platform,
+            device=repr(device),
+            output_platforms=tuple(sorted(platforms)),
+            compile_s=compile_s,
+            run_s=statistics.median(times),
+            first_run_s=first_s,
+            memory_stats={k: int(v) for k, v in stats.items()} if stats else None,
+        )
+    except Exception as err:
+        return StepRaw(error=f"{type(err).__name__}: {err}")
+
+
+def probe_versions() -> VersionsRaw:
+    """Python and package versions from the installed distributions (imports nothing)."""
+    names = ("jax", "jaxlib", *PLUGIN_DISTRIBUTIONS, "flax", "optax", "numpy", "nvidia-ml-py")
+    packages = {n: _installed(n) for n in names}
+    # Optional accelerator packages are listed only when installed.
+    optional = set(PLUGIN_DISTRIBUTIONS) | {"nvidia-ml-py"}
+    packages = {k: v for k, v in packages.items() if v is not None or k not in optional}
+    return VersionsRaw(python=f"{platform.python_version()} ({sys.executable})", packages=packages)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def diagnose(
+    driver: DriverRaw,
+    jax_raw: JaxRaw,
+    step: StepRaw | None,
+    env: Mapping[str, str],
+    versions: VersionsRaw,
+) -> DoctorReport:
+    """Judge recorded inputs into a report. Pure: the same inputs give the same report."""
+    facts = read_driver(driver)
+    jax_check = judge_jax(jax_raw, driver)
+    expect_accel = facts.gpu_visible and jax_check.status != "fail"
+    return DoctorReport(
+        checks=[
+            judge_driver(driver),
+            jax_check,
+            judge_cuda_versions(jax_raw, driver),
+            judge_step(step, expect_accelerator=expect_accel),
+            judge_memory_settings(env),
+            judge_versions(versions),
+        ]
+    )
+
+
+def run_doctor(*, run_step: bool = True) -> DoctorReport:
+    """Run the checklist on this machine.
+
+    The driver is asked first, before JAX initialises (and, with default settings,
+    preallocates), so the memory it reports in use belongs to other processes.
+
+    Args:
+        run_step: also compile and run the tiny training step (about a second on a CPU).
+    """
+    driver = probe_driver()
+    jax_raw = probe_jax()
+    step = probe_step() if run_step and jax_raw.error is None else None
+    env = {k: os.environ[k] for k in MEMORY_ENV_VARS if k in os.environ}
+    return diagnose(driver, jax_raw, step, env, probe_versions())

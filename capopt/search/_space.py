@@ -1,0 +1,192 @@
+"""The lattice of real configs a scenario allows, built as arrays (no per-config objects).
+
+Every row satisfies `capopt._validity.config_problems` by construction; the tests check that
+on samples. Rows convert to `Knobs` batches for the vectorised cost model and back to `Config`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+
+from .._specs import KNOBS, REMAT_POLICIES, Config, Scenario
+from ..cost._inputs import DTYPE, Knobs
+
+COLUMNS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "zero_stage",
+           "sequence_parallel", "remat", "offload_optimizer", "flash_attention")
+REMAT_CODES = {"none": 0, "selective": 1, "full": 2}
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def domain(sc: Scenario, name: str, auto: list) -> list:
+    """Allowed values of a knob: the scenario's list, or ``auto`` when it says "auto"."""
+    dom = sc.knob(name)
+    if dom.values is None:
+        return list(auto)
+    return [v for v in dom.values]
+
+
+def remat_values(sc: Scenario) -> list:
+    vals = domain(sc, "remat", list(REMAT_POLICIES))
+    return vals
+
+
+def remat_weights(v) -> tuple[float, float, float]:
+    if isinstance(v, str):
+        return {"none": (1.0, 0.0, 0.0), "selective": (0.0, 1.0, 0.0),
+                "full": (0.0, 0.0, 1.0)}[v]
+    return (1.0 - float(v), 0.0, float(v))
+
+
+def factorizations(sc: Scenario) -> list[tuple[int, int, int]]:
+    """(dp, tp, pp) with dp*tp*pp = devices that the model and the scenario allow."""
+    m, N = sc.model, sc.count
+    out = []
+    tps = domain(sc, "tp", divisors(N))
+    pps = domain(sc, "pp", divisors(N))
+    dps = domain(sc, "dp", divisors(N))
+    for tp in tps:
+        if N % tp or tp > sc.per_node:
+            continue
+        if m.family != "mlp" and (m.num_attention_heads % tp
+                                  or (m.kv_heads % tp and tp % m.kv_heads)):
+            continue
+        for pp in pps:
+            if (N // tp) % pp or m.num_hidden_layers % pp:
+                continue
+            dp = N // (tp * pp)
+            if dp in dps:
+                out.append((dp, tp, pp))
+    return out
+
+
+@dataclass
+class Lattice:
+    """Columns of equal length, one row per config (see `COLUMNS`)."""
+
+    cols: dict[str, np.ndarray]
+    remat_table: list            # code -> remat value (policy name or fraction)
+
+    def __len__(self) -> int:
+        return len(self.cols["dp"])
+
+    def knobs(self, rows: np.ndarray | slice | None = None) -> Knobs:
+        c = {k: (v if rows is None else v[rows]) for k, v in self.cols.items()}
+        f = lambda x: jnp.asarray(x, DTYPE)  # noqa: E731
+        zero = np.eye(4, dtype=np.float32)[c["zero_stage"]]
+        rw = np.asarray([remat_weights(v) for v in self.remat_table], np.float32)[c["remat"]]
+        return Knobs(micro_batch=f(c["micro_batch"]), grad_accum=f(c["grad_accum"]),
+                     dp=f(c["dp"]), tp=f(c["tp"]), pp=f(c["pp"]), ep=f(c["ep"]),
+                     zero=jnp.asarray(zero), remat=jnp.asarray(rw),
+                     sp=f(c["sequence_parallel"]), offload=f(c["offload_optimizer"]),
+                     flash=f(c["flash_attention"]))
+
+    def config(self, row: int) -> Config:
+        c = {k: v[row] for k, v in self.cols.items()}
+        return Config(micro_batch=int(c["micro_batch"]), grad_accum=int(c["grad_accum"]),
+                      dp=int(c["dp"]), tp=int(c["tp"]), pp=int(c["pp"]), ep=int(c["ep"]),
+                      zero_stage=int(c["zero_stage"]),
+                      sequence_parallel=bool(c["sequence_parallel"]),
+                      remat=self.remat_table[int(c["remat"])],
+                      offload_optimizer=bool(c["offload_optimizer"]),
+                      flash_attention=bool(c["flash_attention"]))
+
+    def key(self, row: int) -> tuple:
+        return tuple(int(self.cols[k][row]) for k in COLUMNS)
+
+
+def _bools(sc: Scenario, name: str) -> list[bool]:
+    default = KNOBS[name].default
+    return domain(sc, name, [False, True] if default == "auto" else [default])
+
+
+class Space:
+    """The allowed values of every knob, and which combinations are real."""
+
+    def __init__(self, sc: Scenario):
+        m = sc.model
+        self.sc = sc
+        self.batch = sc.workload.global_batch
+        self.facts = factorizations(sc)
+        self.remat_table = remat_values(sc)
+        self.zeros = domain(sc, "zero_stage", [0, 1, 2, 3])
+        self.sps = _bools(sc, "sequence_parallel")
+        self.offloads = _bools(sc, "offload_optimizer")
+        self.flashes = _bools(sc, "flash_attention")
+        self._mb = sc.knob("micro_batch").values
+        self._ga = sc.knob("grad_accum").values
+        self._ep = sc.knob("ep").values
+        self._experts = m.num_local_experts if m.is_moe else 1
+
+    def micro_batches(self, dp: int) -> list[int]:
+        if self.batch % dp:
+            return []
+        per = self.batch // dp
+        return [d for d in divisors(per) if (self._mb is None or d in self._mb)
+                and (self._ga is None or per // d in self._ga)]
+
+    def expert_degrees(self, dp: int) -> list[int]:
+        if self._experts == 1:
+            return [1] if (self._ep is None or 1 in self._ep) else []
+        return [e for e in divisors(math.gcd(self._experts, dp))
+                if self._ep is None or e in self._ep]
+
+    def zero_stages(self, dp: int, pp: int) -> list[int]:
+        return [z for z in self.zeros if (z == 0 or dp > 1) and not (pp > 1 and z >= 2)]
+
+    def seq_parallel(self, tp: int) -> list[bool]:
+        return [s for s in self.sps if not (s and tp == 1)]
+
+    def rows_for(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
+                 offloads=None, flashes=None) -> list[tuple]:
+        """Real rows for one (dp, tp, pp), restricted to the given subsets of values."""
+        dp, tp, pp = fact
+        per = self.batch // dp if self.batch % dp == 0 else 0
+        pick = lambda allowed, want: [v for v in allowed if want is None or v in want]  # noqa
+        out = []
+        for mb in pick(self.micro_batches(dp), mbs):
+            for ep in pick(self.expert_degrees(dp), eps):
+                for z in pick(self.zero_stages(dp, pp), zeros):
+                    for s in pick(self.seq_parallel(tp), sps):
+                        for r in pick(range(len(self.remat_table)), remats):
+                            for o in pick(self.offloads, offloads):
+                                for f in pick(self.flashes, flashes):
+                                    out.append((mb, per // mb, dp, tp, pp, ep, z, int(s), r,
+                                                int(o), int(f)))
+        return out
+
+    def lattice(self, rows: list[tuple]) -> "Lattice":
+        arr = np.asarray(rows, np.int64).reshape(-1, len(COLUMNS))
+        return Lattice({c: arr[:, i] for i, c in enumerate(COLUMNS)}, self.remat_table)
+
+
+def build_lattice(sc: Scenario) -> Lattice:
+    """All real configs of a scenario as columns (vectorised over the inner knobs)."""
+    sp = Space(sc)
+    remat_codes = list(range(len(sp.remat_table)))
+    blocks = []
+    for dp, tp, pp in sp.facts:
+        mbs, eps = sp.micro_batches(dp), sp.expert_degrees(dp)
+        zeros, sps = sp.zero_stages(dp, pp), sp.seq_parallel(tp)
+        if not (mbs and eps and zeros and sps):
+            continue
+        grid = np.array(np.meshgrid(mbs, eps, zeros, sps, remat_codes, sp.offloads, sp.flashes,
+                                    indexing="ij")).reshape(7, -1)
+        k = grid.shape[1]
+        blocks.append({
+            "micro_batch": grid[0], "grad_accum": (sp.batch // dp) // grid[0],
+            "dp": np.full(k, dp), "tp": np.full(k, tp), "pp": np.full(k, pp), "ep": grid[1],
+            "zero_stage": grid[2], "sequence_parallel": grid[3], "remat": grid[4],
+            "offload_optimizer": grid[5], "flash_attention": grid[6]})
+    if not blocks:
+        cols = {c: np.zeros(0, np.int64) for c in COLUMNS}
+    else:
+        cols = {c: np.concatenate([b[c] for b in blocks]).astype(np.int64) for c in COLUMNS}
+    return Lattice(cols, sp.remat_table)

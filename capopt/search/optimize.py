@@ -1,0 +1,322 @@
+"""`optimize`: relax, solve with optax, discretise, polish, rank; or the exhaustive reference."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import optax
+
+from .._errors import CapoptError
+from .._format import GiB, gib, seconds, si, table
+from .._plan import Plan
+from .._scenario import load_scenario
+from .._specs import Scenario
+from ..cost import estimate, numbers_pytree
+from ._evaluate import evaluate
+from ._space import COLUMNS, Lattice, Space, build_lattice
+from .relax import continuous_values, initial_points, make_solver, scenario_bounds
+
+_SOLVERS: dict[Any, Any] = {}
+
+
+def _solver(optimizer, steps):
+    key = (id(optimizer) if optimizer is not None else None, steps)
+    if key not in _SOLVERS:
+        _SOLVERS[key] = make_solver(optimizer, steps)
+    return _SOLVERS[key]
+
+
+# --------------------------------------------------------------------------------------------
+# Discretisation: the real configs around each continuous answer
+# --------------------------------------------------------------------------------------------
+def _nearest(values: list, target: float, width: float) -> list:
+    """Values within ``width`` (in log2) of ``target``, and at least the nearest one."""
+    if not values:
+        return []
+    d = [abs(np.log2(v) - np.log2(max(target, 1e-9))) for v in values]
+    best = min(d)
+    return [v for v, di in zip(values, d) if di <= max(width, best + 1e-9)]
+
+
+def _top(probs: np.ndarray, allowed: list, k: int = 2) -> list:
+    order = [i for i in np.argsort(-probs) if i in allowed]
+    return order[:k]
+
+
+def _remat_candidates(space: Space, w: np.ndarray) -> list[int]:
+    from ._space import remat_weights
+    d = [float(np.abs(np.asarray(remat_weights(v)) - w).sum()) for v in space.remat_table]
+    return list(np.argsort(d)[:2])
+
+
+def _bool_candidates(allowed: list[bool], p: float) -> list[bool]:
+    if 0.05 < p < 0.95:
+        return list(allowed)
+    want = p >= 0.5
+    return [want] if want in allowed else list(allowed)
+
+
+def discretise(space: Space, cont: dict[str, np.ndarray]) -> list[tuple]:
+    rows: dict[tuple, None] = {}
+    for i in range(len(cont["dp"])):
+        point = np.log2([cont["dp"][i], cont["tp"][i], cont["pp"][i]])
+        dists = [float(np.abs(np.log2(f) - point).sum()) for f in space.facts]
+        if not dists:
+            break
+        near = min(dists)
+        for fact, d in zip(space.facts, dists):
+            if d > near + 2.0:
+                continue
+            dp, tp, pp = fact
+            mbs = _nearest(space.micro_batches(dp), cont["micro_batch"][i], 1.0)
+            eps = _nearest(space.expert_degrees(dp), cont["ep"][i], 1.0)
+            zeros = _top(cont["zero"][i], space.zero_stages(dp, pp))
+            remats = _remat_candidates(space, cont["remat"][i])
+            sps = _bool_candidates(space.seq_parallel(tp), cont["sp"][i])
+            offs = _bool_candidates(space.offloads, cont["offload"][i])
+            flashes = _bool_candidates(space.flashes, cont["flash"][i])
+            for r in space.rows_for(fact, mbs, eps, zeros, sps, remats, offs, flashes):
+                rows[r] = None
+    return list(rows)
+
+
+def neighbours(space: Space, row: tuple) -> list[tuple]:
+    """Configs one move away: another factorisation, the next micro-batch, any other value of
+    one categorical knob."""
+    mb, ga, dp, tp, pp, ep, z, s, r, o, f = row
+    out: list[tuple] = []
+    here = np.log2([dp, tp, pp])
+    for fact in space.facts:
+        if fact == (dp, tp, pp) or np.abs(np.log2(fact) - here).sum() > 2.0 + 1e-9:
+            continue
+        mbs = _nearest(space.micro_batches(fact[0]), mb, 0.0)
+        out += space.rows_for(fact, mbs, [ep] if ep in space.expert_degrees(fact[0]) else None,
+                              [z] if z in space.zero_stages(fact[0], fact[2]) else None,
+                              [bool(s)] if bool(s) in space.seq_parallel(fact[1]) else None,
+                              [r], [bool(o)], [bool(f)])
+    mbs = space.micro_batches(dp)
+    j = mbs.index(mb) if mb in mbs else 0
+    for m2 in mbs[max(j - 1, 0):j + 2]:
+        if m2 != mb:
+            out += space.rows_for((dp, tp, pp), [m2], [ep], [z], [bool(s)], [r], [bool(o)],
+                                  [bool(f)])
+    out += space.rows_for((dp, tp, pp), [mb], None, [z], [bool(s)], [r], [bool(o)], [bool(f)])
+    out += space.rows_for((dp, tp, pp), [mb], [ep], None, [bool(s)], [r], [bool(o)], [bool(f)])
+    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], None, [r], [bool(o)], [bool(f)])
+    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], None, [bool(o)], [bool(f)])
+    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], [r], None, [bool(f)])
+    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], [r], [bool(o)], None)
+    return [x for x in dict.fromkeys(out) if x != row]
+
+
+# --------------------------------------------------------------------------------------------
+@dataclass
+class OptimizeResult:
+    scenario: Scenario
+    status: str                          # "ok" | "infeasible"
+    method: str
+    candidates: list[Plan]
+    solve_s: float
+    evaluated: int
+    space_size: int | None
+    shadow_price: dict[str, float]
+    smallest: Plan | None = None         # infeasible: the least memory found
+    remedies: list[dict] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def best(self) -> Plan | None:
+        return self.candidates[0] if self.candidates else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "status": self.status, "scenario": self.scenario.name, "method": self.method,
+            "objective": self.scenario.objective,
+            "best": self.best.to_dict() if self.best else None,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "solve_s": self.solve_s, "evaluated": self.evaluated,
+            "space_size": self.space_size, "shadow_price": self.shadow_price,
+            "timings": self.timings,
+        }
+        if self.status == "infeasible":
+            d["smallest_requirement"] = self.smallest.to_dict() if self.smallest else None
+            d["smallest_requirement_bytes"] = (self.smallest.memory["total_bytes"]
+                                               if self.smallest else None)
+            d["remedies"] = self.remedies
+        return d
+
+    def render(self) -> str:
+        sc = self.scenario
+        head = (f"{sc.name}: {sc.model.name} on {sc.count}x {sc.hardware.name}, budget "
+                f"{gib(sc.budget.usable_bytes)} GiB usable per device")
+        lines = [head]
+        if self.status == "infeasible":
+            lines.append("INFEASIBLE: no config fits.")
+            if self.smallest:
+                m = self.smallest.memory
+                lines.append(f"smallest requirement found: {gib(m['total_bytes'])} GiB per "
+                             f"device with {_cfg(self.smallest.config.to_dict())}")
+            if self.remedies:
+                rows = [(r["change"], "yes" if r["fits"] else "no",
+                         gib(r["total_bytes"]) if r["total_bytes"] else "-",
+                         si(r["tokens_per_s"], "tok/s") if r["tokens_per_s"] else "-")
+                        for r in self.remedies]
+                lines.append(table(rows, ["change", "fits", "GiB/device", "throughput"]))
+            return "\n".join(lines)
+        rows = []
+        for i, c in enumerate(self.candidates, 1):
+            m, t, th = c.memory, c.time, c.throughput
+            rows.append((i, _cfg(c.config.to_dict()), gib(m["total_bytes"]),
+                         seconds(t["step_s"]), si(th["tokens_per_s"], "tok/s"),
+                         f"{100 * th.get('mfu', 0):.1f}%"))
+        lines.append(table(rows, ["#", "config", "GiB/dev", "step", "throughput", "MFU"],
+                           "rlrrrr"))
+        if len(self.candidates) > 1:
+            lines.append("runner-up: " + why_lost(self.candidates[0], self.candidates[1]))
+        sp = self.shadow_price
+        if sp.get("tokens_per_s_per_gib") is not None:
+            lines.append(f"shadow price of memory: {sp['tokens_per_s_per_gib']:+,.0f} tok/s "
+                         f"per extra GiB per device ({sp['basis']})")
+        lines.append(f"{self.method} search: {self.evaluated:,} configs evaluated exactly"
+                     + (f" of {self.space_size:,}" if self.space_size else "")
+                     + f" in {self.solve_s:.2f} s")
+        return "\n".join(lines)
+
+
+def _cfg(c: dict) -> str:
+    from ..cli import _config_line
+    return _config_line(c)
+
+
+def why_lost(best: Plan, other: Plan) -> str:
+    """The knobs that differ, and the time terms that grew most."""
+    a, b = best.config.to_dict(), other.config.to_dict()
+    diff = ", ".join(f"{k} {a[k]}->{b[k]}" for k in a if a[k] != b[k])
+    ta, tb = best.time, other.time
+    deltas = sorted(((tb[k] - ta[k], k) for k in ta if k.endswith("_s") and k != "step_s"),
+                    reverse=True)
+    grew = [f"{k[:-2].replace('_', ' ')} +{seconds(d)}" for d, k in deltas[:2] if d > 0]
+    slower = 100 * (1 - other.throughput["tokens_per_s"] / best.throughput["tokens_per_s"])
+    return (f"{diff or 'same knobs'}: {slower:.1f}% slower"
+            + (f" ({'; '.join(grew)})" if grew else ""))
+
+
+# --------------------------------------------------------------------------------------------
+def _rank(lat: Lattice, res: dict, usable: float, top_k: int) -> list[int]:
+    fits = np.nonzero(res["total_bytes"] <= usable)[0]
+    order = fits[np.argsort(-res["objective"][fits], kind="stable")]
+    return [int(i) for i in order[:top_k]]
+
+
+def _shadow_price(res: dict, usable: float, best_obj: float | None) -> dict[str, float]:
+    """Objective gained per extra GiB of budget, among the configs evaluated exactly."""
+    if best_obj is None:
+        return {"tokens_per_s_per_gib": None, "basis": "infeasible"}
+    more = res["objective"][res["total_bytes"] <= usable + GiB]
+    gain = float(more.max() - best_obj) if len(more) else 0.0
+    return {"tokens_per_s_per_gib": gain, "basis": "best evaluated config with 1 GiB more"}
+
+
+def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
+             method: str = "gradient", seed: int = 0, starts: int = 32, steps: int = 300,
+             optimizer: optax.GradientTransformation | None = None, polish: bool = True,
+             remedies: bool = True) -> OptimizeResult:
+    """The fastest configs that fit (``method="exhaustive"``: the reference over all of them)."""
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    if method not in ("gradient", "exhaustive"):
+        raise CapoptError(f"unknown method {method!r}", field="--method",
+                          allowed="gradient, exhaustive")
+    t0 = time.perf_counter()
+    n = numbers_pytree(sc)
+    mode = 1.0 if sc.objective == "cost_efficiency" else 0.0
+    usable = sc.budget.usable_bytes
+    space = Space(sc)
+    timings: dict[str, float] = {}
+
+    if method == "exhaustive":
+        lat = build_lattice(sc)
+        res = evaluate(lat, n, mode)
+        space_size = len(lat)
+    else:
+        bounds = scenario_bounds(sc)
+        x0 = initial_points(starts, seed)
+        sol = _solver(optimizer, steps)(x0, n, bounds)
+        x = np.asarray(sol.x)
+        timings["continuous_s"] = time.perf_counter() - t0
+        rows = discretise(space, continuous_values(x, bounds))
+        lat = space.lattice(rows)
+        res = evaluate(lat, n, mode)
+        timings["discretise_s"] = time.perf_counter() - t0 - timings["continuous_s"]
+        if polish and len(lat):
+            lat, res = _polish(space, lat, res, n, mode, usable)
+        space_size = None
+
+    order = _rank(lat, res, usable, top_k)
+    best_obj = float(res["objective"][order[0]]) if order else None
+    solve_s = time.perf_counter() - t0
+    shadow = _shadow_price(res, usable, best_obj)
+    plans = [Plan(sc, lat.config(i), estimate(lat.config(i), sc)) for i in order]
+    status = "ok" if plans else "infeasible"
+    smallest = None
+    rem: list[dict] = []
+    if not plans:
+        smallest = _smallest(sc, space, lat, res, n, mode)
+        if remedies:
+            from .remedies import remedies as find_remedies
+            rem = find_remedies(sc)
+    return OptimizeResult(sc, status, method, plans, solve_s, len(lat), space_size, shadow,
+                          smallest, rem, timings)
+
+
+def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int = 12,
+            seeds: int = 3):
+    """Local search from the best fitting configs: move to a better fitting neighbour while one
+    exists. Every configuration seen stays in the pool that is ranked."""
+    seen = {lat.key(i): i for i in range(len(lat))}
+    rows = [lat.key(i) for i in range(len(lat))]
+    cols = {k: list(v) for k, v in res.items()}
+    score = lambda i: cols["objective"][i] if cols["total_bytes"][i] <= usable else -np.inf  # noqa
+
+    fits = [i for i in range(len(rows)) if cols["total_bytes"][i] <= usable]
+    if not fits:   # start from the least memory: walk towards feasibility
+        current = sorted(range(len(rows)), key=lambda i: cols["total_bytes"][i])[:seeds]
+    else:
+        current = sorted(fits, key=lambda i: -cols["objective"][i])[:seeds]
+    for _ in range(rounds):
+        new_rows = []
+        for i in current:
+            new_rows += [r for r in neighbours(space, rows[i]) if r not in seen]
+        new_rows = list(dict.fromkeys(new_rows))
+        if not new_rows:
+            break
+        nl = space.lattice(new_rows)
+        nr = evaluate(nl, n, mode)
+        for j, r in enumerate(new_rows):
+            seen[r] = len(rows)
+            rows.append(r)
+            for k in cols:
+                cols[k].append(nr[k][j])
+        fits = [i for i in range(len(rows)) if cols["total_bytes"][i] <= usable]
+        pool = fits or list(range(len(rows)))
+        key = score if fits else (lambda i: -cols["total_bytes"][i])
+        nxt = sorted(pool, key=key, reverse=True)[:seeds]
+        if set(nxt) == set(current):
+            break
+        current = nxt
+    lat2 = space.lattice(rows)
+    return lat2, {k: np.asarray(v) for k, v in cols.items()}
+
+
+def _smallest(sc, space, lat, res, n, mode) -> Plan | None:
+    """The least per-device memory among the configs evaluated (infeasible reports)."""
+    if not len(lat):
+        return None
+    i = int(np.argmin(res["total_bytes"]))
+    cfg = lat.config(i)
+    return Plan(sc, cfg, estimate(cfg, sc))
+
+
+__all__ = ["OptimizeResult", "optimize", "COLUMNS"]

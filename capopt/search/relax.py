@@ -1,0 +1,161 @@
+"""The continuous relaxation and its optax solve.
+
+Decision variables (one vector per start):
+  [0:3]   logits of the log2 shares of (dp, tp, pp) on a simplex summing to log2(devices)
+  [3]     micro-batch: log2(mb) = sigmoid(.) * log2(global_batch / dp)
+  [4]     expert parallelism: log2(ep) = sigmoid(.) * log2(min(experts, dp))
+  [5:9]   ZeRO stage logits (softmax mixture)
+  [9:12]  remat logits over (none, selective, full): fractions of layers
+  [12:15] sequence parallel, optimizer offload, flash attention (sigmoids)
+Disallowed categorical values are masked out; pinned values become tight bounds. The memory
+constraint enters as a penalty whose weight grows over the solve (annealing); the
+objective is -log(tokens/s) (or -log tokens per dollar). Everything runs inside one `jit`,
+with starts under `vmap`; scenario numbers are traced, so scenarios of the same shape
+share one compilation.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .._specs import Scenario
+from ..cost._inputs import DTYPE, Knobs
+from ..cost.estimate import estimate_numbers
+from ._evaluate import objective_value
+from ._space import domain, factorizations
+
+DIM = 15
+NEG = -1e4
+
+
+class Bounds(NamedTuple):
+    """Box and mask data of one scenario (a pytree of arrays; traced, not static)."""
+
+    log2_n: jax.Array
+    lo: jax.Array            # (3,) log2 lower bounds of dp, tp, pp
+    hi: jax.Array            # (3,)
+    log2_batch: jax.Array    # log2 global batch
+    mb_lo: jax.Array         # log2 bounds of the micro-batch
+    mb_hi: jax.Array
+    ep_cap: jax.Array        # log2 of the largest expert-parallel degree
+    zero_mask: jax.Array     # (4,) 0 / NEG
+    remat_mask: jax.Array    # (3,)
+    bool_lo: jax.Array       # (3,) sp, offload, flash: allowed range in [0, 1]
+    bool_hi: jax.Array
+    mode_cost: jax.Array
+
+
+def scenario_bounds(sc: Scenario) -> Bounds:
+    facts = factorizations(sc) or [(sc.count, 1, 1)]
+    logs = np.log2(np.asarray(facts, np.float64))
+    B = sc.workload.global_batch
+    mb_dom = sc.knob("micro_batch").values
+    mb_lo = np.log2(min(mb_dom)) if mb_dom else 0.0
+    mb_hi = np.log2(max(mb_dom)) if mb_dom else np.log2(B)
+    m = sc.model
+    ep_dom = sc.knob("ep").values
+    ep_cap = np.log2(max(ep_dom) if ep_dom else (m.num_local_experts if m.is_moe else 1))
+    zeros = domain(sc, "zero_stage", [0, 1, 2, 3])
+    rem = domain(sc, "remat", ["none", "selective", "full"])
+    remat_mask = [0.0 if p in rem or (p == "full" and any(not isinstance(r, str) for r in rem))
+                  else NEG for p in ("none", "selective", "full")]
+
+    def bool_range(name, default):
+        dom = sc.knob(name).values
+        vals = [False, True] if dom is None else list(dom)
+        if sc.knob(name).values is None and default is not None:
+            vals = [False, True]
+        return float(min(vals)), float(max(vals))
+
+    b = [bool_range(k, None) for k in ("sequence_parallel", "offload_optimizer",
+                                       "flash_attention")]
+    f = lambda x: jnp.asarray(x, DTYPE)  # noqa: E731
+    return Bounds(
+        log2_n=f(np.log2(sc.count)), lo=f(logs.min(0)), hi=f(logs.max(0)), log2_batch=f(np.log2(B)),
+        mb_lo=f(mb_lo), mb_hi=f(mb_hi), ep_cap=f(ep_cap),
+        zero_mask=f([0.0 if z in zeros else NEG for z in range(4)]), remat_mask=f(remat_mask),
+        bool_lo=f([x[0] for x in b]), bool_hi=f([x[1] for x in b]),
+        mode_cost=f(1.0 if sc.objective == "cost_efficiency" else 0.0))
+
+
+def decode(x: jax.Array, b: Bounds) -> Knobs:
+    """Variables -> relaxed knobs (continuous degrees, mixtures)."""
+    shares = jax.nn.softmax(x[0:3]) * b.log2_n
+    dp, tp, pp = 2.0 ** shares[0], 2.0 ** shares[1], 2.0 ** shares[2]
+    mb_hi = jnp.minimum(b.mb_hi, b.log2_batch - shares[0])
+    log_mb = b.mb_lo + jax.nn.sigmoid(x[3]) * jnp.maximum(mb_hi - b.mb_lo, 0.0)
+    mb = 2.0 ** log_mb
+    ga = 2.0 ** (b.log2_batch - shares[0] - log_mb)
+    ep = 2.0 ** (jax.nn.sigmoid(x[4]) * jnp.minimum(b.ep_cap, shares[0]))
+    zero = jax.nn.softmax(x[5:9] + b.zero_mask)
+    remat = jax.nn.softmax(x[9:12] + b.remat_mask)
+    bools = b.bool_lo + (b.bool_hi - b.bool_lo) * jax.nn.sigmoid(x[12:15])
+    return Knobs(micro_batch=mb, grad_accum=jnp.maximum(ga, 1.0), dp=dp, tp=tp, pp=pp, ep=ep,
+                 zero=zero, remat=remat, sp=bools[0], offload=bools[1], flash=bools[2])
+
+
+def _loss(x, n, b: Bounds, mu):
+    k = decode(x, b)
+    est = estimate_numbers(k, n)
+    obj = objective_value(est, n, b.mode_cost)
+    over = est.memory["total_bytes"] / n["usable_bytes"] - 1.0
+    shares = jnp.log2(jnp.stack([k.dp, k.tp, k.pp]))
+    box = jnp.sum(jax.nn.relu(b.lo - shares) ** 2 + jax.nn.relu(shares - b.hi) ** 2)
+    ga_short = jax.nn.relu(-(b.log2_batch - shares[0] - jnp.log2(k.micro_batch)))
+    sharp = 30.0
+    penalty = mu * (jax.nn.softplus(sharp * over) / sharp) ** 2 + 10.0 * (box + ga_short ** 2)
+    return -jnp.log(jnp.maximum(obj, 1e-30)) + penalty
+
+
+class SolveResult(NamedTuple):
+    x: jax.Array          # (starts, DIM) final variables
+    loss: jax.Array       # (starts,)
+    over: jax.Array       # (starts,) relative memory excess at the end (<= 0 fits)
+    objective: jax.Array  # (starts,)
+    multiplier: jax.Array  # (starts,) d(penalty)/d(total/usable): the constraint's price
+
+
+def make_solver(optimizer: optax.GradientTransformation | None = None, steps: int = 300,
+                mu0: float = 1.0, mu1: float = 1e4):
+    """A jitted ``solve(x0, n, bounds) -> SolveResult`` for a batch of starts."""
+    opt = optimizer or optax.adam(0.08)
+
+    def solve_one(x0, n, b):
+        state = opt.init(x0)
+        grad = jax.grad(_loss)
+
+        def body(carry, t):
+            x, s = carry
+            mu = mu0 * (mu1 / mu0) ** (t / (steps - 1))
+            g = grad(x, n, b, mu)
+            g = jnp.where(jnp.isfinite(g), g, 0.0)
+            upd, s = opt.update(g, s, x)
+            return (optax.apply_updates(x, upd), s), None
+
+        (x, _), _ = jax.lax.scan(body, (x0, state), jnp.arange(steps, dtype=DTYPE))
+        k = decode(x, b)
+        est = estimate_numbers(k, n)
+        over = est.memory["total_bytes"] / n["usable_bytes"] - 1.0
+        sharp = 30.0
+        mult = mu1 * 2 * (jax.nn.softplus(sharp * over) / sharp) * jax.nn.sigmoid(sharp * over)
+        return SolveResult(x, _loss(x, n, b, mu1), over, objective_value(est, n, b.mode_cost),
+                           mult)
+
+    return jax.jit(jax.vmap(solve_one, in_axes=(0, None, None)))
+
+
+def initial_points(starts: int, seed: int) -> jax.Array:
+    key = jax.random.PRNGKey(seed)
+    return jax.random.normal(key, (starts, DIM), DTYPE) * 1.5
+
+
+def continuous_values(x: np.ndarray, b: Bounds) -> dict[str, np.ndarray]:
+    """Decode a batch of variable vectors into plain numpy knob values."""
+    k = jax.vmap(decode, in_axes=(0, None))(jnp.asarray(x), b)
+    return {f: np.asarray(getattr(k, f)) for f in Knobs.__dataclass_fields__}
+
