@@ -476,12 +476,14 @@ class Monitor:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._available = False
         self.reason: str | None = None
         self.error: str | None = None
 
     @property
     def available(self) -> bool:
-        return self._sampler is not None and self._sampler.available
+        """Whether the sampler could read the device when the monitor started."""
+        return self._available
 
     @property
     def samples(self) -> list[Sample]:
@@ -493,7 +495,8 @@ class Monitor:
             return self
         self._sampler = self._sampler_arg if self._sampler_arg is not None else NvmlSampler(self.device_index)
         self.reason = self._sampler.reason
-        if not self._sampler.available:
+        self._available = bool(self._sampler.available)
+        if not self._available:
             self._done.set()
             return self
         self._thread = threading.Thread(target=self._run, name="capopt-monitor", daemon=True)
