@@ -100,10 +100,41 @@ def cmd_optimize(args) -> int:
         print(json.dumps(d, indent=2))
     else:
         print(res.render())
-    if args.plot:
+    if args.plot and res.best:
         from .plots import pareto, save
         save(pareto(res), args.plot)
-    return 0 if d["status"] == "ok" else 2
+    if d["status"] != "ok":
+        need = d.get("smallest_requirement_bytes")
+        print(f"capopt: error: {sc.path or sc.name}: budget: nothing fits in "
+              f"{gib(sc.budget.usable_bytes)} GiB usable per device"
+              + (f"; the smallest config found needs {gib(need)} GiB" if need else "")
+              + " (see the changes listed above)", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from ._scenario import load_scenario, pinned_config
+    from .search.remedies import explain
+    sc = load_scenario(args.scenario, overrides=_overrides(args.set))
+    cfg = pinned_config(sc)
+    rep = explain(sc, cfg)
+    if args.json:
+        print(json.dumps({k: v if k != "remedies" else [
+            {kk: vv for kk, vv in r.items() if not kk.startswith("_")} for r in v]
+            for k, v in rep.items()}, indent=2))
+        return 0
+    print(f"{sc.name}: {_config_line(cfg.to_dict())}")
+    print(f"needs {gib(rep['total_bytes'])} GiB per device of {gib(rep['budget_bytes'])} GiB "
+          f"usable: {'FITS' if rep['fits'] else 'DOES NOT FIT'}")
+    rows = [(r["change"], "yes" if r["fits"] else "no", gib(r["saves_bytes"]),
+             gib(r["total_bytes"]), f"{100 * r['throughput_change']:+.1f}%")
+            for r in rep["remedies"]]
+    print(table(rows, ["change", "fits", "saves GiB", "GiB/device", "throughput"]))
+    if rep["combination"]:
+        print(("fits with: " if rep["combination_fits"] else "still short after: ")
+              + " + ".join(rep["combination"]))
+    return 0
 
 
 def cmd_catalog(args) -> int:
@@ -173,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=["gradient", "exhaustive"], default="gradient")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("explain", help="why a pinned config does not fit, and what would fix it")
+    scenario_args(p)
+    p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("catalog", help="list GPUs, model cards, scenarios, runtime profiles")
     p.add_argument("what", choices=["gpus", "models", "scenarios", "profiles"])

@@ -124,7 +124,7 @@ class OptimizeResult:
     space_size: int | None
     shadow_price: dict[str, float]
     smallest: Plan | None = None         # infeasible: the least memory found
-    remedies: list[dict] = field(default_factory=list)
+    remedies: list = field(default_factory=list)     # list[Remedy]
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -145,7 +145,7 @@ class OptimizeResult:
             d["smallest_requirement"] = self.smallest.to_dict() if self.smallest else None
             d["smallest_requirement_bytes"] = (self.smallest.memory["total_bytes"]
                                                if self.smallest else None)
-            d["remedies"] = self.remedies
+            d["remedies"] = [r.to_dict() for r in self.remedies]
         return d
 
     def render(self) -> str:
@@ -160,9 +160,9 @@ class OptimizeResult:
                 lines.append(f"smallest requirement found: {gib(m['total_bytes'])} GiB per "
                              f"device with {_cfg(self.smallest.config.to_dict())}")
             if self.remedies:
-                rows = [(r["change"], "yes" if r["fits"] else "no",
-                         gib(r["total_bytes"]) if r["total_bytes"] else "-",
-                         si(r["tokens_per_s"], "tok/s") if r["tokens_per_s"] else "-")
+                rows = [(r.change, "yes" if r.fits else "no",
+                         gib(r.total_bytes) if r.total_bytes else "-",
+                         si(r.tokens_per_s, "tok/s") if r.tokens_per_s else "-")
                         for r in self.remedies]
                 lines.append(table(rows, ["change", "fits", "GiB/device", "throughput"]))
             return "\n".join(lines)
@@ -261,7 +261,7 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     plans = [Plan(sc, lat.config(i), estimate(lat.config(i), sc)) for i in order]
     status = "ok" if plans else "infeasible"
     smallest = None
-    rem: list[dict] = []
+    rem: list = []
     if not plans:
         smallest = _smallest(sc, space, lat, res, n, mode)
         if remedies:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
-from .._specs import KnobDomain, LoRA, Scenario
+from .._errors import CapoptError
+from .._specs import Config, KnobDomain, LoRA, Scenario
 
 
 def with_knob(sc: Scenario, name: str, values) -> Scenario:
@@ -56,7 +58,24 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
     return out
 
 
-def remedies(sc: Scenario, *, starts: int = 8) -> list[dict]:
+@dataclass(frozen=True)
+class Remedy:
+    change: str
+    scenario: Scenario               # the changed scenario
+    fits: bool
+    config: Config | None            # its best config (or its least-memory one)
+    total_bytes: float | None
+    tokens_per_s: float | None
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"change": self.change, "fits": self.fits, "total_bytes": self.total_bytes,
+                "tokens_per_s": self.tokens_per_s,
+                "config": self.config.to_dict() if self.config else None,
+                **({"error": self.error} if self.error else {})}
+
+
+def remedies(sc: Scenario, *, starts: int = 8) -> list[Remedy]:
     """Each change with whether it fits, its memory and its throughput; fitting ones first,
     fastest first."""
     from .optimize import optimize
@@ -64,16 +83,107 @@ def remedies(sc: Scenario, *, starts: int = 8) -> list[dict]:
     for desc, changed in candidate_changes(sc):
         try:
             res = optimize(changed, top_k=1, starts=starts, remedies=False)
-        except Exception as e:   # noqa: BLE001 - a remedy that cannot be evaluated is reported
-            out.append({"change": desc, "fits": False, "error": str(e), "total_bytes": None,
-                        "tokens_per_s": None, "config": None})
+        except CapoptError as e:   # a change the scenario cannot take is reported, not fatal
+            out.append(Remedy(desc, changed, False, None, None, None, str(e)))
             continue
         plan = res.best or res.smallest
-        out.append({
-            "change": desc, "fits": res.status == "ok",
-            "total_bytes": plan.memory["total_bytes"] if plan else None,
-            "tokens_per_s": plan.throughput["tokens_per_s"] if res.best else None,
-            "config": plan.config.to_dict() if plan else None})
-    out.sort(key=lambda r: (not r["fits"], -(r["tokens_per_s"] or 0.0),
-                            r["total_bytes"] or float("inf")))
+        out.append(Remedy(
+            desc, changed, res.status == "ok", plan.config if plan else None,
+            plan.memory["total_bytes"] if plan else None,
+            plan.throughput["tokens_per_s"] if res.best else None))
+    out.sort(key=lambda r: (not r.fits, -(r.tokens_per_s or 0.0),
+                            r.total_bytes or float("inf")))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Remedies for one pinned config (`capopt explain`)
+# --------------------------------------------------------------------------------------------
+def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Config]]:
+    """Single changes to a concrete config: (description, scenario, config)."""
+    w = sc.workload
+    out: list[tuple[str, Scenario, Config]] = []
+    if cfg.micro_batch > 1 and cfg.micro_batch % 2 == 0:
+        out.append((f"micro_batch {cfg.micro_batch} -> {cfg.micro_batch // 2} with grad_accum "
+                    f"{cfg.grad_accum} -> {cfg.grad_accum * 2}", sc,
+                    cfg.replace(micro_batch=cfg.micro_batch // 2, grad_accum=cfg.grad_accum * 2)))
+    for r in ("selective", "full"):
+        if cfg.remat != r:
+            out.append((f"activation checkpointing: {r}", sc, cfg.replace(remat=r)))
+    if cfg.dp > 1:
+        for z in range(cfg.zero_stage + 1, 4):
+            if not (cfg.pp > 1 and z >= 2):
+                out.append((f"ZeRO stage {z}" + (" (FSDP)" if z == 3 else ""), sc,
+                            cfg.replace(zero_stage=z)))
+    if not cfg.offload_optimizer:
+        out.append(("offload optimizer state to host", sc, cfg.replace(offload_optimizer=True)))
+    if cfg.tp > 1 and not cfg.sequence_parallel:
+        out.append(("sequence parallelism", sc, cfg.replace(sequence_parallel=True)))
+    if not cfg.flash_attention:
+        out.append(("flash attention", sc, cfg.replace(flash_attention=True)))
+    if w.precision == "fp32":
+        out.append(("bf16 mixed precision", _workload(sc, precision="bf16-mixed"), cfg))
+    if w.precision != "bf16":
+        out.append(("pure bf16 (no fp32 master weights)", _workload(sc, precision="bf16"), cfg))
+    for opt in ("adamw-8bit", "adafactor", "sgd-momentum"):
+        if w.optimizer in ("adamw", "adam", "lion") and opt != w.optimizer:
+            out.append((f"lighter optimizer: {opt}", _workload(sc, optimizer=opt), cfg))
+    if w.lora is None and sc.model.family != "mlp":
+        out.append(("LoRA rank 16", _workload(sc, lora=LoRA(16)), cfg))
+        out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4)),
+                    cfg))
+    if sc.model.native_seq_len == 0 and w.seq_len >= 256:
+        out.append((f"sequence length {w.seq_len} -> {w.seq_len // 2}",
+                    _workload(sc, seq_len=w.seq_len // 2), cfg))
+    if cfg.micro_batch % 2 == 0 or cfg.grad_accum % 2 == 0:
+        more = sc.replace(count=sc.count * 2)
+        c2 = (cfg.replace(dp=cfg.dp * 2, micro_batch=cfg.micro_batch // 2)
+              if cfg.micro_batch % 2 == 0 else
+              cfg.replace(dp=cfg.dp * 2, grad_accum=cfg.grad_accum // 2))
+        out.append((f"2x the GPUs ({sc.count * 2}), dp {cfg.dp} -> {cfg.dp * 2}", more, c2))
+    return out
+
+
+def explain(sc: Scenario, cfg: Config) -> dict:
+    """Why ``cfg`` does (not) fit, and the single changes that make it fit, each with the
+    memory it saves and the throughput it costs; if none fits alone, a greedy combination."""
+    from .._plan import plan as plan_one
+    from .._validity import config_problems
+    base = plan_one(sc, cfg)
+    b_mem, b_tps = base.memory["total_bytes"], base.throughput["tokens_per_s"]
+    rows = []
+    for desc, s2, c2 in config_changes(sc, cfg):
+        if config_problems(c2, s2):
+            continue
+        p = plan_one(s2, c2)
+        rows.append({"change": desc, "fits": p.fits,
+                     "saves_bytes": b_mem - p.memory["total_bytes"],
+                     "total_bytes": p.memory["total_bytes"],
+                     "throughput_change": p.throughput["tokens_per_s"] / b_tps - 1.0,
+                     "config": c2.to_dict(), "_scenario": s2, "_config": c2})
+    rows.sort(key=lambda r: (not r["fits"], -r["throughput_change"], -r["saves_bytes"]))
+    combo: list[str] = []
+    if not base.fits and not any(r["fits"] for r in rows):
+        s_cur, c_cur, p_cur = sc, cfg, base
+        for _ in range(6):
+            opts = []
+            for desc, s2, c2 in config_changes(s_cur, c_cur):
+                if config_problems(c2, s2):
+                    continue
+                p = plan_one(s2, c2)
+                saved = p_cur.memory["total_bytes"] - p.memory["total_bytes"]
+                cost = max(1e-6, 1 - p.throughput["tokens_per_s"] / p_cur.throughput[
+                    "tokens_per_s"])
+                if saved > 0:
+                    opts.append((saved / cost, desc, s2, c2, p))
+            if not opts:
+                break
+            _, desc, s_cur, c_cur, p_cur = max(opts, key=lambda o: o[0])
+            combo.append(desc)
+            if p_cur.fits:
+                break
+        combo_fits = p_cur.fits
+    else:
+        combo_fits = None
+    return {"fits": base.fits, "total_bytes": b_mem, "budget_bytes": sc.budget.usable_bytes,
+            "remedies": rows, "combination": combo, "combination_fits": combo_fits}
