@@ -24,7 +24,7 @@ SCHEMA: dict[str, set[str]] = {
                  "lora", "input_samples_per_s", "train_tokens"},
     "budget": {"vram_gib", "headroom"},
     "config": set(KNOBS),
-    "objective": {"maximize"},
+    "objective": {"maximize", "deadline_hours"},
 }
 
 
@@ -181,16 +181,40 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
     model = load_card(str(card_path) if (card.endswith((".toml", ".json"))
                                          and card_path.exists()) else card)
 
-    gpu = _get(hw_t, "gpu", str, "hardware", file)
-    gpu_path = base / gpu
-    hardware = get_hardware(str(gpu_path) if gpu.endswith(".toml") and gpu_path.exists()
-                            else gpu)
-    count = _get(hw_t, "count", int, "hardware", file, 1)
+    gpus = hw_t.get("gpu")
+    gpus = gpus if isinstance(gpus, list) else [gpus]
+    if not gpus or gpus == [None]:
+        raise CapoptError("missing required field", file=file, field="hardware.gpu")
+    hardwares = []
+    for gpu in gpus:
+        _get({"gpu": gpu}, "gpu", str, "hardware", file)
+        gpu_path = base / gpu
+        hardwares.append(get_hardware(str(gpu_path) if gpu.endswith(".toml")
+                                      and gpu_path.exists() else gpu))
+    counts = hw_t.get("count", 1)
+    counts = counts if isinstance(counts, list) else [counts]
+    for c in counts:
+        _get({"count": c}, "count", int, "hardware", file)
+    hardware, count = hardwares[0], counts[0]
+    per_node_given = "per_node" in hw_t
     per_node = _get(hw_t, "per_node", int, "hardware", file, min(hardware.per_node, count))
-    price = _get(hw_t, "price_per_gpu_hour", float, "hardware", file, None)
-    if price is not None and price < 0:
-        raise CapoptError(f"must be >= 0, got {price}", file=file,
-                          field="hardware.price_per_gpu_hour")
+    price_raw = hw_t.get("price_per_gpu_hour")
+    prices = price_raw if isinstance(price_raw, dict) else {}
+    price = None if isinstance(price_raw, dict) else _get(
+        hw_t, "price_per_gpu_hour", float, "hardware", file, None)
+    for key, v in {"": price, **prices}.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            raise CapoptError(f"must be a number >= 0, got {v!r}", file=file,
+                              field="hardware.price_per_gpu_hour" + (f".{key}" if key else ""))
+
+    def price_for(hw) -> float | None:
+        if not prices:
+            return price
+        for name in (hw.name, *hw.aliases):
+            if name in prices:
+                return float(prices[name])
+        raise CapoptError(f"no price for {hw.name!r}", file=file,
+                          field="hardware.price_per_gpu_hour", allowed=", ".join(prices))
 
     seq_default = model.native_seq_len or ...
     workload = Workload(
@@ -205,11 +229,17 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
     )
     runtime = get_profile(_get(tr_t, "runtime", str, "training", file, "xla-gpu"))
 
-    vram_gib = _get(bud_t, "vram_gib", float, "budget", file, hardware.memory_bytes / GiB)
-    if not vram_gib > 0:
-        raise CapoptError(f"must be > 0, got {vram_gib}", file=file, field="budget.vram_gib")
-    budget = Budget(vram_bytes=int(vram_gib * GiB),
-                    headroom=_get(bud_t, "headroom", float, "budget", file, 0.10))
+    vram_given = _get(bud_t, "vram_gib", float, "budget", file, None)
+    headroom = _get(bud_t, "headroom", float, "budget", file, 0.10)
+
+    def budget_for(hw) -> Budget:
+        vram_gib = vram_given if vram_given is not None else hw.memory_bytes / GiB
+        if not vram_gib > 0:
+            raise CapoptError(f"must be > 0, got {vram_gib}", file=file, field="budget.vram_gib")
+        return Budget(vram_bytes=int(vram_gib * GiB), headroom=headroom)
+
+    budget = budget_for(hardware)
+    deadline_h = _get(obj_t, "deadline_hours", float, "objective", file, None)
 
     for key, value in overrides.items():
         if key not in KNOBS:
@@ -217,12 +247,20 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
         cfg_t[key] = value
     knobs = tuple(parse_knob(name, raw, file) for name, raw in cfg_t.items())
 
-    return Scenario(
+    common = dict(
         name=_get(data, "name", str, "", file, Path(file).stem if file else "scenario"),
-        model=model, hardware=hardware, count=count, per_node=per_node, workload=workload,
-        budget=budget, runtime=runtime, knobs=knobs,
+        model=model, workload=workload, runtime=runtime, knobs=knobs,
         objective=_get(obj_t, "maximize", str, "objective", file, "throughput"),
-        price_per_gpu_hour=price, path=file)
+        deadline_s=deadline_h * 3600.0 if deadline_h else None, path=file)
+    variants = [Scenario(hardware=hw, count=c,
+                         per_node=per_node if per_node_given else min(hw.per_node, c),
+                         budget=budget_for(hw), price_per_gpu_hour=price_for(hw), **common)
+                for hw in hardwares for c in counts]
+    primary = Scenario(hardware=hardware, count=count, per_node=per_node, budget=budget,
+                       price_per_gpu_hour=price_for(hardware), **common)
+    if len(variants) > 1:
+        primary = primary.replace(variants=tuple(variants))
+    return primary
 
 
 def load_scenario(path_or_dict: str | os.PathLike | Mapping | None = None, *,

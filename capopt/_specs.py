@@ -220,7 +220,10 @@ class Scenario:
     knobs: tuple[KnobDomain, ...] = ()
     objective: str = "throughput"
     price_per_gpu_hour: float | None = None
+    deadline_s: float | None = None       # time_to_train must not exceed this (needs train_tokens)
     path: str | None = field(default=None, compare=False)
+    # Other (gpu, count) choices the scenario allows; each a complete Scenario.
+    variants: tuple["Scenario", ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self):
         if not _is_int(self.count) or self.count < 1:
@@ -232,6 +235,10 @@ class Scenario:
         if self.objective not in OBJECTIVES:
             raise CapoptError(f"got {self.objective!r}", file=self.path,
                               field="objective.maximize", allowed=", ".join(OBJECTIVES))
+        if self.deadline_s is not None and (not self.deadline_s > 0
+                                            or not self.workload.train_tokens):
+            raise CapoptError("a deadline needs deadline_hours > 0 and training.train_tokens",
+                              file=self.path, field="objective.deadline_hours")
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")

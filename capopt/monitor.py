@@ -10,11 +10,17 @@ step needs.
 
 Sampling goes through a `Sampler`, so recorded series replay exactly like live ones::
 
-    >>> sampler = ReplaySampler.from_dmon(open("h100_load_dmon.txt").read())
-    >>> with Monitor(interval_s=0.0, sampler=sampler) as mon:
+    >>> sampler = ReplaySampler.from_dmon(open("h100_load_dmon.txt").read())  # doctest: +SKIP
+    >>> with Monitor(interval_s=0.0, sampler=sampler) as mon:  # doctest: +SKIP
     ...     mon.wait()
-    >>> [f.kind for f in flags(mon.summary())]
+    >>> [f.kind for f in flags(mon.summary())]  # doctest: +SKIP
     []
+
+Live, around a training loop::
+
+    with Monitor(interval_s=0.2) as mon:
+        train(steps=100)
+    print(mon.summary(), flags(mon.summary()))
 
 Without NVML the monitor records nothing and says why in `Monitor.reason`; it never raises.
 """
@@ -34,19 +40,24 @@ from typing import Any, Protocol
 
 __all__ = [
     "CLOCK_REASON_BITS",
+    "cpu_percent_between",
+    "decode_clock_reasons",
+    "explain_memory",
     "Finding",
+    "flags",
+    "format_bytes",
     "HostCpu",
+    "load_nvml",
     "MemoryExplanation",
     "Monitor",
     "NvmlSampler",
+    "parse_csv_with_header",
+    "parse_memory_stats_text",
+    "parse_proc_stat",
     "ReplaySampler",
     "Sample",
     "Sampler",
-    "decode_clock_reasons",
-    "explain_memory",
-    "flags",
-    "load_nvml",
-    "parse_memory_stats_text",
+    "SERIES",
     "summarize",
 ]
 
@@ -174,10 +185,6 @@ def load_nvml() -> tuple[ModuleType | None, str | None]:
 def _nvml_error_text(err: BaseException) -> str:
     text = str(err)
     return text or type(err).__name__
-
-
-def _nvml_str(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class HostCpu:
@@ -370,7 +377,7 @@ class ReplaySampler:
             parts = line.split()
             if not parts or not header:
                 continue
-            rec = dict(zip(header, parts))
+            rec = dict(zip(header, parts, strict=False))
             if _num(rec.get("gpu")) != gpu:
                 continue
             rows.append(
@@ -417,7 +424,7 @@ def parse_csv_with_header(text: str) -> list[dict[str, str]]:
     if not lines:
         return []
     names = [_UNIT_RE.sub("", h.strip()) for h in lines[0].split(",")]
-    return [dict(zip(names, (v.strip() for v in ln.split(",")))) for ln in lines[1:]]
+    return [dict(zip(names, (v.strip() for v in ln.split(",")), strict=False)) for ln in lines[1:]]
 
 
 def _num(value: Any) -> float | None:
@@ -493,7 +500,8 @@ class Monitor:
     def start(self) -> Monitor:
         if self._thread is not None:
             return self
-        self._sampler = self._sampler_arg if self._sampler_arg is not None else NvmlSampler(self.device_index)
+        self._sampler = (self._sampler_arg if self._sampler_arg is not None
+                         else NvmlSampler(self.device_index))
         self.reason = self._sampler.reason
         self._available = bool(self._sampler.available)
         if not self._available:
@@ -585,11 +593,12 @@ def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
         q = max(1, len(clocks) // 4)
         first, last = clocks[:q], clocks[-q:]
         peak = max(clocks)
+        low = min(_percentile(clocks, 5), sum(last) / len(last))
         out["sm_clock_trend"] = {
             "first_quarter_mean": sum(first) / len(first),
             "last_quarter_mean": sum(last) / len(last),
             "peak": peak,
-            "drop_fraction": (peak - min(_percentile(clocks, 5), sum(last) / len(last))) / peak if peak else 0.0,
+            "drop_fraction": (peak - low) / peak if peak else 0.0,
         }
     masks = [s.throttle_reasons for s in samples if s.throttle_reasons is not None]
     out["throttle"] = None
@@ -746,7 +755,7 @@ class MemoryExplanation:
         return "\n".join([*self.lines, *(f"warning: {w}" for w in self.warnings)])
 
 
-def _gib(n: int | float) -> str:
+def format_bytes(n: int | float) -> str:
     """Bytes for people: GiB (2^30) down to MiB and KiB for small amounts."""
     if abs(n) >= GIB:
         return f"{n / GIB:.2f} GiB"
@@ -757,7 +766,9 @@ def _gib(n: int | float) -> str:
     return f"{int(n)} B"
 
 
-def explain_memory(stats: Mapping[str, Any] | None, *, device_total_bytes: int | None = None) -> MemoryExplanation:
+def explain_memory(
+    stats: Mapping[str, Any] | None, *, device_total_bytes: int | None = None
+) -> MemoryExplanation:
     """Explain a JAX ``device.memory_stats()`` dict.
 
     The XLA allocator reports (all per device, bytes):
@@ -806,35 +817,37 @@ def explain_memory(stats: Mapping[str, Any] | None, *, device_total_bytes: int |
     warnings: list[str] = []
     if in_use is not None:
         tail = f" in {n_allocs} allocation{'s' if n_allocs != 1 else ''}" if n_allocs is not None else ""
-        lines.append(f"live now: {_gib(in_use)} (bytes_in_use){tail}")
+        lines.append(f"live now: {format_bytes(in_use)} (bytes_in_use){tail}")
     if peak is not None:
         lines.append(
-            f"peak need: {_gib(peak)} (peak_bytes_in_use), the most that was live at once; "
+            f"peak need: {format_bytes(peak)} (peak_bytes_in_use), the most that was live at once; "
             "this is what the step needs, budget against it"
         )
     held = pool
     if pool is not None:
-        line = f"held by the allocator: {_gib(pool)} (pool_bytes)"
+        line = f"held by the allocator: {format_bytes(pool)} (pool_bytes)"
         if peak is not None and pool > peak:
             line += (
-                f", {_gib(pool - peak)} more than the peak need: the pool keeps memory it once "
+                f", {format_bytes(pool - peak)} more than the peak need: the pool keeps memory it once "
                 "took (preallocation, or growth it never returns); nvidia-smi shows this, "
                 "not what the step uses"
             )
         lines.append(line)
     if reserved:
-        lines.append(f"reserved outside live buffers: {_gib(reserved)} (bytes_reserved)")
+        lines.append(f"reserved outside live buffers: {format_bytes(reserved)} (bytes_reserved)")
     if limit is not None:
-        line = f"allocator limit: {_gib(limit)} (bytes_limit)"
+        line = f"allocator limit: {format_bytes(limit)} (bytes_limit)"
         if device_total_bytes:
             frac = limit / device_total_bytes
-            line += f" = {100 * frac:.1f}% of the device's {_gib(device_total_bytes)}"
+            line += f" = {100 * frac:.1f}% of the device's {format_bytes(device_total_bytes)}"
             if abs(frac - DEFAULT_PREALLOCATE_FRACTION) < 0.01:
                 line += " (JAX's default 75% preallocation; XLA_PYTHON_CLIENT_MEM_FRACTION changes it)"
         lines.append(line)
         if peak is not None:
             head = limit - peak
-            lines.append(f"headroom at peak: {_gib(head)} ({100 * head / limit:.1f}% of the limit)" if limit else "")
+            if limit:
+                share = 100 * head / limit
+                lines.append(f"headroom at peak: {format_bytes(head)} ({share:.1f}% of the limit)")
             if limit and peak > NEAR_LIMIT_FRACTION * limit:
                 warnings.append(
                     f"peak use is {100 * peak / limit:.0f}% of the allocator limit: one larger batch "
@@ -842,7 +855,7 @@ def explain_memory(stats: Mapping[str, Any] | None, *, device_total_bytes: int |
                 )
     if largest is not None and peak:
         lines.append(
-            f"largest single buffer: {_gib(largest)} (largest_alloc_size), "
+            f"largest single buffer: {format_bytes(largest)} (largest_alloc_size), "
             f"{100 * largest / peak:.0f}% of the peak"
         )
         if largest > 0.5 * peak and peak >= DOMINANT_BUFFER_MIN_PEAK_BYTES:
@@ -854,10 +867,10 @@ def explain_memory(stats: Mapping[str, Any] | None, *, device_total_bytes: int |
         free_total = limit - in_use
         if free_total > 0 and free_block < 0.5 * free_total and free_total > GIB:
             warnings.append(
-                f"largest free block {_gib(free_block)} is under half of the {_gib(free_total)} "
+                f"largest free block {format_bytes(free_block)} is under half of the "
+                f"{format_bytes(free_total)} "
                 "free: the pool is fragmented, a large allocation can fail before memory is full"
             )
-    lines = [ln for ln in lines if ln]
     return MemoryExplanation(
         in_use, peak, held, limit, largest, free_block, n_allocs, device_total_bytes,
         tuple(lines), tuple(warnings),

@@ -186,7 +186,8 @@ def test_nvml_sampler_reads_a_sample(monkeypatch):
     assert sampler.available and sampler.reason is None
     s = sampler.sample()
     assert s is not None
-    assert (s.gpu_util_pct, s.mem_util_pct, s.power_w, s.temp_c, s.sm_clock_mhz) == (100.0, 11.0, 631.95, 59.0, 1980.0)
+    readings = (s.gpu_util_pct, s.mem_util_pct, s.power_w, s.temp_c, s.sm_clock_mhz)
+    assert readings == (100.0, 11.0, 631.95, 59.0, 1980.0)
     assert s.mem_used_bytes == 19818 * MIB and s.throttle_reasons == 0
     sampler.close()
     assert nv.calls == {"init": 1, "shutdown": 1}

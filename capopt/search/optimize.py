@@ -126,6 +126,7 @@ class OptimizeResult:
     smallest: Plan | None = None         # infeasible: the least memory found
     remedies: list = field(default_factory=list)     # list[Remedy]
     timings: dict[str, float] = field(default_factory=dict)
+    per_variant: list[dict] = field(default_factory=list)
 
     @property
     def best(self) -> Plan | None:
@@ -141,6 +142,8 @@ class OptimizeResult:
             "space_size": self.space_size, "shadow_price": self.shadow_price,
             "timings": self.timings,
         }
+        if self.per_variant:
+            d["per_variant"] = self.per_variant
         if self.status == "infeasible":
             d["smallest_requirement"] = self.smallest.to_dict() if self.smallest else None
             d["smallest_requirement_bytes"] = (self.smallest.memory["total_bytes"]
@@ -167,13 +170,23 @@ class OptimizeResult:
                 lines.append(table(rows, ["change", "fits", "GiB/device", "throughput"]))
             return "\n".join(lines)
         rows = []
+        fleet = bool(self.per_variant)
         for i, c in enumerate(self.candidates, 1):
             m, t, th = c.memory, c.time, c.throughput
-            rows.append((i, _cfg(c.config.to_dict()), gib(m["total_bytes"]),
-                         seconds(t["step_s"]), si(th["tokens_per_s"], "tok/s"),
-                         f"{100 * th.get('mfu', 0):.1f}%"))
-        lines.append(table(rows, ["#", "config", "GiB/dev", "step", "throughput", "MFU"],
-                           "rlrrrr"))
+            row = [i, _cfg(c.config.to_dict()), gib(m["total_bytes"]), seconds(t["step_s"]),
+                   si(th["tokens_per_s"], "tok/s"), f"{100 * th.get('mfu', 0):.1f}%"]
+            if fleet:
+                row.insert(1, f"{c.scenario.count}x {c.scenario.hardware.name}")
+            if th.get("cost_per_million_tokens"):
+                row.append(f"${th['cost_per_million_tokens']:.3f}")
+            rows.append(row)
+        headers = ["#", "config", "GiB/dev", "step", "throughput", "MFU"]
+        if fleet:
+            headers.insert(1, "gpus")
+        if rows and len(rows[0]) > len(headers):
+            headers.append("$/M tok")
+        lines.append(table(rows, headers, "r" + "l" * (1 + fleet) + "r" * (len(headers) - 2
+                                                                              - fleet)))
         if len(self.candidates) > 1:
             lines.append("runner-up: " + why_lost(self.candidates[0], self.candidates[1]))
         sp = self.shadow_price
@@ -205,8 +218,17 @@ def why_lost(best: Plan, other: Plan) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-def _rank(lat: Lattice, res: dict, usable: float, top_k: int) -> list[int]:
-    fits = np.nonzero(res["total_bytes"] <= usable)[0]
+def _min_rate(sc: Scenario) -> float:
+    """The throughput a deadline demands (0 without one)."""
+    if sc.deadline_s and sc.workload.train_tokens:
+        return sc.workload.train_tokens / sc.deadline_s
+    return 0.0
+
+
+def _rank(lat: Lattice, res: dict, usable: float, top_k: int, min_rate: float = 0.0
+          ) -> list[int]:
+    ok = (res["total_bytes"] <= usable) & (res["tokens_per_s"] >= min_rate)
+    fits = np.nonzero(ok)[0]
     order = fits[np.argsort(-res["objective"][fits], kind="stable")]
     return [int(i) for i in order[:top_k]]
 
@@ -229,6 +251,10 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     if method not in ("gradient", "exhaustive"):
         raise CapoptError(f"unknown method {method!r}", field="--method",
                           allowed="gradient, exhaustive")
+    opts = dict(top_k=top_k, method=method, seed=seed, starts=starts, steps=steps,
+                optimizer=optimizer, polish=polish)
+    if sc.variants:
+        return _optimize_fleet(sc, remedies=remedies, **opts)
     t0 = time.perf_counter()
     n = numbers_pytree(sc)
     mode = 1.0 if sc.objective == "cost_efficiency" else 0.0
@@ -254,7 +280,7 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
             lat, res = _polish(space, lat, res, n, mode, usable)
         space_size = None
 
-    order = _rank(lat, res, usable, top_k)
+    order = _rank(lat, res, usable, top_k, _min_rate(sc))
     best_obj = float(res["objective"][order[0]]) if order else None
     solve_s = time.perf_counter() - t0
     shadow = _shadow_price(res, usable, best_obj)
@@ -269,6 +295,47 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
             rem = find_remedies(sc)
     return OptimizeResult(sc, status, method, plans, solve_s, len(lat), space_size, shadow,
                           smallest, rem, timings)
+
+
+def plan_objective(p: Plan) -> float:
+    sc = p.scenario
+    tps = p.throughput["tokens_per_s"]
+    if sc.objective == "cost_efficiency":
+        return tps / (sc.count * (sc.gpu_hour_price or 0.0) / 3600.0)
+    return tps
+
+
+def _optimize_fleet(sc: Scenario, *, remedies: bool, **opts) -> OptimizeResult:
+    """Choose the GPU type and count too: solve each (gpu, count) the scenario lists (same
+    shape, so one compilation serves all) and rank everything found together."""
+    t0 = time.perf_counter()
+    results = [optimize(v, remedies=False, **opts) for v in sc.variants]
+    plans = [p for r in results for p in r.candidates]
+    plans.sort(key=plan_objective, reverse=True)
+    top = plans[:opts["top_k"]]
+    evaluated = sum(r.evaluated for r in results)
+    space = (sum(r.space_size for r in results) if all(r.space_size for r in results)
+             else None)
+    status = "ok" if top else "infeasible"
+    smallest = min((r.smallest or r.best for r in results if (r.smallest or r.best)),
+                   key=lambda p: p.memory["total_bytes"] / p.scenario.budget.usable_bytes,
+                   default=None)
+    best_res = next((r for r in results if top and r.best is top[0]), None)
+    shadow = best_res.shadow_price if best_res else {"tokens_per_s_per_gib": None,
+                                                      "basis": "infeasible"}
+    rem = []
+    if not top and remedies:
+        from .remedies import remedies as find_remedies
+        rem = find_remedies(sc.variants[0])
+    res = OptimizeResult(sc, status, opts["method"], top, time.perf_counter() - t0, evaluated,
+                         space, shadow, None if top else smallest, rem,
+                         {"variants": len(sc.variants)})
+    res.per_variant = [{"gpu": v.hardware.name, "count": v.count, "status": r.status,
+                        "best_tokens_per_s": r.best.throughput["tokens_per_s"] if r.best
+                        else None,
+                        "best_objective": plan_objective(r.best) if r.best else None}
+                       for v, r in zip(sc.variants, results)]
+    return res
 
 
 def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int = 12,
