@@ -101,6 +101,35 @@ def _lora_base_matrix_params_per_layer(model, targets) -> float:
     return float(n)
 
 
+def _flop_shape_numbers(model) -> dict[str, float]:
+    """Matmul shapes outside the blocks, as exact integer products (for `cost.flops`).
+
+    head_tok_tp:  weight elements of the vocabulary-sized matmul applied to every token
+                  (decoder LM head, encoder MLM decoder); split by tensor parallelism.
+    head_tok_rep: other per-token head matmuls (the MLM transform, h x h); replicated.
+    head_seq:     per-sequence head matmuls (pooler h x h, classifier h x labels).
+    embed_seq:    per-sequence input matmuls (ViT patch projection on every patch).
+    patch_dim:    the patch projection's input width (channels x patch^2).
+    norms_per_layer: norms inside one block (element-wise traffic).
+    """
+    h = model.hidden_size
+    fam = model.family
+    lm = fam == "decoder" or (fam == "encoder" and model.mlm_head)
+    labels = model.num_labels if fam in ("encoder", "vit") else 0
+    patch_dim = model.num_channels * model.patch_size ** 2 if fam == "vit" else 0
+    return {
+        "head_tok_tp": float(model.vocab_size * h if lm else 0),
+        "head_tok_rep": float(h * h if fam == "encoder" and model.mlm_head else 0),
+        "head_seq": float((h * h if model.pooler else 0) + h * labels),
+        "embed_seq": float(model.num_patches * patch_dim * h),
+        "patch_dim": float(patch_dim),
+        "embed_vocab": float(fam in ("decoder", "encoder")),
+        "rotary": float(model.position_embedding == "rotary"),
+        "moe": float(model.is_moe),
+        "norms_per_layer": float(getattr(model, "norms_per_layer", 2)),
+    }
+
+
 def scenario_numbers(sc: Scenario) -> dict[str, float]:
     """Everything the cost model needs from a scenario, as named floats."""
     m, w, hw, rt = sc.model, sc.workload, sc.hardware, sc.runtime
@@ -120,7 +149,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     n["P_total"] = float(m.num_params())
     n["P_active"] = float(m.active_params())
     # Parameter groups by how tensor parallelism shards them.
-    norms = 2 * m.norm_params() if m.family != "mlp" else 0
+    norms = m.layer_norm_params() if m.family != "mlp" else 0
     expert = m.expert_params() if m.is_moe else 0
     n["P_layer_tp"] = float(m.layer_params() - norms - m.router_params()
                             - m.num_local_experts * expert)
@@ -142,6 +171,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     else:
         n["logit_elems_per_seq"] = float(max(m.num_labels, 1) if m.family != "mlp" else m.hidden_size)
         n["logit_tp"] = 0.0
+    n.update(_flop_shape_numbers(m))
 
     # --- precision ---
     for key in ("param_bytes", "grad_bytes", "master_bytes", "act_bytes", "weight_copy_bytes",
@@ -172,9 +202,10 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
         n["base_bytes"] = {4: c["base_bytes_4bit"], 8: c["base_bytes_8bit"],
                            16: float(prec["act_bytes"])}[w.lora.base_bits]
         n["frozen_bytes"] = float(prec["act_bytes"])
+        n["lora_rank"] = float(w.lora.rank)
     else:
         n.update(lora=0.0, lora_layer=0.0, lora_base_layer=0.0, base_bytes=0.0,
-                 frozen_bytes=0.0)
+                 frozen_bytes=0.0, lora_rank=0.0)
 
     # --- workload, hardware, budget ---
     n.update(B=float(w.global_batch), N=float(sc.count), per_node=float(sc.per_node),

@@ -1,19 +1,278 @@
-"""Step time and throughput (to be replaced by the full model: compute, memory-bound ops,
-communication, pipeline bubble, offload, input pipeline)."""
+"""Step time and throughput: compute, memory-bound ops, communication, bubble, optimizer, I/O.
+
+One optimizer step on the slowest device is
+
+    step = m (compute + memory-bound + exposed per-micro-batch communication)   m = grad_accum
+         + bubble + exposed per-step communication + optimizer + offload
+
+and the step cannot be shorter than the input pipeline needs to deliver its samples
+(``step_s = max(that, input_s)``, so a data-bound run shows as data-bound).
+
+- Compute: every matmul at the shape-dependent efficiency of `flops.matmul_efficiency`
+  (`flops.compute_times`); recomputation adds forward passes.
+- Memory-bound ops (norms, residual adds, dropout, activations, softmax, rotary embedding, the
+  loss on the logits, embedding lookups) move bytes at ``mem_bw x mem_eff``.
+- Communication (`comm`): tensor-parallel all-reduces per block (reduce-scatter + all-gather with
+  sequence parallelism: the same traffic), pipeline point-to-point per micro-batch and virtual
+  stage, MoE all-to-all, ZeRO-3 parameter all-gathers and gradient reduce-scatters per
+  micro-batch, and once per step the data-parallel all-reduce (ZeRO 0) or reduce-scatter +
+  all-gather (ZeRO 1 and 2). Each kind hides ``overlap_<kind>`` of itself behind the compute it
+  can run under (its window) and exposes the rest.
+- Pipeline: 1F1B with ``v`` model chunks per device (``pp_virtual_stages``, interleaved) leaves
+  a bubble of ``(p - 1) / v`` micro-batch times: the fraction ``(p - 1) / (m + p - 1)`` of the
+  step at ``v = 1``. The slowest stage (first: embeddings; last: head and loss) sets the pace.
+- Optimizer: the update streams gradients, master weights and optimizer state once (plus the
+  gradient-norm read under clipping) at memory bandwidth; an offloaded share of the state
+  crosses the host link both ways every step.
+
+Placement follows Megatron-LM: tensor-parallel ranks innermost, then data-parallel, then
+pipeline stages (see `comm`).
+"""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
+from . import comm
 from ._inputs import Knobs
+from .flops import compute_times, hardware_flops, model_flops, step_tokens
+from .memory import shard, stage_params, step_at_least
+
+KINDS = ("dp", "zero", "tp", "pp", "moe")
 
 
-def time_terms(k: Knobs, n, mem: dict) -> tuple[dict, dict]:
-    """Return (time, throughput) dicts of scalars for one step."""
-    tokens = n["B"] * n["s"]
-    flops = 6.0 * n["P_active"] * tokens
+# ---------------------------------------------------------------------------------------------
+# Memory-bound ops
+# ---------------------------------------------------------------------------------------------
+
+
+def memory_bound_times(k: Knobs, n: dict) -> dict:
+    """Seconds of memory-bound ops per micro-batch: one block, the first stage's extras, the last's.
+
+    Element counts per token of one block's forward are in the profile (``ew_*``); the backward
+    moves ``ew_bwd_factor`` times as much; full recomputation repeats the forward, selective
+    recomputation the softmax and dropout of the attention scores.
+    """
+    tp, s, h, ab = k.tp, n["s"], n["h"], n["act_bytes"]
+    tokens = k.micro_batch * s
+    tf = 1.0 - n["mlp"]
+    q = n["a"] * n["hd"]
+    kv = n["kv"] * n["hd"]
+    cap = n["moe"] * n["rt_moe_capacity_factor"] + (1.0 - n["moe"])
+    w_sel, w_full = k.remat[1], k.remat[2]
+
+    rep = shard(k.sp, tp)                              # sequence parallelism splits the h side
+    extra_norms = 2.0 * (n["norms_per_layer"] - 2.0)  # ew_h counts a block with two norms
+    e_h = (tf * (n["rt_ew_h"] + extra_norms + n["hidden_dropout"] * n["rt_ew_dropout_h"])
+           * h * rep)
+    e_h = e_h + n["mlp"] * 2.0 * h                     # plain MLP: the activation
+    e_f = tf * (2.0 + n["gated"]) * n["f"] / tp * n["topk"] * cap
+    e_rope = tf * n["rotary"] * 2.0 * (q + kv) / tp
+    e_s = (tf * (n["rt_ew_score"] + n["attn_dropout"] * n["rt_ew_score_dropout"])
+           * n["a"] / tp * s * (1.0 - k.flash))
+    fwd = e_h + e_f + e_rope + e_s
+    elems = fwd * (1.0 + w_full + n["rt_ew_bwd_factor"]) + w_sel * e_s
+    rate = n["mem_bw"] * n["rt_mem_eff"]
+    layer = tokens * ab * elems / rate
+
+    passes = 1.0 + n["rt_ew_bwd_factor"]
+    logit_div = n["logit_tp"] * tp + (1.0 - n["logit_tp"])
+    per_logit = ab * n["rt_logits_act_copies"] + 4.0 * n["rt_logits_fp32_copies"]
+    logits = 2.0 * k.micro_batch * n["logit_elems_per_seq"] / logit_div * per_logit
+    final_norm = tf * 2.0 * tokens * h * rep * ab * passes
+    last = (logits + final_norm) / rate
+    first = n["embed_vocab"] * 2.0 * tokens * h * ab * passes / rate   # lookup and its gradient
+    return {"layer": layer, "first": first, "last": last}
+
+
+# ---------------------------------------------------------------------------------------------
+# One stage, one micro-batch
+# ---------------------------------------------------------------------------------------------
+
+
+def _weight_bytes(n: dict):
+    """Bytes per parameter of the weights as a ZeRO-3 all-gather moves them."""
+    return n["lora"] * n["frozen_bytes"] + (1.0 - n["lora"]) * n["param_bytes"]
+
+
+def _stage(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra_memory,
+           extra_params, tp_extra_ar) -> dict:
+    """Per-micro-batch seconds of one stage holding ``layers`` blocks plus its extras."""
+    tp, dp, ab = k.tp, k.dp, n["act_bytes"]
+    tokens = k.micro_batch * n["s"]
+    per_node = n["per_node"]
+    w_full = k.remat[2]
+    act_bytes = tokens * n["h"] * ab
+
+    compute = layers * c["layer"] + extra_compute
+    memory = layers * mb["layer"] + extra_memory
+    busy = compute + memory
+
+    # --- tensor parallelism: all-reduces of the block's output, per block ---
+    tp_per, tp_nodes = comm.group_layout(tp, 1.0, per_node)
+    ar_per_block = 2.0 * (1.0 - n["mlp"]) + n["mlp"]          # attention + MLP (plain MLP: 1)
+    one_ar = comm.all_reduce_s(act_bytes, tp, tp_per, tp_nodes, n)
+    tp_fwd = ar_per_block * (1.0 + w_full) * one_ar
+    tp_bwd = ar_per_block * one_ar
+    fwd_exp, fwd_hid = comm.overlap(tp_fwd, c["layer_fwd"], n["rt_overlap_tp_fwd"])
+    bwd_exp, bwd_hid = comm.overlap(tp_bwd, c["layer_dw"], n["rt_overlap_tp_bwd"])
+    tp_exposed = layers * (fwd_exp + bwd_exp) + tp_extra_ar * one_ar
+    tp_hidden = layers * (fwd_hid + bwd_hid)
+
+    # --- MoE all-to-all: dispatch and combine, forward (and recomputed) and backward ---
+    ep_per, ep_nodes = comm.group_layout(k.ep, tp, per_node)
+    cap = n["moe"] * n["rt_moe_capacity_factor"] + (1.0 - n["moe"])
+    a2a_bytes = act_bytes * n["topk"] * cap * shard(k.sp, tp)
+    a2a = n["moe"] * comm.all_to_all_s(a2a_bytes, k.ep, ep_per, ep_nodes, n) * (4.0 + 2.0 * w_full)
+    moe_exp, moe_hid = comm.overlap(a2a, c["layer"], n["rt_overlap_moe"])
+    moe_exposed, moe_hidden = layers * moe_exp, layers * moe_hid
+
+    # --- ZeRO-3: gather weights for the forward (again when recomputing) and the backward,
+    #     reduce-scatter gradients, for every micro-batch ---
+    per_layer, _, _, _ = stage_params(k, n)
+    lora = n["lora"]
+    base_tp = n["lora_base_layer"] / tp
+    w_layer = (lora * (base_tp * n["base_bytes"] + (per_layer - base_tp) * n["frozen_bytes"]
+                       + n["lora_layer"] / tp * n["param_bytes"])
+               + (1.0 - lora) * per_layer * n["param_bytes"])
+    g_layer = (lora * n["lora_layer"] / tp + (1.0 - lora) * per_layer) * n["grad_bytes"]
+    gather = (2.0 + w_full) * (layers * w_layer + extra_params * _weight_bytes(n))
+    scatter = (layers * g_layer + (1.0 - lora) * extra_params * n["grad_bytes"])
+    dp_per, dp_nodes = comm.group_layout(dp, tp, per_node)
+    colls = n["rt_zero3_collectives_per_layer"] * layers
+    # one more gather (forward, backward) and reduce-scatter for the stage's embedding / head
+    z3 = k.zero[3] * (comm.all_gather_s(gather, dp, dp_per, dp_nodes, n,
+                                        count=colls * (2.0 + w_full) + 2.0)
+                      + comm.reduce_scatter_s(scatter, dp, dp_per, dp_nodes, n, count=colls + 1.0))
+    zero_exposed, zero_hidden = comm.overlap(z3, busy, n["rt_overlap_zero"])
+
+    # --- pipeline: send activations forward and gradients back, once per model chunk ---
+    v = n["rt_pp_virtual_stages"]
+    split = jnp.maximum(k.sp, n["rt_pp_scatter_gather"])      # each send carries 1/tp of it
+    cross = jnp.clip(tp * dp / per_node, 0.0, 1.0)            # stage boundaries between nodes
+    send = comm.p2p_s(act_bytes * shard(split, tp), cross, n)
+    regather = (1.0 - k.sp) * n["rt_pp_scatter_gather"] * comm.all_gather_s(
+        act_bytes, tp, tp_per, tp_nodes, n)
+    pp = step_at_least(k.pp, 2.0) * 2.0 * v * (send + regather)
+    pp_exposed, pp_hidden = comm.overlap(pp, busy, n["rt_overlap_pp"])
+
+    exposed = {"tp": tp_exposed, "moe": moe_exposed, "zero": zero_exposed, "pp": pp_exposed}
+    hidden = tp_hidden + moe_hidden + zero_hidden + pp_hidden
+    total = busy + sum(exposed.values())
+    return {"compute": compute, "memory": memory, "hidden": hidden, "total": total,
+            "bwd": layers * c["layer_bwd"], **exposed}
+
+
+# ---------------------------------------------------------------------------------------------
+# The step
+# ---------------------------------------------------------------------------------------------
+
+
+def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
+    """(time, throughput) of one optimizer step, as dicts of scalars.
+
+    time: compute_s, memory_bound_s, comm_<kind>_s (exposed, kind in dp zero tp pp moe),
+    comm_exposed_s, comm_hidden_s, bubble_s, optimizer_s, offload_s, input_s, step_s.
+    throughput: tokens_per_s, tokens_per_s_per_device, samples_per_s, model_flops,
+    hardware_flops, mfu, hfu, tflops_per_device (hardware FLOPs), time_to_train_s (0 without
+    ``train_tokens``), cost_per_million_tokens (USD; 0 without a price).
+    """
+    c = compute_times(k, n)
+    mb = memory_bound_times(k, n)
+    _, first_p, last_p, multi = stage_params(k, n)
+    single = 1.0 - multi
+    layers = n["L"] / k.pp
+    first_tp_ar = n["embed_vocab"]            # vocabulary-parallel embedding: one all-reduce
+    last_tp_ar = n["logit_tp"]                # the head's input gradient: one all-reduce
+    first = _stage(k, n, layers=layers, c=c, mb=mb,
+                   extra_compute=c["first"] + single * c["last"],
+                   extra_memory=mb["first"] + single * mb["last"],
+                   extra_params=first_p + single * last_p,
+                   tp_extra_ar=first_tp_ar + single * last_tp_ar)
+    last = _stage(k, n, layers=layers, c=c, mb=mb,
+                  extra_compute=c["last"] + single * c["first"],
+                  extra_memory=mb["last"] + single * mb["first"],
+                  extra_params=last_p + single * first_p,
+                  tp_extra_ar=last_tp_ar + single * first_tp_ar)
+    take_first = first["total"] >= last["total"]
+    st = {key: jnp.where(take_first, first[key], last[key]) for key in first}
+
+    m = k.grad_accum
+    t_mb = st["total"]
+    v = n["rt_pp_virtual_stages"]
+    bubble_s = jnp.maximum(k.pp - 1.0, 0.0) / v * t_mb
+
+    # --- once per step: gradient synchronisation across data-parallel replicas ---
+    tp, dp, per_node = k.tp, k.dp, n["per_node"]
+    z = k.zero
+    dp_per, dp_nodes = comm.group_layout(dp, tp, per_node)
+    trainable = mem["trainable_params"]
+    grads = trainable * n["grad_bytes"]
+    buckets = jnp.maximum(grads / n["rt_dp_bucket_bytes"], 1.0)
+    allreduce = comm.all_reduce_s(grads, dp, dp_per, dp_nodes, n, count=buckets)
+    dp_exposed, dp_hidden = comm.overlap(z[0] * allreduce, st["bwd"], n["rt_overlap_dp"])
+    scatter = comm.reduce_scatter_s(grads, dp, dp_per, dp_nodes, n, count=buckets)
+    rs_exposed, rs_hidden = comm.overlap((z[1] + z[2]) * scatter, st["bwd"], n["rt_overlap_dp"])
+    params_out = trainable * n["param_bytes"]
+    regather = (z[1] + z[2]) * comm.all_gather_s(params_out, dp, dp_per, dp_nodes, n,
+                                                 count=jnp.maximum(params_out /
+                                                                   n["rt_dp_bucket_bytes"], 1.0))
+
+    comm_s = {"dp": dp_exposed,
+              "zero": m * st["zero"] + rs_exposed + regather,
+              "tp": m * st["tp"], "pp": m * st["pp"], "moe": m * st["moe"]}
+    comm_exposed = sum(comm_s.values())
+    comm_hidden = m * st["hidden"] + dp_hidden + rs_hidden
+
+    # --- optimizer update and offload ---
+    f_opt = z[1] + z[2] + z[3]
+    has_master = jnp.clip(n["master_bytes"], 0.0, 1.0)
+    per_param = (n["grad_bytes"] * (1.0 + n["grad_clip"]) + 2.0 * n["opt_bytes"]
+                 + has_master * (2.0 * n["master_bytes"] + n["param_bytes"])
+                 + (1.0 - has_master) * 2.0 * n["param_bytes"])
+    optimizer_s = (trainable * shard(f_opt, dp) * per_param
+                   / (n["mem_bw"] * n["rt_mem_eff"]))
+    offload_s = ((1.0 - n["rt_overlap_offload"]) * 2.0 * mem["host_optimizer_bytes"]
+                 / (n["host_bw"] * n["rt_host_eff"]))
+
+    # --- input pipeline ---
+    seqs, tokens = step_tokens(k, n)
+    rate = n["input_rate"]
+    input_s = jnp.where(rate > 0.0, seqs / jnp.maximum(rate, 1e-30), 0.0)
+
+    compute_s = m * st["compute"]
+    memory_s = m * st["memory"]
+    busy_s = (compute_s + memory_s + comm_exposed + bubble_s + optimizer_s + offload_s)
+    step_s = jnp.maximum(busy_s, input_s)
+
+    time = {"compute_s": compute_s, "memory_bound_s": memory_s,
+            **{f"comm_{kind}_s": comm_s[kind] for kind in KINDS},
+            "comm_exposed_s": comm_exposed, "comm_hidden_s": comm_hidden,
+            "bubble_s": bubble_s, "optimizer_s": optimizer_s, "offload_s": offload_s,
+            "input_s": input_s, "step_s": step_s}
+
+    # --- throughput ---
     devices = k.dp * k.tp * k.pp
-    compute_s = flops / (devices * n["matmul_peak"] * 0.5)
-    step_s = compute_s
+    mf = model_flops(k, n)
+    hf = hardware_flops(k, n)
+    peak = devices * n["matmul_peak"]
     tps = tokens / step_s
-    return ({"compute_s": compute_s, "step_s": step_s},
-            {"tokens_per_s": tps, "tokens_per_s_per_device": tps / devices,
-             "mfu": flops / step_s / (devices * n["matmul_peak"])})
+    train = n["train_tokens"]
+    price = n["price"]
+    throughput = {
+        "tokens_per_s": tps,
+        "tokens_per_s_per_device": tps / devices,
+        "samples_per_s": seqs / step_s,
+        "model_flops": mf,
+        "hardware_flops": hf,
+        "mfu": mf / (step_s * peak),
+        "hfu": hf / (step_s * peak),
+        "tflops_per_device": hf / (step_s * devices) / 1e12,
+        "time_to_train_s": jnp.where(train > 0.0, train / tps, 0.0),
+        "cost_per_million_tokens": jnp.where(
+            price > 0.0, price * devices * step_s / 3600.0 / (tokens / 1e6), 0.0),
+    }
+    return time, throughput
+
+
+__all__ = ["KINDS", "memory_bound_times", "time_terms"]

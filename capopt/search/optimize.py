@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import optax
 
+from .. import _jaxcache
 from .._errors import CapoptError
 from .._format import GiB, gib, seconds, si, table
 from .._plan import Plan
@@ -251,6 +252,7 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     if method not in ("gradient", "exhaustive"):
         raise CapoptError(f"unknown method {method!r}", field="--method",
                           allowed="gradient, exhaustive")
+    _jaxcache.enable()
     opts = dict(top_k=top_k, method=method, seed=seed, starts=starts, steps=steps,
                 optimizer=optimizer, polish=polish)
     if sc.variants:

@@ -1,0 +1,204 @@
+"""FLOPs of one training step, matmul by matmul, and the time the matmuls take on one device.
+
+Counting convention (the one Narayanan et al. 2021 and Korthikanti et al. 2022 use): a multiply
+and an add are two FLOPs; only matmuls count (norms, softmax, activations and the optimizer are
+memory-bound and timed by bytes elsewhere); attention scores are counted over the full s x s
+matrix, causal or not. Per token and block, in the forward pass:
+
+    weights   2 h (q + 2 kv) + 2 q h                       q, k, v and output projections
+              + 2 mats h f topk                            MLP (mats = 3 gated, 2 GELU), top-k experts
+              + 2 h E                                      MoE router
+    attention 4 s q                                        Q K^T and P V
+    LoRA      2 r (d_in + d_out) per wrapped matrix        (= 2 x LoRA parameters per block)
+
+with q = heads x head_dim and kv = kv_heads x head_dim; the head adds 2 h V per token (LM head,
+MLM decoder), the MLM transform 2 h^2, and per sequence 2 h^2 (pooler) and 2 h labels
+(classifier); a ViT adds 2 (channels patch^2) h per patch. A plain MLP stack (family "mlp")
+has 2 h^2 per layer and nothing else.
+
+The backward pass computes every matmul's input gradient (same FLOPs as its forward) and the
+weight gradient of every trainable matmul (same again); attention has two input gradients.
+LoRA freezes the base: its matmuls get input gradients only, the adapters both. So a full
+training step is 3x the forward, and the papers' closed forms hold exactly:
+
+    model FLOPs (no recompute)      72 B s l h^2 (1 + s/(6h) + V/(12 l h))    Korthikanti eq. 7
+    + full recompute                96 B s l h^2 (1 + s/(6h) + V/(16 l h))    Narayanan eq. 3
+    + selective recompute           72 B s l h^2 (1 + 2s/(9h) + V/(12 l h))
+
+(Korthikanti et al.'s eq. 8 writes s/(3h) for the last, counting the attention core's forward
+and backward a second time; selective recomputation repeats only its forward, 4 s h per token.)
+
+*Model* FLOPs (for MFU) exclude recomputation; *hardware* FLOPs (for HFU) add the extra forward
+of full recomputation, the attention core of selective recomputation, the Q K^T that flash
+attention recomputes in its backward pass, and the padded slots of capacity-factor MoE routing.
+
+The FLOP counts are plain arithmetic (``+ - * /``) on the numbers and knobs, so they run on
+Python floats (exact integers in float64) as well as on traced `jnp` scalars. The time functions
+add the shape-dependent efficiency, which needs `jnp.minimum`.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ._inputs import Knobs
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs per token (forward, one block, whole model: no sharding)
+# ---------------------------------------------------------------------------------------------
+
+
+def block_flops(n: dict) -> dict:
+    """Forward FLOPs per token of one block, by matmul group (unsharded, top-k experts)."""
+    h, f, s = n["h"], n["f"], n["s"]
+    q = n["a"] * n["hd"]
+    kv = n["kv"] * n["hd"]
+    tf = 1.0 - n["mlp"]                     # transformer families
+    return {
+        "qkv": tf * 2.0 * h * (q + 2.0 * kv),
+        "out": tf * 2.0 * q * h,
+        "mlp_in": tf * 2.0 * h * f * (1.0 + n["gated"]) * n["topk"],
+        "mlp_out": tf * 2.0 * f * h * n["topk"],
+        "router": tf * n["moe"] * 2.0 * h * n["E"],
+        "dense": n["mlp"] * 2.0 * h * h,     # family "mlp": one h x h layer
+        "attn": tf * 4.0 * s * q,
+        "lora": 2.0 * n["lora_layer"],
+    }
+
+
+def _weight_flops(b: dict):
+    return b["qkv"] + b["out"] + b["mlp_in"] + b["mlp_out"] + b["router"] + b["dense"]
+
+
+def _capacity(n: dict):
+    """Expert slots computed per routed token: the capacity factor for MoE, else 1."""
+    return n["moe"] * n["rt_moe_capacity_factor"] + (1.0 - n["moe"])
+
+
+def step_tokens(k: Knobs, n: dict):
+    """Sequences and tokens one optimizer step processes: micro_batch x grad_accum x dp."""
+    seqs = k.micro_batch * k.grad_accum * k.dp
+    return seqs, seqs * n["s"]
+
+
+def model_flops(k: Knobs, n: dict):
+    """FLOPs of one step of the whole job, recomputation excluded (the MFU numerator)."""
+    seqs, tokens = step_tokens(k, n)
+    b = block_flops(n)
+    frozen = n["lora"]
+    w, a, lo = _weight_flops(b), b["attn"], b["lora"]
+    # forward + input gradients + weight gradients of what trains
+    block = w * (2.0 + (1.0 - frozen)) + 3.0 * a + 3.0 * lo
+    head_tok = 2.0 * (n["head_tok_tp"] + n["head_tok_rep"]) * (2.0 + (1.0 - frozen))
+    per_seq = (2.0 * n["head_seq"] * (2.0 + (1.0 - frozen))
+               + 2.0 * n["embed_seq"] * (1.0 + (1.0 - frozen)))   # pixels need no gradient
+    return tokens * (n["L"] * block + head_tok) + seqs * per_seq
+
+
+def recompute_flops(k: Knobs, n: dict):
+    """FLOPs executed on top of the model FLOPs: recomputation, flash backward, MoE padding."""
+    _, tokens = step_tokens(k, n)
+    b = block_flops(n)
+    frozen = n["lora"]
+    w_sel, w_full = k.remat[1], k.remat[2]
+    fwd = _weight_flops(b) + b["attn"] + b["lora"]
+    extra = (w_full * fwd
+             + w_sel * (1.0 - k.flash) * b["attn"]         # selective: the attention core again
+             + k.flash * 0.5 * b["attn"])                  # flash backward recomputes Q K^T
+    experts = b["mlp_in"] + b["mlp_out"]
+    padding = (_capacity(n) - 1.0) * experts * (2.0 + (1.0 - frozen) + w_full)
+    return tokens * n["L"] * (extra + padding)
+
+
+def hardware_flops(k: Knobs, n: dict):
+    """FLOPs one step of the whole job executes (the HFU numerator)."""
+    return model_flops(k, n) + recompute_flops(k, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Matmul efficiency and per-device time
+# ---------------------------------------------------------------------------------------------
+
+
+def matmul_efficiency(m, n: dict):
+    """Achievable fraction of the dtype's peak for a GEMM whose smallest dimension is ``m``.
+
+    ``eff_max * m / (m + m_half)``: the harmonic roofline of a GEMM that streams its largest
+    operand once (arithmetic intensity ~ 2 m / element bytes FLOP/byte), so ``m_half`` is the
+    ridge point ``peak * element_bytes / (2 * mem_bw)`` scaled by the profile.
+    """
+    m_half = n["rt_gemm_half_scale"] * n["matmul_peak"] * n["act_bytes"] / (2.0 * n["mem_bw"])
+    m = jnp.maximum(m, 1.0)
+    return n["rt_gemm_eff_max"] * m / (m + m_half)
+
+
+def _smallest(*dims):
+    out = dims[0]
+    for d in dims[1:]:
+        out = jnp.minimum(out, d)
+    return out
+
+
+def _gemm_s(flops, n: dict, *dims):
+    """Seconds for ``flops`` of GEMMs with dimensions ``dims`` on one device."""
+    return flops / (matmul_efficiency(_smallest(*dims), n) * n["matmul_peak"])
+
+
+def compute_times(k: Knobs, n: dict) -> dict:
+    """Matmul seconds on one device for one micro-batch.
+
+    Returns ``layer`` (one block: forward, recomputation, backward), split into ``layer_fwd``
+    (the forward pass) and ``layer_bwd`` (the backward phase, recomputation included);
+    ``layer_dw`` (the weight-gradient GEMMs, which tensor-parallel communication can hide
+    behind); ``first`` (input matmuls on the first stage) and ``last`` (head matmuls on the last
+    stage).
+    """
+    b = block_flops(n)
+    tp, s, h, f, hd = k.tp, n["s"], n["h"], n["f"], n["hd"]
+    tokens = k.micro_batch * s
+    q = n["a"] * hd
+    kv = n["kv"] * hd
+    frozen = n["lora"]
+    w_sel, w_full = k.remat[1], k.remat[2]
+    cap = _capacity(n)
+    # tokens per expert GEMM: the ep group's tokens x top-k x capacity, spread over E experts
+    expert_rows = tokens * (n["moe"] * k.ep * n["topk"] * cap / n["E"] + (1.0 - n["moe"]))
+
+    fwd_pass = 1.0 + w_full                       # forward + full recomputation
+    dx, dw = 1.0, 1.0 - frozen                    # input and weight gradients
+    weight_mult = fwd_pass + dx + dw
+
+    groups = [  # forward seconds per token of each weight GEMM on this device
+        _gemm_s(b["qkv"] / tp, n, tokens, h, (q + 2.0 * kv) / tp),
+        _gemm_s(b["out"] / tp, n, tokens, q / tp, h),
+        _gemm_s(b["mlp_in"] * cap / tp, n, expert_rows, h, f / tp),
+        _gemm_s(b["mlp_out"] * cap / tp, n, expert_rows, f / tp, h),
+        _gemm_s(b["router"], n, tokens, h, jnp.maximum(n["E"], 1.0)),
+        _gemm_s(b["dense"] / tp, n, tokens, h, h / tp),
+    ]
+    weights_s = tokens * sum(groups)
+    lora_s = tokens * _gemm_s(b["lora"] / tp, n, tokens, jnp.maximum(n["lora_rank"], 1.0))
+    attn_flops = tokens * b["attn"] / tp
+    attn_matmul_s = _gemm_s(attn_flops, n, s, hd)
+    attn_flash_s = attn_flops / (n["rt_flash_eff"] * n["matmul_peak"])
+    attn_s = ((1.0 - k.flash) * attn_matmul_s * (fwd_pass + 2.0 + w_sel)
+              + k.flash * attn_flash_s * (fwd_pass + 2.0 + 0.5))
+    layer = weights_s * weight_mult + lora_s * (fwd_pass + 2.0) + attn_s
+    layer_fwd = weights_s + lora_s + (1.0 - k.flash) * attn_matmul_s + k.flash * attn_flash_s
+    # the backward phase: gradients plus whatever is recomputed for them
+    layer_bwd = layer - layer_fwd
+
+    head_mult = 1.0 + dx + dw                      # the head is not recomputed
+    seqs = k.micro_batch
+    last = head_mult * (
+        tokens * _gemm_s(2.0 * n["head_tok_tp"] / tp, n, tokens, h, n["V"] / tp)
+        + tokens * _gemm_s(2.0 * n["head_tok_rep"], n, tokens, h, h)
+        + seqs * _gemm_s(2.0 * n["head_seq"], n, seqs, h))
+    first = (1.0 + dw) * seqs * _gemm_s(2.0 * n["embed_seq"], n, tokens,
+                                         jnp.maximum(n["patch_dim"], 1.0), h)
+    return {"layer": layer, "layer_fwd": layer_fwd, "layer_bwd": layer_bwd,
+            "layer_dw": weights_s * dw, "first": first, "last": last}
+
+
+__all__ = ["block_flops", "compute_times", "hardware_flops", "matmul_efficiency",
+           "model_flops", "recompute_flops", "step_tokens"]

@@ -1,0 +1,489 @@
+"""Step time and throughput: exact FLOP counts, communication, pipeline, properties, JAX."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capopt._model import ModelSpec
+from capopt._specs import Config, LoRA
+from capopt.cost import (Knobs, estimate, estimate_numbers, knobs_from_config, numbers_pytree,
+                         scenario_numbers, stack_knobs)
+from capopt.cost import comm
+from capopt.cost.flops import (block_flops, hardware_flops, matmul_efficiency, model_flops,
+                               recompute_flops)
+from conftest import gpt_like, llama_like, make_scenario
+
+# The cost model runs in float32: relative agreement to 1e-5 is float32 round-off over a few
+# dozen operations, not modelling slack. FLOP counts on Python floats are exact integers.
+F32 = 1e-5
+
+
+def py_knobs(*, mb=2, ga=3, dp=4, tp=1, pp=1, ep=1, zero=0, remat=(1.0, 0.0, 0.0), sp=0.0,
+             offload=0.0, flash=0.0) -> Knobs:
+    """Knobs as Python floats, so the FLOP counts are exact integer arithmetic (float64)."""
+    z = [0.0] * 4
+    z[zero] = 1.0
+    f = float
+    return Knobs(micro_batch=f(mb), grad_accum=f(ga), dp=f(dp), tp=f(tp), pp=f(pp), ep=f(ep),
+                 zero=tuple(z), remat=tuple(map(f, remat)), sp=f(sp), offload=f(offload),
+                 flash=f(flash))
+
+
+def est(cfg: Config, sc) -> dict:
+    return estimate(cfg, sc).to_dict()
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOP counts: closed forms, exactly
+# ---------------------------------------------------------------------------------------------
+GPT = dict(layers=3, hidden=64, heads=4, vocab=512, seq=128)
+
+
+def _gpt_numbers(**kw):
+    sc = make_scenario(gpt_like(**GPT), seq_len=GPT["seq"], **kw)
+    return scenario_numbers(sc)
+
+
+def test_gpt_model_flops_match_korthikanti_eq7():
+    # 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) = B s (72 l h^2 + 12 l s h + 6 h V)
+    n = _gpt_numbers()
+    k = py_knobs()
+    B, s, l, h, V = 2 * 3 * 4, GPT["seq"], GPT["layers"], GPT["hidden"], GPT["vocab"]
+    assert model_flops(k, n) == B * s * (72 * l * h * h + 12 * l * s * h + 6 * h * V)
+
+
+def test_gpt_full_recompute_matches_narayanan_eq3():
+    # 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) = B s (96 l h^2 + 16 l s h + 6 h V)
+    n = _gpt_numbers()
+    k = py_knobs(remat=(0.0, 0.0, 1.0))
+    B, s, l, h, V = 24, GPT["seq"], GPT["layers"], GPT["hidden"], GPT["vocab"]
+    assert hardware_flops(k, n) == B * s * (96 * l * h * h + 16 * l * s * h + 6 * h * V)
+
+
+def test_gpt_selective_recompute_repeats_the_attention_core_forward():
+    # 72 B s l h^2 (1 + 2s/(9h) + V/(12 l h)): one more Q K^T and P V forward, 4 s h per token.
+    # (Korthikanti et al. eq. 8 has s/(3h): the core's forward and backward counted again.)
+    n = _gpt_numbers()
+    k = py_knobs(remat=(0.0, 1.0, 0.0))
+    B, s, l, h, V = 24, GPT["seq"], GPT["layers"], GPT["hidden"], GPT["vocab"]
+    assert hardware_flops(k, n) == B * s * (72 * l * h * h + 16 * l * s * h + 6 * h * V)
+    # flash attention stores no scores: nothing to recompute selectively, but its backward
+    # pass recomputes Q K^T (half the attention-core forward)
+    kf = py_knobs(remat=(0.0, 1.0, 0.0), flash=1.0)
+    assert hardware_flops(kf, n) - model_flops(kf, n) == B * s * l * 2 * s * h
+
+
+def test_paper_card_matches_narayanan_eq3_exactly():
+    from capopt import load_card
+    m = load_card("gpt3-175b")
+    sc = make_scenario(m, seq_len=2048, global_batch=1536, count=384)
+    n = scenario_numbers(sc)
+    k = py_knobs(mb=1, ga=384, dp=4, tp=8, pp=12, remat=(0.0, 0.0, 1.0))
+    B, s, l, h, V = 1536, 2048, 96, 12288, 51200
+    assert hardware_flops(k, n) == B * s * (96 * l * h * h + 16 * l * s * h + 6 * h * V)
+    assert 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)) == pytest.approx(
+        hardware_flops(k, n), rel=1e-12)
+
+
+def test_llama_gqa_gated_flops():
+    m = llama_like(layers=2, hidden=128, heads=8, kv=2, vocab=300, intermediate_size=352)
+    sc = make_scenario(m, seq_len=64)
+    n = scenario_numbers(sc)
+    k = py_knobs(mb=1, ga=1, dp=2)
+    h, hd, f, s, L, V = 128, 16, 352, 64, 2, 300
+    q, kv = 8 * hd, 2 * hd
+    per_tok_fwd = 2 * (h * q + 2 * h * kv + q * h) + 2 * 3 * h * f + 4 * s * q
+    assert model_flops(k, n) == 2 * s * (3 * L * per_tok_fwd + 3 * 2 * h * V)
+
+
+def test_moe_counts_top_k_experts_and_router():
+    m = llama_like(layers=2, hidden=64, heads=4, kv=4, vocab=100, intermediate_size=96,
+                   num_local_experts=4, num_experts_per_tok=2)
+    sc = make_scenario(m, seq_len=32, runtime="xla-gpu")          # capacity factor 1.25
+    n = scenario_numbers(sc)
+    k = py_knobs(mb=1, ga=1, dp=1)
+    h, f, s, L, V, E, topk = 64, 96, 32, 2, 100, 4, 2
+    experts = 2 * 3 * h * f * topk
+    attn_w = 2 * 4 * h * h
+    per_tok = attn_w + experts + 2 * h * E + 4 * s * h
+    assert model_flops(k, n) == s * (3 * L * per_tok + 6 * h * V)
+    cf = n["rt_moe_capacity_factor"]
+    assert recompute_flops(k, n) == pytest.approx(s * L * (cf - 1) * experts * 3, rel=1e-15)
+
+
+def test_lora_base_gets_input_gradients_only():
+    m = gpt_like(layers=2, hidden=64, heads=4, vocab=200, seq=32)
+    lora = LoRA(rank=4, targets=("attn", "mlp"))
+    sc = make_scenario(m, seq_len=32, lora=lora)
+    n = scenario_numbers(sc)
+    k = py_knobs(mb=1, ga=1, dp=1)
+    h, f, s, L, V, r = 64, 256, 32, 2, 200, 4
+    w = 24 * h * h                          # q, k, v, o + 4h MLP, forward per token
+    a = 4 * s * h
+    lo = 2 * r * ((h + h) * 4 + (h + f) + (f + h))   # adapters on q, k, v, o, up, down
+    assert 2 * n["lora_layer"] == lo
+    # forward + input gradients for the frozen base; adapters also get weight gradients
+    per_tok = L * (2 * w + 3 * a + 3 * lo) + 2 * (2 * h * V)
+    assert model_flops(k, n) == s * per_tok
+
+
+def test_vit_patch_embedding_and_classifier():
+    m = ModelSpec(name="tiny-vit", family="vit", hidden_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, intermediate_size=192, image_size=32, patch_size=8,
+                  num_labels=10)
+    sc = make_scenario(m, seq_len=17)
+    n = scenario_numbers(sc)
+    k = py_knobs(mb=1, ga=1, dp=1)
+    h, s, L, patches, pd = 48, 17, 2, 16, 3 * 64
+    per_tok = L * 3 * (24 * h * h + 4 * s * h)
+    per_seq = 3 * 2 * h * 10 + 2 * 2 * patches * pd * h     # classifier x3; patches fwd + dW
+    assert model_flops(k, n) == s * per_tok + per_seq
+
+
+def test_encoder_mlm_and_pooler():
+    m = ModelSpec(name="tiny-bert", family="encoder", hidden_size=32, num_hidden_layers=2,
+                  num_attention_heads=2, intermediate_size=128, vocab_size=100,
+                  max_position_embeddings=64, type_vocab_size=2, mlm_head=True, pooler=True,
+                  tie_word_embeddings=True)
+    sc = make_scenario(m, seq_len=16)
+    n = scenario_numbers(sc)
+    k = py_knobs(mb=1, ga=1, dp=1)
+    h, s, L, V = 32, 16, 2, 100
+    per_tok = L * 3 * (24 * h * h + 4 * s * h) + 3 * 2 * (h * h + h * V)
+    assert model_flops(k, n) == s * per_tok + 3 * 2 * h * h
+
+
+def test_mlp_stack():
+    m = ModelSpec(name="tiny-mlp", family="mlp", hidden_size=32, num_hidden_layers=3)
+    sc = make_scenario(m, seq_len=1)
+    n = scenario_numbers(sc)
+    assert model_flops(py_knobs(mb=4, ga=1, dp=1), n) == 4 * 3 * 3 * 2 * 32 * 32
+
+
+# ---------------------------------------------------------------------------------------------
+# Matmul efficiency and communication
+# ---------------------------------------------------------------------------------------------
+
+
+def test_small_matmuls_reach_less_of_peak():
+    n = numbers_pytree(make_scenario())
+    effs = [float(matmul_efficiency(jnp.float32(m), n)) for m in (8, 64, 512, 4096, 65536)]
+    assert effs == sorted(effs)
+    assert effs[-1] < float(n["rt_gemm_eff_max"]) and effs[0] < 0.1 * effs[-1]
+    # at m = the roofline ridge point the efficiency is half the maximum
+    ridge = n["matmul_peak"] * n["act_bytes"] / (2 * n["mem_bw"])
+    assert float(matmul_efficiency(ridge, n)) == pytest.approx(
+        0.5 * float(n["rt_gemm_eff_max"]), rel=F32)
+
+
+def test_group_layout_follows_megatron_placement():
+    # tensor-parallel ranks innermost: tp = 8 fills a node; data-parallel behind it, one per node
+    assert [float(x) for x in comm.group_layout(8.0, 1.0, 8.0)] == [8.0, 1.0]
+    assert [float(x) for x in comm.group_layout(16.0, 1.0, 8.0)] == [8.0, 2.0]
+    assert [float(x) for x in comm.group_layout(4.0, 8.0, 8.0)] == [1.0, 4.0]
+    assert [float(x) for x in comm.group_layout(4.0, 2.0, 8.0)] == [4.0, 1.0]
+    assert [float(x) for x in comm.group_layout(8.0, 2.0, 8.0)] == [4.0, 2.0]
+
+
+def test_ring_all_reduce_inside_a_node_is_the_alpha_beta_formula():
+    n = numbers_pytree(make_scenario())
+    size, S = 8.0, 64e6
+    got = float(comm.all_reduce_s(S, size, size, 1.0, n))
+    bw = float(n["intra_bw"] * n["rt_nvlink_eff"])
+    lat = float(n["rt_alpha_base_s"] + 2 * (size - 1) * n["rt_alpha_intra_s"])
+    assert got == pytest.approx(2 * (size - 1) / size * S / bw + lat, rel=F32)
+    # a group of one moves nothing and waits for nothing
+    assert float(comm.all_reduce_s(S, 1.0, 1.0, 1.0, n)) == 0.0
+    assert float(comm.all_to_all_s(S, 1.0, 1.0, 1.0, n)) == 0.0
+
+
+def test_across_nodes_the_network_is_the_bottleneck():
+    n = numbers_pytree(make_scenario())
+    S = 1e9
+    one_node = float(comm.all_gather_s(S, 8.0, 8.0, 1.0, n))
+    one_per_node = float(comm.all_gather_s(S, 8.0, 1.0, 8.0, n))
+    two_nodes = float(comm.all_gather_s(S, 16.0, 8.0, 2.0, n))
+    assert one_node < two_nodes < one_per_node
+    bw_inter = float(n["inter_bw"] * n["rt_net_eff"])
+    latency = float(n["rt_alpha_base_s"] + 7 * n["rt_alpha_inter_s"])
+    assert one_per_node == pytest.approx(7 / 8 * S / bw_inter + latency, rel=F32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Time terms
+# ---------------------------------------------------------------------------------------------
+TIME_KEYS = {"compute_s", "memory_bound_s", "comm_dp_s", "comm_zero_s", "comm_tp_s",
+             "comm_pp_s", "comm_moe_s", "comm_exposed_s", "comm_hidden_s", "bubble_s",
+             "optimizer_s", "offload_s", "input_s", "step_s"}
+THROUGHPUT_KEYS = {"tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu", "hfu",
+                   "model_flops", "hardware_flops", "tflops_per_device", "time_to_train_s",
+                   "cost_per_million_tokens"}
+
+
+def test_terms_are_named_and_add_up():
+    sc = make_scenario(count=16, global_batch=64)
+    cfg = Config(micro_batch=2, grad_accum=16, dp=2, tp=4, pp=2, remat="full")
+    e = est(cfg, sc)
+    t, thr = e["time"], e["throughput"]
+    assert set(t) == TIME_KEYS and set(thr) == THROUGHPUT_KEYS
+    kinds = sum(t[f"comm_{k}_s"] for k in ("dp", "zero", "tp", "pp", "moe"))
+    assert t["comm_exposed_s"] == pytest.approx(kinds, rel=F32)
+    parts = (t["compute_s"] + t["memory_bound_s"] + t["comm_exposed_s"] + t["bubble_s"]
+             + t["optimizer_s"] + t["offload_s"])
+    assert t["step_s"] == pytest.approx(parts, rel=F32)
+    assert thr["tokens_per_s"] == pytest.approx(64 * 512 / t["step_s"], rel=F32)
+    assert thr["tokens_per_s_per_device"] == pytest.approx(thr["tokens_per_s"] / 16, rel=F32)
+    assert 0 < thr["mfu"] <= thr["hfu"] < 1
+
+
+def test_bubble_is_the_1f1b_fraction_and_vanishes_at_one_stage():
+    sc = make_scenario(count=8, global_batch=16)
+    for pp, ga in ((4, 8), (2, 3), (8, 16)):
+        cfg = Config(micro_batch=1, grad_accum=ga, dp=1, tp=1, pp=pp)
+        t = est(cfg, sc.replace(count=pp))["time"]
+        per_step = t["comm_dp_s"] + t["optimizer_s"] + t["offload_s"]
+        pipeline = t["step_s"] - per_step
+        assert t["bubble_s"] / pipeline == pytest.approx((pp - 1) / (ga + pp - 1), rel=F32)
+    flat = est(Config(micro_batch=1, grad_accum=8, dp=8), sc)["time"]
+    assert flat["bubble_s"] == 0.0 and flat["comm_pp_s"] == 0.0
+
+
+def test_interleaving_divides_the_bubble():
+    sc = make_scenario(gpt_like(layers=8), count=4, global_batch=8)
+    cfg = Config(micro_batch=1, grad_accum=8, dp=1, pp=4)
+    plain = est(cfg, sc)["time"]
+    inter = est(cfg, sc.replace(runtime=sc.runtime.with_coeffs(pp_virtual_stages=2.0)))["time"]
+    # same per-micro-batch work plus twice the point-to-point traffic
+    t_mb_plain = plain["bubble_s"] / 3.0
+    t_mb_inter = inter["bubble_s"] / 1.5
+    assert t_mb_inter > t_mb_plain
+    assert inter["comm_pp_s"] == pytest.approx(2 * plain["comm_pp_s"], rel=F32)
+    assert inter["bubble_s"] < plain["bubble_s"]
+
+
+def test_single_device_has_no_communication():
+    sc = make_scenario(count=1, global_batch=8)
+    t = est(Config(micro_batch=2, grad_accum=4), sc)["time"]
+    for kind in ("dp", "zero", "tp", "pp", "moe"):
+        assert t[f"comm_{kind}_s"] == 0.0
+    assert t["comm_hidden_s"] == 0.0
+
+
+def test_recomputation_costs_time_and_sequence_parallelism_saves_some():
+    sc = make_scenario(gpt_like(layers=4, hidden=1024, heads=16, seq=1024), count=8,
+                       seq_len=1024, global_batch=8)
+    base = dict(micro_batch=1, grad_accum=1, dp=1, tp=8, flash_attention=False)
+    none = est(Config(**base), sc)["time"]["step_s"]
+    sel = est(Config(**base, remat="selective"), sc)["time"]["step_s"]
+    full = est(Config(**base, remat="full"), sc)["time"]["step_s"]
+    sp = est(Config(**base, sequence_parallel=True), sc)["time"]["step_s"]
+    assert none < sel < full and sp < none
+
+
+def test_tensor_parallelism_shrinks_matmuls_and_their_efficiency():
+    sc = make_scenario(count=8, global_batch=8)
+    c1 = est(Config(micro_batch=1, grad_accum=1, dp=8, tp=1), sc)
+    c8 = est(Config(micro_batch=8, grad_accum=1, dp=1, tp=8), sc)
+    # the same work per device, run as one eighth of every matmul: slower per FLOP
+    assert c8["time"]["compute_s"] > c1["time"]["compute_s"]
+    assert c8["time"]["comm_tp_s"] > 0.0
+
+
+def test_offload_moves_optimizer_state_over_the_host_link():
+    sc = make_scenario(count=1, global_batch=4, runtime="pytorch")
+    cfg = Config(micro_batch=1, grad_accum=4, offload_optimizer=True)
+    e = estimate(cfg, sc)
+    n = numbers_pytree(sc)
+    want = 2 * e.memory["host_optimizer_bytes"] / (n["host_bw"] * n["rt_host_eff"])
+    assert float(e.time["offload_s"]) == pytest.approx(float(want), rel=F32)
+    assert float(e.time["offload_s"]) > 0
+    assert est(cfg.replace(offload_optimizer=False), sc)["time"]["offload_s"] == 0.0
+
+
+def test_a_slow_input_pipeline_makes_the_run_data_bound():
+    sc = make_scenario(count=8, global_batch=64, input_samples_per_s=1.0)
+    t = est(Config(micro_batch=2, grad_accum=4, dp=8), sc)["time"]
+    assert t["input_s"] == pytest.approx(64.0) and t["step_s"] == t["input_s"]
+    fast = make_scenario(count=8, global_batch=64, input_samples_per_s=1e9)
+    t2 = est(Config(micro_batch=2, grad_accum=4, dp=8), fast)["time"]
+    assert t2["step_s"] > t2["input_s"] > 0
+
+
+def test_time_to_train_and_cost():
+    cfg = Config(micro_batch=2, grad_accum=4, dp=8)
+    plain = est(cfg, make_scenario(count=8, global_batch=64))["throughput"]
+    assert plain["time_to_train_s"] == 0.0 and plain["cost_per_million_tokens"] == 0.0
+    sc = make_scenario(count=8, global_batch=64, train_tokens=1e9).replace(
+        price_per_gpu_hour=2.0)
+    thr = est(cfg, sc)["throughput"]
+    assert thr["time_to_train_s"] == pytest.approx(1e9 / thr["tokens_per_s"], rel=F32)
+    usd_per_s = 2.0 * 8 / 3600
+    assert thr["cost_per_million_tokens"] == pytest.approx(
+        usd_per_s / thr["tokens_per_s"] * 1e6, rel=F32)
+
+
+def test_zero3_gathers_weights_every_micro_batch():
+    sc = make_scenario(count=8, global_batch=64)
+    z0 = est(Config(micro_batch=1, grad_accum=8, dp=8, zero_stage=0), sc)["time"]
+    z3a = est(Config(micro_batch=1, grad_accum=8, dp=8, zero_stage=3), sc)["time"]
+    z3b = est(Config(micro_batch=2, grad_accum=4, dp=8, zero_stage=3), sc)["time"]
+    assert z0["comm_zero_s"] == 0.0 and z3a["comm_dp_s"] == 0.0
+    assert z3a["comm_zero_s"] + z3a["comm_hidden_s"] > z3b["comm_zero_s"] + z3b["comm_hidden_s"]
+
+
+def test_moe_all_to_all_only_with_expert_parallelism():
+    m = llama_like(layers=2, hidden=256, heads=8, kv=2, num_local_experts=8,
+                   num_experts_per_tok=2)
+    sc = make_scenario(m, count=8, global_batch=32)
+    no_ep = est(Config(micro_batch=1, grad_accum=4, dp=8, ep=1), sc)["time"]
+    ep = est(Config(micro_batch=1, grad_accum=4, dp=8, ep=8), sc)["time"]
+    assert no_ep["comm_moe_s"] == 0.0 and ep["comm_moe_s"] > 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties over random configs (relaxed knobs included)
+# ---------------------------------------------------------------------------------------------
+POW2 = st.sampled_from([1, 2, 4, 8])
+
+
+@st.composite
+def knobs(draw, relaxed=False):
+    def num(base):      # relaxed degrees stay >= 1, the smallest meaningful value
+        return max(1.0, float(base) * (draw(st.floats(0.7, 1.4)) if relaxed else 1.0))
+
+    def weights(size):
+        if relaxed:
+            w = np.asarray(draw(st.lists(st.floats(0.01, 1.0), min_size=size, max_size=size)))
+            return tuple((w / w.sum()).tolist())
+        one = [0.0] * size
+        one[draw(st.integers(0, size - 1))] = 1.0
+        return tuple(one)
+
+    def frac():
+        return draw(st.floats(0.0, 1.0)) if relaxed else float(draw(st.booleans()))
+
+    dp = draw(POW2)
+    return Knobs(micro_batch=jnp.float32(num(draw(POW2))), grad_accum=jnp.float32(num(draw(POW2))),
+                 dp=jnp.float32(num(dp)), tp=jnp.float32(num(draw(POW2))),
+                 pp=jnp.float32(num(draw(st.sampled_from([1, 2, 4])))),
+                 ep=jnp.float32(num(draw(st.sampled_from([e for e in (1, 2, 4) if e <= dp])))),
+                 zero=jnp.asarray(weights(4), jnp.float32),
+                 remat=jnp.asarray(weights(3), jnp.float32),
+                 sp=jnp.float32(frac()), offload=jnp.float32(frac()),
+                 flash=jnp.float32(frac()))
+
+
+SCENARIOS = {
+    "gpt": make_scenario(gpt_like(layers=4), count=64, global_batch=64),
+    "moe": make_scenario(llama_like(layers=4, num_local_experts=4, num_experts_per_tok=2),
+                         count=64, global_batch=64, runtime="pytorch"),
+    "lora": make_scenario(llama_like(layers=4), count=64, global_batch=64,
+                          lora=LoRA(rank=8, base_bits=4), input_samples_per_s=50.0),
+}
+NUMBERS = {k: numbers_pytree(sc) for k, sc in SCENARIOS.items()}
+_jit_estimate = jax.jit(estimate_numbers)
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=knobs(relaxed=True), which=st.sampled_from(sorted(SCENARIOS)))
+def test_every_time_term_is_finite_and_no_exposure_is_negative(k, which):
+    e = _jit_estimate(k, NUMBERS[which])
+    for key, v in e.time.items():
+        assert np.isfinite(float(v)), key
+        assert float(v) >= 0.0, key
+    for kind in ("dp", "zero", "tp", "pp", "moe"):
+        assert float(e.time[f"comm_{kind}_s"]) >= 0.0
+    for key, v in e.throughput.items():
+        assert np.isfinite(float(v)), key
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=knobs(), which=st.sampled_from(sorted(SCENARIOS)))
+def test_more_replicas_at_fixed_per_device_work_never_lower_aggregate_flops(k, which):
+    n = {key: float(v) for key, v in scenario_numbers(SCENARIOS[which]).items()}
+    small = Knobs(**{f: (float(v) if np.ndim(v) == 0 else tuple(np.asarray(v).tolist()))
+                     for f, v in vars(k).items()})
+    big = small.replace(dp=2 * small.dp)
+    assert model_flops(big, n) >= model_flops(small, n)
+    assert hardware_flops(big, n) >= hardware_flops(small, n) >= model_flops(small, n)
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=knobs(), which=st.sampled_from(sorted(SCENARIOS)))
+def test_the_bubble_vanishes_at_one_stage(k, which):
+    e = _jit_estimate(k.replace(pp=jnp.float32(1.0)), NUMBERS[which])
+    assert float(e.time["bubble_s"]) == 0.0 and float(e.time["comm_pp_s"]) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX: gradients, vmap, jit
+# ---------------------------------------------------------------------------------------------
+
+
+def test_grad_of_step_time_is_finite_at_relaxed_points():
+    n = NUMBERS["moe"]
+    k = Knobs(micro_batch=jnp.float32(1.7), grad_accum=jnp.float32(3.3), dp=jnp.float32(5.5),
+              tp=jnp.float32(2.5), pp=jnp.float32(1.6), ep=jnp.float32(1.5),
+              zero=jnp.asarray([0.4, 0.1, 0.2, 0.3], jnp.float32),
+              remat=jnp.asarray([0.5, 0.3, 0.2], jnp.float32), sp=jnp.float32(0.4),
+              offload=jnp.float32(0.3), flash=jnp.float32(0.6))
+    g = jax.grad(lambda kk: estimate_numbers(kk, n).time["step_s"])(k)
+    leaves = jax.tree.leaves(g)
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in leaves)
+    assert any(np.any(np.asarray(x) != 0.0) for x in leaves)
+    # throughput is differentiable too
+    g2 = jax.grad(lambda kk: estimate_numbers(kk, n).throughput["tokens_per_s"])(k)
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(g2))
+
+
+def test_vmap_equals_per_config_estimates():
+    sc = SCENARIOS["gpt"]
+    configs = [Config(micro_batch=1, grad_accum=8, dp=8, tp=4, pp=2, remat="full"),
+               Config(micro_batch=2, grad_accum=1, dp=32, tp=2, zero_stage=3),
+               Config(micro_batch=1, grad_accum=4, dp=16, tp=2, pp=2, sequence_parallel=True,
+                      remat="selective", flash_attention=False),
+               Config(micro_batch=4, grad_accum=2, dp=8, tp=8, offload_optimizer=True)]
+    n = numbers_pytree(sc)
+    batched = jax.jit(jax.vmap(estimate_numbers, in_axes=(0, None)))(stack_knobs(configs), n)
+    for i, cfg in enumerate(configs):
+        one = estimate(cfg, sc)
+        for part in ("time", "throughput"):
+            a, b = getattr(one, part), getattr(batched, part)
+            for key in a:
+                np.testing.assert_allclose(np.asarray(b[key])[i], np.asarray(a[key]),
+                                           rtol=F32, err_msg=f"{part}.{key}")
+
+
+def test_jit_and_eager_agree():
+    sc = SCENARIOS["lora"]
+    cfg = Config(micro_batch=2, grad_accum=2, dp=16, tp=2, pp=2)
+    eager = estimate(cfg, sc, jit=False).to_dict()
+    jitted = estimate(cfg, sc).to_dict()
+    for part in ("time", "throughput"):
+        for key, v in eager[part].items():
+            assert jitted[part][key] == pytest.approx(v, rel=F32, abs=1e-12), key
+
+
+def test_integer_points_are_exact_mixtures():
+    # a relaxed remat weight halfway between two policies interpolates their FLOPs linearly
+    n = _gpt_numbers()
+    none = hardware_flops(py_knobs(remat=(1.0, 0.0, 0.0)), n)
+    full = hardware_flops(py_knobs(remat=(0.0, 0.0, 1.0)), n)
+    half = hardware_flops(py_knobs(remat=(0.5, 0.0, 0.5)), n)
+    assert half == (none + full) / 2
+    b = block_flops(n)
+    assert b["attn"] == 4 * GPT["seq"] * GPT["hidden"]
+    assert math.isclose(sum(b[k] for k in ("qkv", "out", "mlp_in", "mlp_out")),
+                        24 * GPT["hidden"] ** 2)
+
+
+def test_knobs_from_config_round_trip():
+    k = knobs_from_config(Config(micro_batch=2, grad_accum=3, dp=4, remat="selective"))
+    assert float(k.micro_batch * k.grad_accum * k.dp) == 24.0
