@@ -129,10 +129,13 @@ def big_space() -> dict:
     sc = capopt.load_scenario("llama3-70b-64xh100")
     L = sc.model.num_hidden_layers
     remat = tuple(["selective"] + [i / L for i in range(L + 1)])
-    knobs = tuple(k for k in sc.knobs if k.name != "remat") + (KnobDomain("remat", remat),)
-    sc = sc.replace(knobs=knobs, count=512,
+    free = ("remat", "offload_optimizer", "flash_attention")
+    knobs = tuple(k for k in sc.knobs if k.name not in free) + (
+        KnobDomain("remat", remat), KnobDomain("offload_optimizer", (False, True)),
+        KnobDomain("flash_attention", (False, True)))
+    sc = sc.replace(knobs=knobs, count=1024,
                     workload=sc.workload.__class__(**{**sc.workload.__dict__,
-                                                      "global_batch": 4096}))
+                                                      "global_batch": 16384}))
     t0 = time.perf_counter()
     size = len(build_lattice(sc))
     lattice_s = time.perf_counter() - t0
@@ -144,7 +147,7 @@ def big_space() -> dict:
     e = optimize(sc, top_k=1, method="exhaustive", remedies=False)
     e_s = time.perf_counter() - t0
     tg, te = g.best.throughput["tokens_per_s"], e.best.throughput["tokens_per_s"]
-    return {"scenario": "llama-3-70b on 512x H100, remat by layer count", "space": size,
+    return {"scenario": "llama-3-70b on 1024x H100, remat by layer count, offload, flash", "space": size,
             "lattice_build_s": lattice_s, "optimizer_s": g_s, "exhaustive_s": e_s,
             "ratio": e_s / g_s, "optimizer_evaluated": g.evaluated,
             "optimizer_tokens_per_s": tg, "exhaustive_tokens_per_s": te, "gap": 1 - tg / te}

@@ -93,17 +93,14 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
     for fact in space.facts:
         if fact == (dp, tp, pp) or np.abs(np.log2(fact) - here).sum() > 2.0 + 1e-9:
             continue
-        mbs = _nearest(space.micro_batches(fact[0]), mb, 0.0)
+        # Keep the tokens per device about the same: the micro-batch scales with dp.
+        mbs = _nearest(space.micro_batches(fact[0]), mb * dp / fact[0], 1.0)
         out += space.rows_for(fact, mbs, [ep] if ep in space.expert_degrees(fact[0]) else None,
                               [z] if z in space.zero_stages(fact[0], fact[2]) else None,
                               [bool(s)] if bool(s) in space.seq_parallel(fact[1]) else None,
                               [r], [bool(o)], [bool(f)])
-    mbs = space.micro_batches(dp)
-    j = mbs.index(mb) if mb in mbs else 0
-    for m2 in mbs[max(j - 1, 0):j + 2]:
-        if m2 != mb:
-            out += space.rows_for((dp, tp, pp), [m2], [ep], [z], [bool(s)], [r], [bool(o)],
-                                  [bool(f)])
+    # Micro-batch and ZeRO stage trade memory for speed together: move them jointly.
+    out += space.rows_for((dp, tp, pp), None, [ep], None, [bool(s)], [r], [bool(o)], [bool(f)])
     out += space.rows_for((dp, tp, pp), [mb], None, [z], [bool(s)], [r], [bool(o)], [bool(f)])
     out += space.rows_for((dp, tp, pp), [mb], [ep], None, [bool(s)], [r], [bool(o)], [bool(f)])
     out += space.rows_for((dp, tp, pp), [mb], [ep], [z], None, [r], [bool(o)], [bool(f)])
@@ -340,8 +337,8 @@ def _optimize_fleet(sc: Scenario, *, remedies: bool, **opts) -> OptimizeResult:
     return res
 
 
-def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int = 12,
-            seeds: int = 3):
+def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int = 20,
+            seeds: int = 6):
     """Local search from the best fitting configs: move to a better fitting neighbour while one
     exists. Every configuration seen stays in the pool that is ranked."""
     seen = {lat.key(i): i for i in range(len(lat))}
