@@ -1,0 +1,89 @@
+"""Regenerate the README figures in docs/figures/ from the cost model (CPU, seconds).
+
+    .venv/bin/python scripts/make_figures.py            # all figures
+    .venv/bin/python scripts/make_figures.py --out /tmp/figs memory
+
+Figures:
+  memory_breakdown.png  the default scenario's chosen config against two common alternatives,
+                        per device against the budget and the VRAM
+  pareto.png            throughput against memory for every real config of the default
+                        scenario, the Pareto front and the optimiser's choice
+  heatmap_tp_pp.png     Llama-3-70B on 64x H100: best throughput per (tp, pp), with the cells
+                        where nothing fits shaded
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")   # the cost model is a few scalars
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import capopt  # noqa: E402
+from capopt import plots  # noqa: E402
+
+DEFAULT = "llama3-8b-8xh100"
+LARGE = "llama3-70b-64xh100"
+#: No software version or date in the PNG metadata: regenerating with the same numbers gives
+#: the same bytes only if matplotlib renders the same, but at least no churn from metadata.
+PNG_METADATA = {"Software": None}
+
+
+def memory_figure():
+    sc = capopt.load_scenario(DEFAULT)
+    best = capopt.optimize(sc).best
+    batch, n = sc.workload.global_batch, sc.count
+    plain_dp = capopt.plan(sc, micro_batch=1, grad_accum=batch // n, dp=n, tp=1, pp=1,
+                           zero_stage=0, sequence_parallel=False, remat="none")
+    fsdp_full = capopt.plan(sc, micro_batch=1, grad_accum=batch // n, dp=n, tp=1, pp=1,
+                            zero_stage=3, sequence_parallel=False, remat="full")
+
+    def label(what, p):
+        c = p.config
+        return (f"{what}\ndp={c.dp} tp={c.tp} pp={c.pp} zero={c.zero_stage}\n"
+                f"mb={c.micro_batch} remat={c.remat}\n"
+                f"{p.throughput['tokens_per_s'] / 1e3:.1f}k tokens/s")
+
+    return plots.memory_breakdown(
+        [best, plain_dp, fsdp_full],
+        labels=[label("chosen by capopt", best), label("plain data parallel", plain_dp),
+                label("FSDP + full remat", fsdp_full)],
+        title=f"{sc.name}: memory per device")
+
+
+def pareto_figure():
+    return plots.pareto(capopt.optimize(capopt.load_scenario(DEFAULT)))
+
+
+def heatmap_figure():
+    return plots.heatmap(LARGE, x="tp", y="pp")
+
+
+FIGURES = {"memory": ("memory_breakdown.png", memory_figure),
+           "pareto": ("pareto.png", pareto_figure),
+           "heatmap": ("heatmap_tp_pp.png", heatmap_figure)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("which", nargs="*", metavar="FIGURE",
+                    help=f"figures to make: {', '.join(FIGURES)} (default: all)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "figures"), help="output folder")
+    args = ap.parse_args(argv)
+    unknown = [w for w in args.which if w not in FIGURES]
+    if unknown:
+        ap.error(f"unknown figure {unknown[0]!r} (allowed: {', '.join(FIGURES)})")
+    for key in args.which or list(FIGURES):
+        name, make = FIGURES[key]
+        path = plots.save(make(), Path(args.out) / name, metadata=PNG_METADATA)
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
