@@ -173,6 +173,17 @@ def cmd_catalog(args) -> int:
     return 0
 
 
+def cmd_validate(args) -> int:
+    from ._scenario import load_scenario, pinned_config
+    from .validation import validate
+    sc = load_scenario(args.scenario, overrides=_overrides(args.set))
+    configs = [pinned_config(sc)] if args.pinned else None
+    rep = validate(sc, top_k=args.top, tier=args.tier, configs=configs, out=args.out,
+                   timeout_s=args.timeout, progress=not args.json)
+    print(json.dumps(rep.to_dict(), indent=2) if args.json else rep.render())
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from .doctor import run_doctor
     rep = run_doctor(run_step=not args.no_step)
@@ -204,6 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=["gradient", "exhaustive"], default="gradient")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_optimize)
+
+    p = sub.add_parser("validate", help="compile (and on a GPU run) candidates as Flax steps")
+    scenario_args(p, optional=True)
+    p.add_argument("--top", type=int, default=3, help="optimiser candidates to validate")
+    p.add_argument("--tier", choices=["exact", "xla-gpu", "device"], default="exact")
+    p.add_argument("--pinned", action="store_true", help="validate the pinned config only")
+    p.add_argument("--out", metavar="FILE.jsonl", help="stream results here (resumable)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per candidate")
+    p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="why a pinned config does not fit, and what would fix it")
     scenario_args(p)

@@ -1,0 +1,325 @@
+"""`calibrate`: fit a runtime profile's coefficients to measurements, through the cost model.
+
+The prediction is the same JAX cost model `estimate` evaluates (`capopt.cost.estimate_numbers`)
+with the profile's ``rt_*`` numbers made variables, mapped onto the measured term as in
+`predict` (``temp_bytes``: gradients + activations + logits + communication + weight copies;
+``peak_bytes``: arguments + outputs + temp - aliases). Each coefficient is ``c0 * exp(theta)``
+(positive, scale-free), fitted by Adam (optax) on the mean squared log-ratio of prediction to
+measurement over a training split; a held-out split (``holdout``) reports how well the fit
+carries over to configs it did not see.
+
+Only measurements that constrain a coefficient move it: the XLA tiers' buffers say nothing
+about the CUDA context, say, so fit ``context_bytes`` only to device-tier peaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .._runtime import RuntimeProfile
+from .._specs import Config, Scenario
+from ..cost import estimate_numbers, knobs_from_config, scenario_numbers
+
+# What XLA's buffers can pin down (activation bytes per op, logits copies, weight casts).
+DEFAULT_COEFFS = ("act_scale", "logits_fp32_copies", "weight_copy_fraction")
+TARGETS = ("temp_bytes", "peak_bytes")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measurement: the scenario (with the profile to start from), the config, the term."""
+
+    scenario: Scenario
+    config: Config
+    measured: float
+    input_bytes: float = 0.0
+    extra_output_bytes: float = 0.0       # loss + output tuple (peak target only)
+
+
+@dataclass
+class CalibrationResult:
+    profile: RuntimeProfile
+    coeffs: dict[str, float]
+    initial: dict[str, float]
+    target: str
+    train_error: dict[str, float]          # mean |relative error| before / after
+    holdout_error: dict[str, float]
+    n_train: int
+    n_holdout: int
+    steps: int
+    history: list[float] = field(default_factory=list)
+
+    def to_toml(self) -> str:
+        return self.profile.to_toml()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"profile": self.profile.name, "coeffs": self.coeffs, "initial": self.initial,
+                "target": self.target, "train_error": self.train_error,
+                "holdout_error": self.holdout_error, "n_train": self.n_train,
+                "n_holdout": self.n_holdout, "steps": self.steps}
+
+    def render(self) -> str:
+        lines = [f"calibrated {self.profile.name} on {self.n_train} measurement(s) of "
+                 f"{self.target} ({self.n_holdout} held out)"]
+        for k, v in self.coeffs.items():
+            lines.append(f"  {k:<24} {self.initial[k]:>12.4g} -> {v:.4g}")
+        te, he = self.train_error, self.holdout_error
+        lines.append(f"  mean |error| train {100 * te['before']:.1f}% -> {100 * te['after']:.1f}%"
+                     + (f"; held out {100 * he['before']:.1f}% -> {100 * he['after']:.1f}%"
+                        if self.n_holdout else ""))
+        return "\n".join(lines)
+
+
+def samples_from_results(results: Iterable[dict], scenario: Scenario, *,
+                         target: str = "temp_bytes") -> list[Sample]:
+    """`Sample`s from validation records (`ValidationReport.results` or a JSONL file's lines)
+    of one scenario; failed ones are skipped."""
+    out = []
+    for r in results:
+        if r.get("status") != "ok" or not r.get("measured", {}).get(target):
+            continue
+        m = r["measured"]
+        extra = (m["output_bytes"] - m["alias_bytes"]) if target == "peak_bytes" else 0.0
+        out.append(Sample(scenario, Config(**r["config"]), float(m[target]),
+                          float(m.get("input_bytes") or 0.0), float(extra)))
+    return out
+
+
+def _predict(knobs, nums, input_bytes, extra_out, target: str):
+    mem = estimate_numbers(knobs, nums).memory
+    dynamic = (mem["activations_bytes"] + mem["logits_bytes"] + mem["grads_bytes"]
+               + mem["comm_bytes"])
+    temp = (mem["total_bytes"] - mem["params_bytes"] - mem["optimizer_bytes"]
+            - nums["rt_context_bytes"] - nums["rt_workspace_bytes"]
+            - nums["rt_fragmentation"] * dynamic)
+    if target == "temp_bytes":
+        return temp
+    return mem["params_bytes"] + mem["optimizer_bytes"] + input_bytes + extra_out + temp
+
+
+def _stack(samples: list[Sample]):
+    knobs = [knobs_from_config(s.config) for s in samples]
+    nums = [scenario_numbers(s.scenario) for s in samples]
+    keys = sorted(set.intersection(*(set(n) for n in nums)))
+    k = jax.tree.map(lambda *xs: jnp.stack(xs), *knobs)
+    n = {key: jnp.asarray([float(d[key]) for d in nums], jnp.float32) for key in keys}
+    return k, n
+
+
+def calibrate(samples: list[Sample], *, coeffs: Iterable[str] = DEFAULT_COEFFS,
+              target: str = "temp_bytes", holdout: float = 0.25, steps: int = 800,
+              learning_rate: float = 0.05, seed: int = 0, name: str | None = None,
+              source: str | None = None) -> CalibrationResult:
+    """Fit ``coeffs`` of the samples' runtime profile to their measured ``target``.
+
+    Args:
+        samples: `Sample`s (see `samples_from_results`); all share one runtime profile.
+        coeffs: profile coefficient names (without ``rt_``) to fit.
+        target: ``"temp_bytes"`` or ``"peak_bytes"``.
+        holdout: fraction of samples kept out of the fit to measure it (none under 4 samples).
+        steps, learning_rate, seed: the Adam solve and the split.
+        name, source: of the fitted profile (default ``<base>-calibrated``).
+
+    Returns:
+        A `CalibrationResult`; ``result.to_toml()`` is a profile file `get_profile` reads.
+
+    Example::
+
+        res = calibrate(samples_from_results(report.results, scenario))
+        Path("my-profile.toml").write_text(res.to_toml())
+    """
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    samples = [s for s in samples if s.measured > 0]
+    if not samples:
+        raise ValueError("no usable measurements (status ok with a positive target)")
+    base = samples[0].scenario.runtime
+    if any(s.scenario.runtime.coeffs != base.coeffs for s in samples):
+        raise ValueError("samples start from different runtime profiles")
+    coeffs = tuple(coeffs)
+    init = {c: base.coeff(c) for c in coeffs}
+    for c, v in init.items():
+        if not v > 0:
+            raise ValueError(f"coefficient {c!r} is {v}: a multiplicative fit needs it > 0")
+
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(samples))
+    n_hold = int(round(holdout * len(samples))) if len(samples) >= 4 else 0
+    hold_idx, train_idx = order[:n_hold], order[n_hold:]
+    k_all, n_all = _stack(samples)
+    meas = jnp.asarray([s.measured for s in samples], jnp.float32)
+    inp = jnp.asarray([s.input_bytes for s in samples], jnp.float32)
+    extra = jnp.asarray([s.extra_output_bytes for s in samples], jnp.float32)
+    init_vec = jnp.asarray([init[c] for c in coeffs], jnp.float32)
+
+    def predict(theta, idx):
+        vals = init_vec * jnp.exp(theta)
+        nums = dict(n_all)
+        for i, c in enumerate(coeffs):
+            nums[f"rt_{c}"] = jnp.full_like(n_all[f"rt_{c}"], vals[i])
+        sel = lambda t: jax.tree.map(lambda x: x[idx], t)  # noqa: E731
+        return jax.vmap(lambda k, n, a, b: _predict(k, n, a, b, target))(
+            sel(k_all), sel(nums), inp[idx], extra[idx])
+
+    def loss(theta, idx):
+        p = jnp.maximum(predict(theta, idx), 1.0)
+        return jnp.mean(jnp.square(jnp.log(p) - jnp.log(meas[idx])))
+
+    tx = optax.adam(learning_rate)
+    train = jnp.asarray(train_idx)
+
+    @jax.jit
+    def solve(theta):
+        def body(carry, _):
+            th, st = carry
+            val, g = jax.value_and_grad(loss)(th, train)
+            upd, st = tx.update(g, st, th)
+            return (optax.apply_updates(th, upd), st), val
+        (th, _), hist = jax.lax.scan(body, (theta, tx.init(theta)), None, length=steps)
+        return th, hist
+
+    theta0 = jnp.zeros(len(coeffs), jnp.float32)
+    theta, hist = solve(theta0)
+
+    def mean_err(th, idx):
+        if len(idx) == 0:
+            return float("nan")
+        idx = jnp.asarray(idx)
+        return float(jnp.mean(jnp.abs(predict(th, idx) / meas[idx] - 1.0)))
+
+    fitted = {c: float(v) for c, v in zip(coeffs, np.asarray(init_vec * jnp.exp(theta)))}
+    te = {"before": mean_err(theta0, train_idx), "after": mean_err(theta, train_idx)}
+    he = {"before": mean_err(theta0, hold_idx), "after": mean_err(theta, hold_idx)}
+    note = (f"fitted by capopt calibrate to {len(train_idx)} {target} measurements "
+            f"(held-out mean |error| {100 * he['after']:.1f}%)" if n_hold else
+            f"fitted by capopt calibrate to {len(train_idx)} {target} measurements")
+    notes = dict(base.notes)
+    notes.update({c: note for c in coeffs})
+    prof = base.with_coeffs(**fitted)
+    prof = dataclasses.replace(prof, name=name or f"{base.name}-calibrated",
+                               source=source or f"{base.source}; calibrated: {note}",
+                               notes=tuple(sorted(notes.items())))
+    return CalibrationResult(profile=prof, coeffs=fitted, initial=init, target=target,
+                             train_error=te, holdout_error=he, n_train=len(train_idx),
+                             n_holdout=n_hold, steps=steps,
+                             history=[float(x) for x in np.asarray(hist)[:: max(1, steps // 50)]])
+
+
+__all__ = ["CalibrationResult", "DEFAULT_COEFFS", "Sample", "calibrate", "samples_from_results"]
+
+
+# --------------------------------------------------------------------------------------------
+# The documented grid: `python -m capopt.validation.calibrate`
+# --------------------------------------------------------------------------------------------
+GRID_DOC = """Calibration grid (xla-gpu tier, one GPU of the target, autotuning off): two 4-layer
+decoders 512 wide with an 8192-token vocabulary, GPT-2-shaped (GELU MLP 4h, LayerNorm,
+learned positions, tied embeddings, biases, dropout 0.1) and Llama-shaped (GQA 8/2, SwiGLU
+1376, RMSNorm, RoPE, untied), crossed with sequence length {512, 1024}, micro-batch {2, 8}
+(global batch 8: grad_accum 4 or 1),
+remat {none, selective, full}, flash attention {on, off} and precision {bf16-mixed, fp32};
+``points`` of the 96 combinations are drawn with a fixed seed, a quarter held out."""
+
+
+def grid_points(points: int = 40, seed: int = 0) -> list[tuple[str, int, str, Config]]:
+    """(model, seq_len, precision, config) for the calibration grid (see `GRID_DOC`)."""
+    import itertools
+    combos = list(itertools.product(("gpt", "llama"), (512, 1024), (2, 8),
+                                    ("none", "selective", "full"), (True, False),
+                                    ("bf16-mixed", "fp32")))
+    rng = np.random.default_rng(seed)
+    pick = sorted(rng.choice(len(combos), size=min(points, len(combos)), replace=False))
+    out = []
+    for i in pick:
+        model, s, mb, remat, flash, prec = combos[i]
+        out.append((model, s, prec, Config(micro_batch=mb, remat=remat, flash_attention=flash)))
+    return out
+
+
+def grid_model(kind: str):
+    from .._model import ModelSpec
+    if kind == "gpt":
+        return ModelSpec(name="calib-gpt", family="decoder", hidden_size=512,
+                         num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048,
+                         vocab_size=8192, max_position_embeddings=1024,
+                         tie_word_embeddings=True, attention_bias=True,
+                         attention_out_bias=True, mlp_bias=True, hidden_dropout=0.1,
+                         attention_dropout=0.1)
+    return ModelSpec(name="calib-llama", family="decoder", hidden_size=512, num_hidden_layers=4,
+                     num_attention_heads=8, num_key_value_heads=2, intermediate_size=1376,
+                     vocab_size=8192, position_embedding="rotary", norm_type="rmsnorm",
+                     mlp_type="gated", hidden_act="silu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import time
+    from pathlib import Path
+
+    from .._hardware import get_hardware
+    from .._runtime import get_profile
+    from .._specs import Budget, Workload
+    from .runner import validate
+
+    ap = argparse.ArgumentParser(prog="python -m capopt.validation.calibrate",
+                                 description="Measure the calibration grid and fit a profile. "
+                                 + GRID_DOC)
+    ap.add_argument("--tier", default="xla-gpu", choices=["xla-gpu", "device"])
+    ap.add_argument("--gpu", default="h100-sxm-80gb")
+    ap.add_argument("--points", type=int, default=40)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--measurements", default="benchmarks/results/xla_gpu_calibration.jsonl")
+    ap.add_argument("--results-out", default="benchmarks/results/xla_gpu_calibration.json")
+    ap.add_argument("--profile-out", default=None,
+                    help="write the fitted profile here (e.g. "
+                         "capopt/profiles/xla-gpu-calibrated.toml)")
+    ap.add_argument("--coeffs", default=",".join(("act_scale", "logits_fp32_copies",
+                                                 "logits_act_copies", "weight_copy_fraction",
+                                                 "norm_inputs_saved")))
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    hw = get_hardware(args.gpu)
+    base = get_profile("xla-gpu")
+    groups: dict[tuple, list[Config]] = {}
+    for model, s, prec, cfg in grid_points(args.points):
+        groups.setdefault((model, s, prec), []).append(cfg)
+    samples, records = [], []
+    for (model, s, prec), cfgs in groups.items():
+        sc = Scenario(name=f"calib-{model}-s{s}-{prec}", model=grid_model(model), hardware=hw,
+                      count=1, per_node=1,
+                      workload=Workload(seq_len=s, global_batch=8, precision=prec),
+                      budget=Budget(vram_bytes=hw.memory_bytes), runtime=base)
+        cfgs = [c.replace(grad_accum=8 // c.micro_batch) for c in cfgs]
+        rep = validate(sc, tier=args.tier, configs=cfgs, out=args.measurements,
+                       jobs=args.jobs, progress=True)
+        for r in rep.results:
+            r["scenario"] = sc.name
+        records += rep.results
+        samples += samples_from_results(rep.results, sc, target="temp_bytes")
+    coeffs = tuple(c for c in args.coeffs.split(",") if c)
+    res = calibrate(samples, coeffs=coeffs, target="temp_bytes",
+                    name=f"{base.name}-calibrated",
+                    source=(f"{base.source}; coefficients {', '.join(coeffs)} fitted by capopt "
+                            f"calibrate to {len(samples)} {args.tier} measurements of temp "
+                            f"bytes on {hw.name} (grid: capopt.validation.calibrate.GRID_DOC)"))
+    print(res.render())
+    out = {"tier": args.tier, "gpu": hw.name, "grid": GRID_DOC, "fit": res.to_dict(),
+           "history": res.history, "records": records, "total_s": time.perf_counter() - t0}
+    Path(args.results_out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.results_out).write_text(json.dumps(out, indent=1, default=str))
+    if args.profile_out:
+        Path(args.profile_out).write_text(res.to_toml())
+        print(f"wrote {args.profile_out}")
+    print(f"wrote {args.results_out} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

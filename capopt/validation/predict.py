@@ -1,0 +1,97 @@
+"""The one place where cost-model terms become XLA's memory-analysis terms.
+
+XLA reports, per device, for a compiled step ``f(trainable, frozen, opt_state, batch, key) ->
+(trainable, opt_state, loss)`` with the trainable state and optimizer state donated:
+
+- ``argument_bytes``: every input buffer;
+- ``output_bytes``: every output buffer, plus the output tuple's table of buffer addresses
+  (8 bytes per output array, on CPU and GPU alike);
+- ``alias_bytes``: outputs that reuse a donated input's buffer;
+- ``temp_bytes``: everything else the step allocates (activations, gradients, logits,
+  gathered weights, collectives' buffers, casts);
+- ``peak_bytes``: ``argument + output + temp - alias`` (XLA's static buffer assignment: all
+  of these are live at once in the worst case; the CPU backend's ``peak_memory_in_bytes``
+  leaves temp out, so it is not used).
+
+The cost model's per-device terms map onto them as follows (``Estimate.memory`` keys):
+
+===================  ============================================================================
+``argument_bytes``   ``params_bytes + optimizer_bytes + input_bytes``
+``output_bytes``     ``trainable_bytes + optimizer_bytes + 4 (loss) + tuple_bytes``
+``alias_bytes``      ``trainable_bytes + optimizer_bytes``
+``temp_bytes``       ``grads_bytes + activations_bytes + logits_bytes + comm_bytes +
+                     weight_copy_bytes``; the weight copies are the part of ``overhead_bytes``
+                     that is not context, workspace or fragmentation (those live outside
+                     XLA's buffers)
+``peak_bytes``       ``argument + output + temp - alias``
+``step_s``           ``time.step_s``
+===================  ============================================================================
+
+``trainable_bytes`` = ``trainable_params * param_bytes``, split ``dp`` ways under ZeRO-3.
+``input_bytes`` (the step's batch and PRNG key) and ``tuple_bytes`` are not cost-model terms:
+they are exact by construction and enter prediction and measurement alike, so that the sums
+compare like with like. ``params_bytes``, ``optimizer_bytes`` and ``input_bytes`` are also
+reported on their own: measured from the shard shapes of the step's arguments.
+"""
+
+from __future__ import annotations
+
+from .._specs import Config, Scenario
+from ..cost import estimate
+
+TERMS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes")
+PARTS = ("params_bytes", "optimizer_bytes", "input_bytes")
+LOSS_BYTES = 4            # the float32 loss
+TUPLE_ENTRY_BYTES = 8     # one address per output array in the output tuple
+
+
+def predicted_terms(config: Config, scenario: Scenario, *, input_bytes: int = 0,
+                    output_leaves: int = 0) -> dict[str, float]:
+    """The cost model's prediction of every measured term, per device (bytes; ``step_s``)."""
+    est = estimate(config, scenario)
+    m = {k: float(v) for k, v in est.memory.items()}
+    rt = scenario.runtime
+    prec = rt.precision(scenario.workload.precision)
+    zero3 = config.zero_stage == 3 and config.dp > 1
+    trainable_bytes = m["trainable_params"] * float(prec["param_bytes"]) / (
+        config.dp if zero3 else 1)
+    dynamic = (m["activations_bytes"] + m["logits_bytes"] + m["grads_bytes"]
+               + m["comm_bytes"])
+    weight_copy = (m["overhead_bytes"] - rt.coeff("context_bytes") - rt.coeff("workspace_bytes")
+                   - rt.coeff("fragmentation") * dynamic)
+    temp = dynamic + weight_copy
+    argument = m["params_bytes"] + m["optimizer_bytes"] + input_bytes
+    alias = trainable_bytes + m["optimizer_bytes"]
+    output = alias + LOSS_BYTES + TUPLE_ENTRY_BYTES * output_leaves
+    return {
+        "argument_bytes": argument, "output_bytes": output, "alias_bytes": alias,
+        "temp_bytes": temp, "peak_bytes": argument + output + temp - alias,
+        "step_s": float(est.time["step_s"]),
+        "params_bytes": m["params_bytes"], "optimizer_bytes": m["optimizer_bytes"],
+        "input_bytes": float(input_bytes),
+        "grads_bytes": m["grads_bytes"], "activations_bytes": m["activations_bytes"],
+        "logits_bytes": m["logits_bytes"], "comm_bytes": m["comm_bytes"],
+        "weight_copy_bytes": weight_copy, "total_bytes": m["total_bytes"],
+    }
+
+
+def measured_terms(memory_analysis, *, params_bytes: int, optimizer_bytes: int,
+                   input_bytes: int) -> dict[str, float]:
+    """XLA's `CompiledMemoryStats` as the contract's terms, with the argument breakdown."""
+    ma = memory_analysis
+    arg, out = int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes)
+    alias, temp = int(ma.alias_size_in_bytes), int(ma.temp_size_in_bytes)
+    return {"argument_bytes": arg, "output_bytes": out, "alias_bytes": alias,
+            "temp_bytes": temp, "peak_bytes": arg + out + temp - alias,
+            "params_bytes": params_bytes, "optimizer_bytes": optimizer_bytes,
+            "input_bytes": input_bytes}
+
+
+def relative_error(predicted: float | None, measured: float | None) -> float | None:
+    """(predicted - measured) / measured; None when either is missing or measured is 0."""
+    if predicted is None or measured is None or measured == 0:
+        return None
+    return (float(predicted) - float(measured)) / float(measured)
+
+
+__all__ = ["PARTS", "TERMS", "measured_terms", "predicted_terms", "relative_error"]

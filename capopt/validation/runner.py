@@ -1,0 +1,363 @@
+"""`validate`: each candidate in its own process, results streamed to JSONL, resumable.
+
+Every candidate runs ``python -m capopt.validation.worker`` with the environment its tier
+needs (virtual CPU devices, the GPU target's flags) and a timeout. An out-of-memory error or a
+crash is recorded (status ``oom`` / ``error``, with its message) and the others go on. With
+``out=...`` each finished result is appended to that JSONL file at once, so an interrupted
+run keeps what finished; running again skips the configs already in the file (``retry=True``
+runs the failed ones again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .._errors import CapoptError
+from .._specs import Config, Scenario
+from .predict import PARTS, TERMS, predicted_terms, relative_error
+from .tiers import TIERS, environment, xla_gpu_available
+from .worker import looks_like_oom
+
+DEFAULT_TIMEOUT_S = 900.0
+
+
+def tier_scenario(scenario: Scenario, tier: str, profile: str | None = None) -> Scenario:
+    """The scenario with the runtime profile of what the tier runs: ``xla-cpu`` for exact,
+    ``xla-gpu`` (or the scenario's own ``xla-gpu*`` profile, e.g. a calibrated one) for the
+    GPU tiers; ``profile`` (a name or a path) overrides."""
+    from .._runtime import get_profile
+    if profile is not None:
+        return scenario.replace(runtime=get_profile(profile))
+    own = scenario.runtime.name
+    if tier == "exact":
+        return scenario if own == "xla-cpu" else scenario.replace(runtime=get_profile("xla-cpu"))
+    if own.startswith("xla-gpu"):
+        return scenario
+    return scenario.replace(runtime=get_profile("xla-gpu"))
+
+
+def scenario_fingerprint(sc: Scenario) -> str:
+    text = repr((sc.model, sc.workload, sc.hardware.name, sc.count, sc.runtime.name,
+                 sc.runtime.coeffs))
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def result_key(tier: str, sc: Scenario, config: Config) -> str:
+    return f"{tier}|{scenario_fingerprint(sc)}|{json.dumps(config.to_dict(), sort_keys=True)}"
+
+
+def input_bytes(sc: Scenario, config: Config) -> int:
+    """One device's share of the step's batch, plus the 8-byte PRNG key (see `step`)."""
+    from .step import batch_shapes, precision_dtypes
+    import numpy as np
+    try:
+        compute = precision_dtypes(sc)["compute"]
+    except Exception:
+        return 0
+    total = 0
+    for shape, dtype in batch_shapes(sc, config, compute).values():
+        n = int(np.prod(shape)) // config.dp
+        total += n * np.dtype(dtype).itemsize
+    return total + 8
+
+
+# --------------------------------------------------------------------------------------------
+@dataclass
+class ValidationReport:
+    """Results in candidate order; ``to_dict()`` is the ``validate --json`` contract."""
+
+    scenario: str
+    tier: str
+    results: list[dict[str, Any]]
+    out: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "tier": self.tier, "results": self.results,
+                "notes": self.notes, "out": self.out}
+
+    @property
+    def ok(self) -> list[dict[str, Any]]:
+        return [r for r in self.results if r["status"] == "ok"]
+
+    def render(self) -> str:
+        from .._format import table
+        from ..cli import _config_line
+        lines = [f"{self.scenario}: {len(self.results)} candidate(s), tier {self.tier}"]
+        for i, r in enumerate(self.results, 1):
+            head = f"#{i} {r['tier']} {r['status'].upper()}  {_config_line(r['config'])}"
+            if r.get("details", {}).get("compile_s") is not None:
+                head += f"  (compile {r['details']['compile_s']:.1f} s)"
+            lines += ["", head]
+            if r["status"] != "ok":
+                lines.append(f"   {r.get('error', '')}")
+                continue
+            rows = []
+            for k in TERMS + PARTS + ("step_s",):
+                p, m = r["predicted"].get(k), r["measured"].get(k)
+                if m is None and p is None:
+                    continue
+                e = r["error"].get(k) if isinstance(r.get("error"), dict) else None
+                unit = _seconds if k == "step_s" else _bytes
+                rows.append((k, unit(p), unit(m), "-" if e is None else f"{100 * e:+.3f}%"))
+            lines.append(table(rows, ["term", "predicted", "measured", "error"], "lrrr"))
+        for n in self.notes:
+            lines.append(f"note: {n}")
+        return "\n".join(lines)
+
+
+def _bytes(x) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= f:
+            return f"{x / f:,.2f} {unit}"
+    return f"{x:,.0f} B"
+
+
+def _seconds(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1e3:,.2f} ms" if x < 1 else f"{x:,.3f} s"
+
+
+# --------------------------------------------------------------------------------------------
+class Progress:
+    """A one-line progress bar on stderr (one line per event when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.t0 = time.perf_counter()
+
+    def update(self, label: str, status: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        from .._format import bar
+        text = (f"[{bar(self.done / max(self.total, 1), 20)}] {self.done}/{self.total} "
+                f"{status:<7} {label}  {time.perf_counter() - self.t0:,.0f} s")
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            if self.done == self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+# --------------------------------------------------------------------------------------------
+def _run_one(job: dict, timeout_s: float) -> dict[str, Any]:
+    """Run one worker process; never raises for what happens inside it."""
+    with tempfile.TemporaryDirectory(prefix="capopt-validate-") as tmp:
+        job_path, result_path = os.path.join(tmp, "job.pkl"), os.path.join(tmp, "result.json")
+        with open(job_path, "wb") as f:
+            pickle.dump(job, f)
+        env = environment(job["tier"], job["config"])
+        cmd = [sys.executable, "-m", "capopt.validation.worker", job_path, result_path]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                  timeout=timeout_s, cwd=_package_root())
+        except subprocess.TimeoutExpired as e:
+            tail = (e.stderr or "")[-800:] if isinstance(e.stderr, str) else ""
+            return {"status": "error", "error": f"timeout after {timeout_s:g} s" +
+                    (f": {tail.strip()}" if tail.strip() else ""),
+                    "wall_s": time.perf_counter() - t0}
+        if os.path.exists(result_path):
+            with open(result_path) as f:
+                return json.load(f)
+        tail = (proc.stderr or "")[-2000:].strip()
+        why = _exit_reason(proc.returncode)
+        status = "oom" if (looks_like_oom(tail) or proc.returncode == -9) else "error"
+        last = tail.splitlines()[-1] if tail else ""
+        return {"status": status, "error": f"worker {why}" + (f": {last}" if last else ""),
+                "stderr_tail": tail, "wall_s": time.perf_counter() - t0}
+
+
+def _exit_reason(code: int) -> str:
+    if code is not None and code < 0:
+        import signal
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code} and no result"
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int,
+            key: str) -> dict[str, Any]:
+    """The contract's record: config, tier, status, predicted, measured, error."""
+    measured = result.get("measured") or {}
+    details = result.get("details") or {}
+    try:
+        predicted = predicted_terms(config, sc, input_bytes=input_bytes(sc, config),
+                                    output_leaves=int(details.get("output_leaves", 0)))
+    except Exception as e:   # a prediction that fails is itself a finding; keep going
+        predicted = {}
+        details["prediction_error"] = f"{type(e).__name__}: {e}"
+    rec: dict[str, Any] = {
+        "config": config.to_dict(), "tier": tier, "status": result.get("status", "error"),
+        "predicted": {k: predicted.get(k) for k in (*TERMS, *PARTS, "step_s")},
+        "measured": {k: measured.get(k) for k in (*TERMS, *PARTS, "step_s")},
+    }
+    extra_pred = {k: v for k, v in predicted.items() if k not in rec["predicted"]}
+    if extra_pred:
+        rec["predicted_terms"] = extra_pred
+    for k, v in measured.items():
+        if k not in rec["measured"]:
+            rec["measured"][k] = v
+    if rec["status"] == "ok":
+        rec["error"] = {k: relative_error(rec["predicted"].get(k), rec["measured"].get(k))
+                        for k in rec["measured"] if k in rec["predicted"]}
+    else:
+        rec["error"] = result.get("error", "unknown failure")
+        for k in ("traceback", "stderr_tail"):
+            if result.get(k):
+                rec[k] = result[k]
+    rec.update(index=index, key=key, scenario=sc.name, runtime=sc.runtime.name,
+               details=details, wall_s=result.get("wall_s"))
+    return rec
+
+
+def load_results(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every record in a JSONL results file (a torn last line from a crash is skipped)."""
+    out = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    for line in p.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _append(path: Path, rec: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(rec, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _as_config(c) -> Config:
+    if isinstance(c, Config):
+        return c
+    if isinstance(c, dict):
+        return Config(**c)
+    cfg = getattr(c, "config", None)       # a Plan
+    if isinstance(cfg, Config):
+        return cfg
+    raise CapoptError(f"not a config: {c!r}", field="configs")
+
+
+def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "exact",
+             configs: Iterable[Config | dict] | None = None, out: str | os.PathLike | None = None,
+             timeout_s: float = DEFAULT_TIMEOUT_S, progress: bool = True,
+             profile: str | None = None, retry: bool = False, jobs: int = 1,
+             options: dict | None = None) -> ValidationReport:
+    """Compile (tier ``exact`` / ``xla-gpu``) or run (tier ``device``) candidates as real Flax
+    training steps and compare XLA's memory with the cost model's prediction.
+
+    Args:
+        scenario: a `Scenario`, a scenario path or name, or a dict.
+        top_k: how many of `capopt.optimize`'s candidates to check (when ``configs`` is None).
+        tier: ``"exact"`` | ``"xla-gpu"`` | ``"device"``.
+        configs: explicit configs (`Config`, dicts of knobs, or plans) instead of optimizing.
+        out: a JSONL file: results are appended as they finish; configs already there are
+            skipped (``retry=True`` runs failed ones again).
+        timeout_s: per candidate, compile and run included.
+        progress: a progress bar on stderr.
+        profile: the runtime profile for the prediction (default: the tier's, see
+            `tier_scenario`).
+        jobs: candidates measured at once (each in its own process).
+        options: passed to the tier (device: ``warmup``, ``steps``, ``monitor``).
+
+    Returns:
+        A `ValidationReport`; ``to_dict()`` is ``{"results": [{"config", "tier", "status",
+        "predicted", "measured", "error", ...}]}``.
+
+    Example::
+
+        report = capopt.validate("gpt2-124m-rtx4090", top_k=2)
+        print(report.render())
+    """
+    from .._scenario import load_scenario
+    if tier not in TIERS:
+        raise CapoptError(f"unknown tier {tier!r}", field="--tier", allowed=", ".join(TIERS))
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    notes: list[str] = []
+    if configs is None:
+        from ..search import optimize
+        res = optimize(sc, top_k=top_k)
+        cands = [p.config for p in res.candidates]
+        if not cands:
+            notes.append(f"optimize found no config that fits ({res.status}); nothing to "
+                         "validate")
+    else:
+        cands = [_as_config(c) for c in configs]
+    tsc = tier_scenario(sc, tier, profile)
+    if tier == "xla-gpu":
+        ok, why = xla_gpu_available()
+        if not ok:
+            raise CapoptError(why, field="--tier")
+    path = Path(out) if out is not None else None
+    done: dict[str, dict] = {}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for rec in load_results(path):
+            if rec.get("key") and (not retry or rec.get("status") == "ok"):
+                done[rec["key"]] = rec
+    keys = [result_key(tier, tsc, c) for c in cands]
+    todo = [i for i, k in enumerate(keys) if k not in done]
+    if path is not None and len(todo) < len(cands):
+        notes.append(f"resumed: {len(cands) - len(todo)} result(s) from {path}")
+    bar = Progress(len(todo), enabled=progress and bool(todo))
+    results: dict[int, dict] = {}
+
+    def work(i: int) -> dict:
+        job = {"tier": tier, "scenario": tsc, "config": cands[i], "index": i,
+               "options": dict(options or {})}
+        rec = _finish(_run_one(job, timeout_s), tier=tier, sc=tsc, config=cands[i], index=i,
+                      key=keys[i])
+        if path is not None:
+            _append(path, rec)
+        from ..cli import _config_line
+        bar.update(_config_line(rec["config"]), rec["status"])
+        return rec
+
+    if jobs > 1 and len(todo) > 1:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for i, rec in zip(todo, pool.map(work, todo)):
+                results[i] = rec
+    else:
+        for i in todo:
+            results[i] = work(i)
+    ordered = [results[i] if i in results else done[keys[i]] for i in range(len(cands))]
+    return ValidationReport(scenario=sc.name, tier=tier, results=ordered,
+                            out=str(path) if path else None, notes=notes)
+
+
+__all__ = ["Progress", "ValidationReport", "input_bytes", "load_results", "result_key",
+           "tier_scenario", "validate"]

@@ -1,0 +1,250 @@
+"""The three measurement tiers. Each runs in a process whose JAX was set up for it
+(`environment`): call one tier per process.
+
+- ``exact``: lower and compile for ``dp * tp`` virtual CPU devices; XLA's memory analysis
+  gives argument / output / alias bytes per device exactly (temp on CPU is not a proxy for a
+  GPU's activations: the CPU backend ignores remat for memory and upcasts bf16).
+- ``xla-gpu``: compile the same step for the scenario's GPU without one, through a deviceless
+  topology (`jax.experimental.topologies.get_topology_desc(platform="cuda", ...)`) built from
+  `Hardware.xla_gpu_device_info()`, autotuning off. Needs the CUDA PJRT plugin
+  (``pip install --no-deps jax-cuda12-plugin==<jax version> jax-cuda12-pjrt==<jax version>``,
+  or the ``xla-gpu`` extra); the CUDA libraries themselves are not needed to compile. XLA's GPU
+  buffer assignment gives temp and peak.
+- ``device``: a real accelerator. Warm-up steps, then timed steps; the allocator's
+  ``peak_bytes_in_use`` and ``bytes_in_use``; NVML samples through `capopt.monitor.Monitor`
+  when NVML is there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TIERS = ("exact", "xla-gpu", "device")
+PLUGIN_PATH_ENV = "CAPOPT_XLA_GPU_PLUGIN_PATH"
+# LLVM optimisation level 0 for the exact tier: it halves compile time on CPU and changes no
+# buffer (HLO passes and buffer assignment run as usual; measured identical on tiny-gpt).
+EXACT_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
+GPU_XLA_FLAGS = ("--xla_gpu_autotune_level=0",)
+
+
+def devices_needed(config) -> int:
+    return config.dp * config.tp
+
+
+def plugin_path() -> str | None:
+    """Where the CUDA PJRT plugin is: importable already (None), or a folder from the env."""
+    return os.environ.get(PLUGIN_PATH_ENV) or None
+
+
+def xla_gpu_available() -> tuple[bool, str]:
+    """Whether the deviceless GPU compile can be attempted here, and why not."""
+    extra = plugin_path()
+    if extra:
+        ok = (Path(extra) / "jax_plugins").is_dir()
+        return ok, ("" if ok else f"{PLUGIN_PATH_ENV}={extra} has no jax_plugins folder")
+    try:
+        spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return False, ("the xla-gpu tier needs the CUDA PJRT plugin: pip install --no-deps "
+                       "jax-cuda12-plugin==<jax version> jax-cuda12-pjrt==<jax version> "
+                       f"(or set {PLUGIN_PATH_ENV} to a folder holding it)")
+    return True, ""
+
+
+def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
+    """Environment variables for a worker process measuring ``config`` on ``tier``."""
+    env = dict(os.environ if base is None else base)
+    flags = env.get("XLA_FLAGS", "").split()
+    n = devices_needed(config)
+    if tier == "exact":
+        env["JAX_PLATFORMS"] = "cpu"
+        flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+        flags += [f"--xla_force_host_platform_device_count={n}", *EXACT_XLA_FLAGS]
+        env["CAPOPT_CPU_DEVICES"] = str(n)
+    elif tier == "xla-gpu":
+        env["JAX_PLATFORMS"] = "cpu"                     # compile for CUDA, run nothing
+        env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"     # no CUDA libraries are needed
+        flags += list(GPU_XLA_FLAGS)
+        extra = plugin_path()
+        if extra:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (extra, env.get("PYTHONPATH")) if p)
+    elif tier != "device":
+        raise ValueError(f"unknown tier {tier!r}")
+    env["XLA_FLAGS"] = " ".join(dict.fromkeys(flags))
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+def _device_info_text(info: dict[str, Any]) -> str:
+    """`Hardware.xla_gpu_device_info()` as ``GpuTargetConfigProto`` text."""
+    lines = []
+    for k, v in info.items():
+        if isinstance(v, dict):
+            inner = " ".join(f'{kk}: {_proto_value(vv)}' for kk, vv in v.items())
+            lines.append(f"  {k} {{ {inner} }}")
+        else:
+            lines.append(f"  {k}: {_proto_value(v)}")
+    return "gpu_device_info {\n" + "\n".join(lines) + '\n}\nplatform_name: "cuda"\n'
+
+
+def _proto_value(v) -> str:
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return repr(v)
+
+
+# Without these XLA's GPU cost model divides by zero (SIGFPE) instead of raising.
+REQUIRED_DEVICE_INFO = ("core_count", "clock_rate_ghz", "threads_per_warp", "fpus_per_core",
+                        "memory_bandwidth", "device_memory_size")
+
+
+def gpu_topology(hardware, n: int):
+    """A deviceless topology of ``n`` GPUs of ``hardware`` (one host)."""
+    from jax.experimental import topologies
+
+    from .step import Unsupported
+    info = hardware.xla_gpu_device_info()
+    missing = [k for k in REQUIRED_DEVICE_INFO if not info.get(k)]
+    if "cuda_compute_capability" not in info:
+        missing.append("compute_capability (an NVIDIA one: the plugin targets CUDA)")
+    if missing:
+        raise Unsupported(f"hardware {hardware.name!r} lacks what XLA's GPU target needs: "
+                          + ", ".join(missing))
+    text = _device_info_text(info)
+    return topologies.get_topology_desc(platform="cuda", target_config=text,
+                                        topology=f"1x1x{n}")
+
+
+def _analyse(step, compiled, t_compile: float) -> dict[str, Any]:
+    from .predict import measured_terms
+    from .step import output_leaves
+    measured = measured_terms(compiled.memory_analysis(), params_bytes=step.params_bytes,
+                              optimizer_bytes=step.optimizer_bytes,
+                              input_bytes=step.input_bytes)
+    details = {"compile_s": t_compile, "output_leaves": output_leaves(step),
+               "attention": step.policy.attention}
+    if step.unsharded:
+        details["unsharded"] = step.unsharded
+    return {"measured": measured, "details": details}
+
+
+def run_exact(scenario, config) -> dict[str, Any]:
+    import jax
+    from .step import build_step
+    n = devices_needed(config)
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        raise RuntimeError(f"the exact tier needs {n} CPU devices, this process has "
+                           f"{len(devices)} (set XLA_FLAGS=--xla_force_host_platform_device_count"
+                           f"={n} before JAX starts, or use validate())")
+    step = build_step(scenario, config, devices[:n], tier="exact")
+    t0 = time.perf_counter()
+    compiled = step.lower().compile()
+    return _analyse(step, compiled, time.perf_counter() - t0)
+
+
+def run_xla_gpu(scenario, config) -> dict[str, Any]:
+    from .step import build_step
+    n = devices_needed(config)
+    topo = gpu_topology(scenario.hardware, n)
+    step = build_step(scenario, config, topo.devices, tier="xla-gpu")
+    t0 = time.perf_counter()
+    compiled = step.lower().compile()
+    out = _analyse(step, compiled, time.perf_counter() - t0)
+    out["details"]["target"] = scenario.hardware.name
+    return out
+
+
+def run_device(scenario, config, *, warmup: int = 2, steps: int = 5,
+               monitor: bool = True) -> dict[str, Any]:
+    import jax
+    from .step import Unsupported, build_step, init_arguments
+    n = devices_needed(config)
+    devices = jax.devices()
+    if len(devices) < n:
+        raise Unsupported(f"config needs {n} devices, this machine has {len(devices)}")
+    platform = devices[0].platform
+    tier = "device"
+    if platform == "gpu" and config.flash_attention and scenario.workload.precision != "fp32":
+        tier = "device-cudnn"
+    step = build_step(scenario, config, devices[:n], tier=tier)
+    t0 = time.perf_counter()
+    try:
+        compiled = step.lower().compile()
+    except Exception:
+        if tier != "device-cudnn":
+            raise
+        step = build_step(scenario, config, devices[:n], tier="device")   # no cuDNN kernel
+        compiled = step.lower().compile()
+    out = _analyse(step, compiled, time.perf_counter() - t0)
+    tr, fr, opt, batch, key = init_arguments(step)
+    for _ in range(warmup):
+        tr, opt, loss = compiled(tr, fr, opt, batch, key)
+    jax.block_until_ready(loss)
+    mon = None
+    if monitor and platform == "gpu":
+        try:
+            from ..monitor import Monitor
+            mon = Monitor(interval_s=0.1).start()
+        except Exception:  # monitoring is optional; never fail the measurement for it
+            mon = None
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        tr, opt, loss = compiled(tr, fr, opt, batch, key)
+        jax.block_until_ready(loss)
+        times.append(time.perf_counter() - t)
+    if mon is not None:
+        mon.stop()
+        out["details"]["monitor"] = mon.summary()
+    stats = [d.memory_stats() or {} for d in devices[:n]]
+    peaks = [s.get("peak_bytes_in_use") for s in stats if s.get("peak_bytes_in_use")]
+    in_use = [s.get("bytes_in_use") for s in stats if s.get("bytes_in_use")]
+    m = out["measured"]
+    m["static_peak_bytes"] = m["peak_bytes"]
+    m["peak_bytes"] = max(peaks) if peaks else None       # None on CPU (no allocator stats)
+    m["in_use_bytes"] = max(in_use) if in_use else None
+    m["step_s"] = statistics.median(times)
+    out["details"].update(platform=platform, device_kind=devices[0].device_kind,
+                          step_times_s=times, loss=float(loss), warmup=warmup,
+                          memory_stats=stats[0] if stats else None)
+    return out
+
+
+def run_tier(tier: str, scenario, config, **options) -> dict[str, Any]:
+    if tier == "exact":
+        return run_exact(scenario, config)
+    if tier == "xla-gpu":
+        return run_xla_gpu(scenario, config)
+    if tier == "device":
+        return run_device(scenario, config, **options)
+    raise ValueError(f"unknown tier {tier!r} (allowed: {', '.join(TIERS)})")
+
+
+def configure_jax_for(tier: str) -> None:
+    """In a fresh worker: apply what `environment` asked for before JAX picks its devices."""
+    n = os.environ.get("CAPOPT_CPU_DEVICES")
+    if tier == "exact" and n:
+        import jax
+        try:
+            jax.config.update("jax_num_cpu_devices", int(n))
+        except Exception:   # older or newer JAX without the option: XLA_FLAGS already says it
+            pass
+    if tier == "xla-gpu":
+        extra = plugin_path()
+        if extra and extra not in sys.path:
+            sys.path.insert(0, extra)
+
+
+__all__ = ["TIERS", "devices_needed", "environment", "gpu_topology", "run_device",
+           "run_exact", "run_tier", "run_xla_gpu", "xla_gpu_available"]

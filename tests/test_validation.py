@@ -1,0 +1,304 @@
+"""Validation: Flax models built from cards, the training step, the exact tier, the runner
+(subprocess per candidate, JSONL streaming, resume), the xla-gpu tier (skipped without the
+CUDA plugin), the device tier on CPU, and calibration."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import jax
+import pytest
+
+from capopt._cards import card_from_hf_config, list_cards, load_card
+from capopt._model import ModelSpec
+from capopt._specs import Config, LoRA
+from capopt.cost._inputs import _lora_params_per_layer
+from capopt.validation import (ValidationReport, abstract_model, count_params, predicted_terms,
+                               validate, xla_gpu_available)
+from capopt.validation.models import count_lora_params, Policy
+from capopt.validation.predict import PARTS, TERMS
+from capopt.validation.runner import Progress, input_bytes, load_results
+from capopt.validation.step import Unsupported, build_step, output_leaves
+from capopt.validation.tiers import run_device, run_exact
+
+from conftest import make_scenario
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+
+# Parameters and optimizer state per device must match the cost model to 0.1%. The bytes the
+# cost model leaves out are optax's int32 step counter (4 bytes per stateful transform), i.e.
+# 0.003% of the smallest optimizer state tested here; 0.1% is the project's stated bar.
+STATE_RTOL = 1e-3
+
+TINY_BERT = ModelSpec(
+    name="tiny-bert", family="encoder", hidden_size=64, num_hidden_layers=2,
+    num_attention_heads=4, intermediate_size=128, vocab_size=128, max_position_embeddings=64,
+    type_vocab_size=2, embedding_norm=True, pooler=True, mlm_head=True, num_labels=2,
+    attention_bias=True, attention_out_bias=True, mlp_bias=True, tie_word_embeddings=False,
+    hidden_dropout=0.1, attention_dropout=0.1)
+TINY_VIT = ModelSpec(
+    name="tiny-vit", family="vit", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    intermediate_size=128, image_size=32, patch_size=8, num_labels=10, pooler=True,
+    attention_bias=True, attention_out_bias=True, mlp_bias=True)
+TINY_MLP = ModelSpec(name="tiny-mlp", family="mlp", hidden_size=64, num_hidden_layers=3)
+TINY_MOE = ModelSpec(
+    name="tiny-moe", family="decoder", hidden_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=1, intermediate_size=96, vocab_size=128,
+    position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated", hidden_act="silu",
+    num_local_experts=4, num_experts_per_tok=2, router_bias=True, lm_head_bias=True,
+    norms_per_layer=4)
+
+
+def tiny(card: str = "tiny-llama", *, count: int = 1, seq_len: int = 32, global_batch: int = 8,
+         runtime: str = "xla-cpu", **kw):
+    spec = load_card(card) if isinstance(card, str) else card
+    return make_scenario(spec, runtime=runtime, count=count, seq_len=seq_len,
+                         global_batch=global_batch, **kw)
+
+
+def assert_state_matches(rec_or_pair):
+    """params_bytes and optimizer_bytes: prediction = measurement to STATE_RTOL."""
+    pred, meas = rec_or_pair
+    for k in ("params_bytes", "optimizer_bytes"):
+        assert math.isclose(pred[k], meas[k], rel_tol=STATE_RTOL, abs_tol=8), (k, pred[k],
+                                                                                meas[k])
+
+
+# ---- 1. models: parameter counts ------------------------------------------------------------
+@pytest.mark.parametrize("name", list_cards())
+def test_flax_model_has_the_cards_parameter_count(name):
+    spec = load_card(name)
+    assert count_params(abstract_model(spec)) == spec.num_params()   # exact, to the parameter
+
+
+@pytest.mark.parametrize("path", sorted(HF.glob("*.json")), ids=lambda p: p.stem)
+def test_flax_model_matches_hugging_face_imports(path):
+    spec = card_from_hf_config(json.loads(path.read_text()))
+    assert count_params(abstract_model(spec)) == spec.num_params()
+
+
+@pytest.mark.parametrize("spec", [TINY_BERT, TINY_VIT, TINY_MLP, TINY_MOE], ids=lambda s: s.name)
+def test_every_family_and_option_counts_exactly(spec):
+    assert count_params(abstract_model(spec)) == spec.num_params()
+
+
+@pytest.mark.parametrize("bits", [16, 8, 4])
+def test_lora_adapters_are_the_cost_models_count(bits):
+    spec = load_card("tiny-llama")
+    lora = LoRA(rank=8, targets=("attn", "mlp"), base_bits=bits)
+    model = abstract_model(spec, Policy(lora=lora))
+    assert count_lora_params(model) == spec.num_hidden_layers * _lora_params_per_layer(
+        spec, 8, lora.targets)
+    assert count_params(model) == spec.num_params()     # the base, quantised or not
+
+
+def test_abstract_model_allocates_nothing():
+    m = abstract_model(load_card("llama-3-70b"))
+    leaves = jax.tree.leaves(m)
+    assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
+# ---- 2-3. the step and the exact tier (in this process: one CPU device) ------------------------
+def _exact(sc, cfg):
+    out = run_exact(sc, cfg)
+    pred = predicted_terms(cfg, sc, input_bytes=input_bytes(sc, cfg),
+                           output_leaves=out["details"]["output_leaves"])
+    return pred, out["measured"]
+
+
+@pytest.mark.parametrize("card,training,cfg", [
+    ("tiny-llama", {}, Config(micro_batch=8)),
+    ("tiny-gpt", {"precision": "fp32", "optimizer": "lion"},
+     Config(micro_batch=4, grad_accum=2, remat="full")),
+    ("tiny-llama", {"lora": LoRA(rank=4)}, Config(micro_batch=8, remat="selective")),
+], ids=["adamw-bf16", "lion-fp32-accum-remat", "lora"])
+def test_exact_tier_state_bytes_match_the_cost_model(card, training, cfg):
+    pred, meas = _exact(tiny(card, **training), cfg)
+    assert_state_matches((pred, meas))
+    # The step's arguments are exactly parameters + optimizer state + batch (and key).
+    assert meas["argument_bytes"] == (meas["params_bytes"] + meas["optimizer_bytes"]
+                                      + meas["input_bytes"])
+    # Donated trainable state and optimizer state come back in place: alias to 0.1% (the
+    # cost model's trainable count leaves out the same int32 counters as above).
+    assert math.isclose(pred["alias_bytes"], meas["alias_bytes"], rel_tol=STATE_RTOL)
+    assert meas["input_bytes"] == pred["input_bytes"]                  # exact by construction
+    assert meas["temp_bytes"] > 0
+
+
+def test_step_is_built_abstractly_and_counts_its_outputs():
+    sc = tiny("tiny-gpt")
+    step = build_step(sc, Config(micro_batch=8), jax.devices()[:1])
+    tr, fr, opt, batch, key = step.args
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(step.args))
+    # adamw: count + mu + nu; plus the loss
+    n = len(jax.tree.leaves(tr))
+    assert output_leaves(step) == n + (2 * n + 1) + 1
+
+
+def test_unsupported_configs_say_what_is_missing():
+    sc = tiny("tiny-llama", count=2)
+    with pytest.raises(Unsupported, match="pipeline"):
+        build_step(sc, Config(micro_batch=8, pp=2), jax.devices())
+    with pytest.raises(Unsupported, match="offload"):
+        build_step(sc, Config(micro_batch=8, offload_optimizer=True), jax.devices())
+
+
+# ---- 4. the runner: sharded configs in subprocesses, crashes, resume ---------------------------
+SHARDED = [Config(micro_batch=1, dp=8, zero_stage=3),
+           Config(micro_batch=2, dp=4, tp=2, zero_stage=1, sequence_parallel=True)]
+
+
+def test_sharded_exact_tier_matches_per_device_state(tmp_path):
+    sc = tiny("tiny-llama", count=8)
+    rep = validate(sc, configs=SHARDED, out=tmp_path / "r.jsonl", progress=False, jobs=2)
+    assert [r["status"] for r in rep.results] == ["ok", "ok"], rep.render()
+    for r in rep.results:
+        assert_state_matches((r["predicted"], r["measured"]))
+        assert r["details"]["compile_s"] > 0
+    zero3, tp2 = rep.results
+    # ZeRO-3 over 8 devices: every parameter split 8 ways (sizes all divide by 8).
+    assert zero3["measured"]["params_bytes"] * 8 == load_card("tiny-llama").num_params() * 4
+    assert tp2["measured"]["optimizer_bytes"] < tp2["measured"]["params_bytes"]   # ZeRO-1
+
+
+def test_contract_shape_and_render(tmp_path):
+    sc = tiny(TINY_MLP, seq_len=16)
+    rep = validate(sc, configs=[Config(micro_batch=8)], progress=False)
+    d = rep.to_dict()
+    (r,) = d["results"]
+    assert set(r) >= {"config", "tier", "status", "predicted", "measured", "error"}
+    assert r["tier"] == "exact" and r["status"] == "ok"
+    assert set(r["predicted"]) >= set(TERMS) | set(PARTS)
+    assert set(r["measured"]) <= set(r["predicted"]) | {"static_peak_bytes", "in_use_bytes"}
+    json.dumps(d)                                                    # JSON-serialisable
+    text = rep.render()
+    assert "argument_bytes" in text and "predicted" in text and "%" in text
+
+
+def test_a_crash_is_recorded_and_resume_skips_finished(tmp_path, monkeypatch):
+    sc = tiny(TINY_MLP, seq_len=16)
+    cfgs = [Config(micro_batch=8), Config(micro_batch=4, grad_accum=2),
+            Config(micro_batch=2, grad_accum=4)]
+    out = tmp_path / "results.jsonl"
+    monkeypatch.setenv("CAPOPT_VALIDATION_FAULT", "crash:1,oom:2")
+    rep = validate(sc, configs=cfgs, out=out, progress=False)
+    assert [r["status"] for r in rep.results] == ["ok", "error", "oom"]
+    assert "SIGABRT" in rep.results[1]["error"]
+    assert "RESOURCE_EXHAUSTED" in rep.results[2]["error"]
+    assert len(load_results(out)) == 3                     # streamed as they finished
+    first = rep.results[0]
+
+    # A rerun skips what is in the file: if it ran config 0 again it would crash.
+    monkeypatch.setenv("CAPOPT_VALIDATION_FAULT", "crash:0,crash:1,crash:2")
+    again = validate(sc, configs=cfgs, out=out, progress=False)
+    assert [r["status"] for r in again.results] == ["ok", "error", "oom"]
+    assert again.results[0]["measured"] == first["measured"]
+    assert len(load_results(out)) == 3 and any("resumed" in n for n in again.notes)
+
+    # retry=True runs the failed ones again (now without faults) and keeps the finished one.
+    monkeypatch.delenv("CAPOPT_VALIDATION_FAULT")
+    fixed = validate(sc, configs=cfgs, out=out, progress=False, retry=True)
+    assert [r["status"] for r in fixed.results] == ["ok", "ok", "ok"]
+
+
+def test_a_torn_last_line_is_ignored(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"key": "a", "status": "ok"}\n{"key": "b", "sta')
+    assert [r["key"] for r in load_results(p)] == ["a"]
+
+
+@pytest.mark.slow
+def test_a_hung_candidate_times_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPOPT_VALIDATION_FAULT", "hang:0")
+    rep = validate(tiny(TINY_MLP, seq_len=16), configs=[Config(micro_batch=8)],
+                   progress=False, timeout_s=6)
+    assert rep.results[0]["status"] == "error" and "timeout" in rep.results[0]["error"]
+
+
+def test_progress_bar_writes_one_line_per_candidate_off_a_terminal():
+    buf = io.StringIO()
+    p = Progress(2, stream=buf)
+    p.update("a", "ok")
+    p.update("b", "oom")
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 2 and "2/2" in lines[1] and "oom" in lines[1]
+
+
+# ---- 5. xla-gpu and device tiers --------------------------------------------------------------
+_XLA_GPU, _WHY = xla_gpu_available()
+
+
+@pytest.mark.xla_gpu
+@pytest.mark.skipif(not _XLA_GPU, reason=_WHY or "xla-gpu plugin absent")
+def test_xla_gpu_tier_compiles_for_a_gpu_without_one(tmp_path):
+    from capopt._hardware import get_hardware
+    sc = tiny("tiny-llama", seq_len=128, global_batch=16, runtime="xla-gpu",
+              hardware=get_hardware("h100-sxm-80gb"))
+    cfgs = [Config(micro_batch=16), Config(micro_batch=16, remat="full")]
+    rep = validate(sc, tier="xla-gpu", configs=cfgs, progress=False, jobs=2)
+    assert [r["status"] for r in rep.results] == ["ok", "ok"], rep.render()
+    none, full = rep.results
+    assert_state_matches((none["predicted"], none["measured"]))
+    # Full recomputation must shrink the GPU step's temporaries (the CPU backend would not).
+    assert full["measured"]["temp_bytes"] < none["measured"]["temp_bytes"]
+
+
+def test_xla_gpu_tier_refuses_cleanly_without_the_plugin(monkeypatch):
+    import capopt.validation.runner as runner
+    from capopt._errors import CapoptError
+    monkeypatch.setattr(runner, "xla_gpu_available", lambda: (False, "no CUDA plugin here"))
+    with pytest.raises(CapoptError, match="no CUDA plugin here"):
+        validate(tiny(TINY_MLP, seq_len=16), tier="xla-gpu", configs=[Config(micro_batch=8)],
+                 progress=False)
+
+
+def test_device_tier_runs_real_steps_on_cpu():
+    out = run_device(tiny(TINY_MLP, seq_len=16), Config(micro_batch=8), warmup=1, steps=2)
+    assert out["measured"]["step_s"] > 0
+    assert out["measured"]["peak_bytes"] is None            # CPU has no allocator stats
+    assert math.isfinite(out["details"]["loss"])
+
+
+def test_report_is_reexported_from_capopt():
+    import capopt
+    import capopt.validation as v
+    assert capopt.validate.__doc__ and v.validate is validate
+    assert v.__all__ == sorted(v.__all__)
+    assert isinstance(validate.__defaults__, tuple) or True
+    assert ValidationReport.__name__ in v.__all__
+
+
+# ---- 6. calibration --------------------------------------------------------------------------
+def test_calibrate_recovers_known_coefficients():
+    from capopt.validation.calibrate import Sample, _predict, calibrate
+    from capopt.cost import knobs_from_config, numbers_pytree
+
+    base = tiny("tiny-gpt", runtime="xla-gpu", seq_len=64, global_batch=64)
+    truth = base.replace(runtime=base.runtime.with_coeffs(act_scale=1.6,
+                                                           logits_fp32_copies=3.0))
+    cfgs = [Config(micro_batch=mb, grad_accum=64 // mb, remat=r, flash_attention=f)
+            for mb in (1, 2, 4, 8, 16, 32) for r in ("none", "full") for f in (True, False)]
+    samples = []
+    for c in cfgs:
+        true_temp = float(_predict(knobs_from_config(c), numbers_pytree(truth), 0.0, 0.0,
+                                   "temp_bytes"))
+        samples.append(Sample(base, c, true_temp))
+    res = calibrate(samples, coeffs=("act_scale", "logits_fp32_copies"), steps=1500,
+                    learning_rate=0.05)
+    # Noise-free synthetic data from the same model: the fit should land within 2% (Adam's
+    # last steps oscillate around the optimum by less than that at this learning rate).
+    assert math.isclose(res.coeffs["act_scale"], 1.6, rel_tol=0.02)
+    assert math.isclose(res.coeffs["logits_fp32_copies"], 3.0, rel_tol=0.02)
+    assert res.holdout_error["after"] < 0.01 < res.holdout_error["before"]
+    text = res.to_toml()
+    assert 'name = "xla-gpu-calibrated"' in text and "act_scale" in text
+
+
+def test_xla_gpu_target_needs_a_described_gpu():
+    from capopt.validation.tiers import gpu_topology
+    from conftest import TEST_GPU
+    with pytest.raises(Unsupported, match="core_count"):
+        gpu_topology(TEST_GPU, 1)        # no SM count, clock or compute capability
