@@ -47,6 +47,8 @@ from capopt.validation import validate  # noqa: E402
 from capopt.validation.predict import predicted_terms  # noqa: E402
 from capopt.validation.step import build_step  # noqa: E402
 
+HF = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hf"
+
 TINY = {
     "tiny-bert": ModelSpec(
         name="tiny-bert", family="encoder", hidden_size=64, num_hidden_layers=2,
@@ -144,6 +146,8 @@ AT_SCALE = [
      C(micro_batch=1, dp=8, ep=8, zero_stage=3)),
     ("vit-l16 dp8 zero3", dict(card="vit-l16", count=8), C(micro_batch=1, dp=8, zero_stage=3)),
     ("bert-base dp2 tp4", dict(card="bert-base", count=8, seq=512), C(micro_batch=4, dp=2, tp=4)),
+    ("gemma-2-2b (4 norms) tp2", dict(card=str(HF / "gemma-2-2b-it.json"), count=2, seq=1024),
+     C(micro_batch=4, tp=2)),
 ] + [(f"llama-3-8b dp8 zero1 {o}", dict(card="llama-3-8b", count=8, seq=2048, optimizer=o),
       C(micro_batch=1, dp=8, zero_stage=1))
      for o in ("adafactor", "adamw-8bit", "lion", "sgd-momentum")] + [

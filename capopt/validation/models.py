@@ -42,6 +42,9 @@ from flax import nnx
 from .._model import ModelSpec
 from .._specs import LoRA
 
+# A list of submodules: `nnx.List` where this flax has it (>= 0.12), a plain list before.
+_List = getattr(nnx, "List", list)
+
 INIT_STD = 0.02
 NF4_BLOCK = 64            # weights per absmax (QLoRA, Dettmers et al. 2023)
 NF4_BLOCK2 = 256          # absmax codes per second-level float32 scale
@@ -72,9 +75,10 @@ class Policy:
     param_dtype: trainable parameters (and, without LoRA, every parameter).
     compute_dtype: activations and matmul inputs.
     frozen_dtype: LoRA's frozen parameters (the compute dtype, as the cost model assumes).
-    attention: "xla" (materialised scores), "chunked" (query blocks under `jax.checkpoint`:
-        no s x s matrix is saved, the stand-in for flash attention where no fused kernel
-        exists), or "cudnn" (`jax.nn.dot_product_attention`, real GPU only).
+    attention: "xla" (materialised scores), "chunked" (blocks of ``attention_chunk`` queries
+        under `jax.checkpoint`: no s x s matrix is saved, the stand-in for flash attention
+        where no fused kernel exists; a sequence of at most one block is computed whole), or
+        "cudnn" (`jax.nn.dot_product_attention`, real GPU only; no attention dropout).
     remat: one entry per block: "none" | "selective" | "full".
     moe_capacity_factor: tokens each expert takes, relative to an even split of top-k.
     """
@@ -87,7 +91,6 @@ class Policy:
     attention_chunk: int = 128
     remat: tuple[str, ...] = ()
     moe_capacity_factor: float = 1.25
-    sequence_parallel: bool = False
     # Set by the step: a function constraining the residual stream's sharding (or None).
     constrain: object = None
 
@@ -488,7 +491,7 @@ class DecoderLM(nnx.Module):
         self.embed = Embed(spec.vocab_size, h, policy=policy, rngs=rngs)
         self.pos_embed = (Embed(spec.max_position_embeddings, h, policy=policy, rngs=rngs)
                           if spec.position_embedding == "learned" else None)
-        self.blocks = nnx.List([Block(spec, policy=policy, rngs=rngs, causal=True,
+        self.blocks = _List([Block(spec, policy=policy, rngs=rngs, causal=True,
                                       post_norm=False)
                                 for _ in range(spec.num_hidden_layers)])
         self.final_norm = Norm(h, spec.norm_type, policy=policy)
@@ -527,7 +530,7 @@ class Encoder(nnx.Module):
         self.type_embed = (Embed(spec.type_vocab_size, h, policy=policy, rngs=rngs)
                            if spec.type_vocab_size else None)
         self.embed_norm = Norm(h, spec.norm_type, policy=policy) if spec.embedding_norm else None
-        self.blocks = nnx.List([Block(spec, policy=policy, rngs=rngs, causal=False,
+        self.blocks = _List([Block(spec, policy=policy, rngs=rngs, causal=False,
                                       post_norm=True)
                                 for _ in range(spec.num_hidden_layers)])
         self.pooler = Linear(h, h, bias=True, policy=policy, rngs=rngs) if spec.pooler else None
@@ -572,7 +575,7 @@ class ViT(nnx.Module):
         self.patch = Linear(c * p * p, h, bias=True, policy=policy, rngs=rngs)
         self.cls = nnx.Param(jnp.zeros((h,), fd))
         self.pos = nnx.Param(_normal(rngs, (spec.num_patches + 1, h), fd))
-        self.blocks = nnx.List([Block(spec, policy=policy, rngs=rngs, causal=False,
+        self.blocks = _List([Block(spec, policy=policy, rngs=rngs, causal=False,
                                       post_norm=False)
                                 for _ in range(spec.num_hidden_layers)])
         self.final_norm = Norm(h, spec.norm_type, policy=policy)
@@ -603,7 +606,7 @@ class MLPStack(nnx.Module):
         h = spec.hidden_size
         self.policy = policy
         self.act = _act(spec.hidden_act)
-        self.layers = nnx.List([Linear(h, h, bias=True, policy=policy, rngs=rngs)
+        self.layers = _List([Linear(h, h, bias=True, policy=policy, rngs=rngs)
                                 for _ in range(spec.num_hidden_layers)])
 
     def __call__(self, x, key=None):

@@ -17,6 +17,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -140,10 +141,15 @@ class Progress:
     def __init__(self, total: int, enabled: bool = True, stream=None):
         self.total, self.done, self.enabled = total, 0, enabled
         self.stream = stream or sys.stderr
+        self.lock = threading.Lock()          # updates come from worker threads (jobs > 1)
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0 = time.perf_counter()
 
     def update(self, label: str, status: str) -> None:
+        with self.lock:
+            self._update(label, status)
+
+    def _update(self, label: str, status: str) -> None:
         self.done += 1
         if not self.enabled:
             return

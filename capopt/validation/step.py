@@ -21,7 +21,8 @@ What the config sets:
   ``round(r * L)`` blocks full, the rest none.
 - grad_accum: a scan over micro-batches accumulating gradients in the parameter dtype.
 - dp, tp, ep, zero_stage, sequence_parallel: `sharding` (one mesh, XLA's SPMD partitioner).
-- flash_attention: ``chunked`` attention (or cuDNN's fused kernel on a real GPU), else
+- flash_attention: ``chunked`` attention (query blocks recomputed in the backward pass), or
+  cuDNN's fused kernel on a real GPU in 16-bit (which applies no attention dropout); else
   materialised scores.
 
 Not implemented (the step raises `Unsupported`): pipeline parallelism (pp > 1) and optimizer
@@ -203,7 +204,7 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
                     attention=attention_impl(config, tier),
                     remat=remat_plan(config, m.num_hidden_layers),
                     moe_capacity_factor=scenario.runtime.coeff("moe_capacity_factor"),
-                    sequence_parallel=config.sequence_parallel, constrain=constrain)
+                    constrain=constrain)
     model = abstract_model(m, policy)
     if w.lora is not None:
         graphdef, trainable, frozen = nnx.split(model, LoRAParam, ...)
@@ -273,7 +274,8 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
             batch, key)
     tr_bytes = sh.tree_shard_bytes(trainable, tr_sh)
     return TrainStep(
-        fn=fn, args=args, scenario=scenario, config=config, mesh=mesh, graphdef=graphdef, policy=policy, optimizer=tx,
+        fn=fn, args=args, scenario=scenario, config=config, mesh=mesh, graphdef=graphdef,
+        policy=policy, optimizer=tx,
         shardings=(tr_sh, fr_sh, opt_sh, batch_sh, rep),
         params_bytes=tr_bytes + sh.tree_shard_bytes(frozen, fr_sh),
         trainable_bytes=tr_bytes,
@@ -293,7 +295,7 @@ def init_arguments(step: TrainStep, seed: int = 0) -> tuple:
     initialisers, the optimizer's initial state, random token ids / features."""
     from .models import build_model
     tr_sh, fr_sh, opt_sh, batch_sh, rep = step.shardings
-    sc, cfg = step.scenario, step.config
+    sc = step.scenario
     lora = sc.workload.lora is not None
 
     def make_params():

@@ -48,15 +48,15 @@ def xla_gpu_available() -> tuple[bool, str]:
     if extra:
         ok = (Path(extra) / "jax_plugins").is_dir()
         return ok, ("" if ok else f"{PLUGIN_PATH_ENV}={extra} has no jax_plugins folder")
-    try:
-        spec = importlib.util.find_spec("jax_plugins.xla_cuda12")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
-        return False, ("the xla-gpu tier needs the CUDA PJRT plugin: pip install --no-deps "
-                       "jax-cuda12-plugin==<jax version> jax-cuda12-pjrt==<jax version> "
-                       f"(or set {PLUGIN_PATH_ENV} to a folder holding it)")
-    return True, ""
+    for name in ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13"):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True, ""
+        except (ImportError, ValueError):
+            continue
+    return False, ("the xla-gpu tier needs the CUDA PJRT plugin: pip install --no-deps "
+                   "jax-cuda12-plugin==<jax version> jax-cuda12-pjrt==<jax version> "
+                   f"(or set {PLUGIN_PATH_ENV} to a folder holding it)")
 
 
 def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
