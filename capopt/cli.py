@@ -184,6 +184,16 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_setup(args) -> int:
+    from .validation.plugin import PACKAGES, install, jax_version
+    if not args.quiet:
+        print(f"installing {' and '.join(PACKAGES)} {jax_version()} for the xla-gpu tier ...",
+              file=sys.stderr)
+    folder = install(args.target, quiet=args.quiet)
+    print(f"xla-gpu tier ready: the CUDA plugin is in {folder}")
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from .doctor import run_doctor
     rep = run_doctor(run_step=not args.no_step)
@@ -233,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", choices=["gpus", "models", "scenarios", "profiles"])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_catalog)
+
+    p = sub.add_parser("setup", help="install optional parts: the CUDA plugin (xla-gpu tier)")
+    p.add_argument("what", choices=["xla-gpu"])
+    p.add_argument("--target", metavar="DIR", help="install here instead of beside Python")
+    p.add_argument("-q", "--quiet", action="store_true", help="no pip output")
+    p.set_defaults(func=cmd_setup)
 
     p = sub.add_parser("doctor", help="check the GPU-training setup of this machine")
     p.add_argument("--json", action="store_true")

@@ -6,10 +6,9 @@
   GPU's activations: the CPU backend ignores remat for memory and upcasts bf16).
 - ``xla-gpu``: compile the same step for the scenario's GPU without one, through a deviceless
   topology (`jax.experimental.topologies.get_topology_desc(platform="cuda", ...)`) built from
-  `Hardware.xla_gpu_device_info()`, autotuning off. Needs the CUDA PJRT plugin
-  (``pip install --no-deps jax-cuda12-plugin==<jax version> jax-cuda12-pjrt==<jax version>``,
-  or the ``xla-gpu`` extra); the CUDA libraries themselves are not needed to compile. XLA's GPU
-  buffer assignment gives temp and peak.
+  `Hardware.xla_gpu_device_info()`, autotuning off. Needs the CUDA PJRT plugin, which
+  ``capopt setup xla-gpu`` installs (`capopt.validation.plugin`); the CUDA libraries themselves
+  are not needed to compile. XLA's GPU buffer assignment gives temp and peak.
 - ``device``: a real accelerator. Warm-up steps, then timed steps; the allocator's
   ``peak_bytes_in_use`` and ``bytes_in_use``; NVML samples through `capopt.monitor.Monitor`
   when NVML is there.
@@ -25,8 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .plugin import PLUGIN_PATH_ENV, plugin_path
+
 TIERS = ("exact", "xla-gpu", "device")
-PLUGIN_PATH_ENV = "CAPOPT_XLA_GPU_PLUGIN_PATH"
 # LLVM optimisation level 0 for the exact tier: it halves compile time on CPU and changes no
 # buffer (HLO passes and buffer assignment run as usual; measured identical on tiny-gpt).
 EXACT_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
@@ -35,11 +35,6 @@ GPU_XLA_FLAGS = ("--xla_gpu_autotune_level=0",)
 
 def devices_needed(config) -> int:
     return config.dp * config.tp
-
-
-def plugin_path() -> str | None:
-    """Where the CUDA PJRT plugin is: importable already (None), or a folder from the env."""
-    return os.environ.get(PLUGIN_PATH_ENV) or None
 
 
 def xla_gpu_available() -> tuple[bool, str]:
@@ -54,8 +49,7 @@ def xla_gpu_available() -> tuple[bool, str]:
                 return True, ""
         except (ImportError, ValueError):
             continue
-    return False, ("the xla-gpu tier needs the CUDA PJRT plugin: pip install --no-deps "
-                   "jax-cuda12-plugin==<jax version> jax-cuda12-pjrt==<jax version> "
+    return False, ("the xla-gpu tier needs the CUDA PJRT plugin: run `capopt setup xla-gpu` "
                    f"(or set {PLUGIN_PATH_ENV} to a folder holding it)")
 
 
