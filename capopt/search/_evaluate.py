@@ -20,8 +20,11 @@ def objective_value(est, n, mode_cost):
     """What the search maximises: tokens/s, or tokens per dollar when ``mode_cost`` is 1."""
     tps = est.throughput["tokens_per_s"]
     dollars_per_s = n["N"] * n["price"] / SECONDS_PER_HOUR
-    per_dollar = tps / jnp.maximum(dollars_per_s, 1e-30)
-    return mode_cost * per_dollar + (1.0 - mode_cost) * tps
+    # Select rather than blend: tokens/s over a zero price overflows float32, and 0 * inf
+    # would turn every throughput objective into NaN.
+    priced = (mode_cost > 0.5) & (dollars_per_s > 0.0)
+    per_dollar = tps / jnp.where(priced, dollars_per_s, 1.0)
+    return jnp.where(mode_cost > 0.5, per_dollar, tps)
 
 
 @functools.partial(jax.jit, static_argnums=())

@@ -225,7 +225,8 @@ def _min_rate(sc: Scenario) -> float:
 
 def _rank(lat: Lattice, res: dict, usable: float, top_k: int, min_rate: float = 0.0
           ) -> list[int]:
-    ok = (res["total_bytes"] <= usable) & (res["tokens_per_s"] >= min_rate)
+    ok = ((res["total_bytes"] <= usable) & (res["tokens_per_s"] >= min_rate)
+          & np.isfinite(res["objective"]))
     fits = np.nonzero(ok)[0]
     order = fits[np.argsort(-res["objective"][fits], kind="stable")]
     return [int(i) for i in order[:top_k]]
@@ -344,9 +345,10 @@ def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int 
     seen = {lat.key(i): i for i in range(len(lat))}
     rows = [lat.key(i) for i in range(len(lat))]
     cols = {k: list(v) for k, v in res.items()}
-    score = lambda i: cols["objective"][i] if cols["total_bytes"][i] <= usable else -np.inf  # noqa
+    ok = lambda i: cols["total_bytes"][i] <= usable and np.isfinite(cols["objective"][i])  # noqa
+    score = lambda i: cols["objective"][i] if ok(i) else -np.inf  # noqa
 
-    fits = [i for i in range(len(rows)) if cols["total_bytes"][i] <= usable]
+    fits = [i for i in range(len(rows)) if ok(i)]
     if not fits:   # start from the least memory: walk towards feasibility
         current = sorted(range(len(rows)), key=lambda i: cols["total_bytes"][i])[:seeds]
     else:
@@ -365,7 +367,7 @@ def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int 
             rows.append(r)
             for k in cols:
                 cols[k].append(nr[k][j])
-        fits = [i for i in range(len(rows)) if cols["total_bytes"][i] <= usable]
+        fits = [i for i in range(len(rows)) if ok(i)]
         pool = fits or list(range(len(rows)))
         key = score if fits else (lambda i: -cols["total_bytes"][i])
         nxt = sorted(pool, key=key, reverse=True)[:seeds]
