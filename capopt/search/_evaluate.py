@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._jaxcache import compile_options
 from ..cost._inputs import Knobs
 from ..cost.estimate import estimate_numbers
 from ._space import Lattice
 
 SECONDS_PER_HOUR = 3600.0
-CHUNKS = (64, 1024, 16384)     # padded batch sizes: a handful of compilations, ever
+CHUNKS = (512, 16384)     # padded batch sizes: two compilations, ever
 
 
 def objective_value(est, n, mode_cost):
@@ -27,14 +26,22 @@ def objective_value(est, n, mode_cost):
     return jnp.where(mode_cost > 0.5, per_dollar, tps)
 
 
-@functools.partial(jax.jit, static_argnums=())
-def _eval_batch(k: Knobs, n: dict, mode_cost):
+def _eval_batch_impl(k: Knobs, n: dict, mode_cost):
     def one(kk):
         e = estimate_numbers(kk, n)
         return {"total_bytes": e.memory["total_bytes"], "objective": objective_value(
             e, n, mode_cost), "tokens_per_s": e.throughput["tokens_per_s"],
             "step_s": e.time["step_s"]}
     return jax.vmap(one)(k)
+
+
+_JITTED: list = []
+
+
+def _eval_batch(k: Knobs, n: dict, mode_cost):
+    if not _JITTED:     # built on first use: the backend decides the compiler options
+        _JITTED.append(jax.jit(_eval_batch_impl, compiler_options=compile_options()))
+    return _JITTED[0](k, n, mode_cost)
 
 
 def _pad_rows(idx: np.ndarray) -> tuple[np.ndarray, int]:

@@ -144,25 +144,48 @@ class Space:
     def seq_parallel(self, tp: int) -> list[bool]:
         return [s for s in self.sps if not (s and tp == 1)]
 
+    def choices(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
+                offloads=None, flashes=None) -> list[list]:
+        """Allowed values of the inner knobs for one (dp, tp, pp), in `COLUMNS` order less
+        grad_accum / dp / tp / pp, each restricted to the given subset (None: all)."""
+        dp, tp, pp = fact
+        pick = lambda allowed, want: [v for v in allowed if want is None or v in want]  # noqa
+        return [pick(self.micro_batches(dp), mbs), pick(self.expert_degrees(dp), eps),
+                pick(self.zero_stages(dp, pp), zeros),
+                [int(v) for v in pick(self.seq_parallel(tp), sps)],
+                pick(range(len(self.remat_table)), remats),
+                [int(v) for v in pick(self.offloads, offloads)],
+                [int(v) for v in pick(self.flashes, flashes)]]
+
+    def block(self, fact, *subsets, **named) -> np.ndarray:
+        """Rows for one (dp, tp, pp) as an int array (rows x `COLUMNS`): every combination
+        of the allowed inner values. The one enumeration `rows_for` and `build_lattice`
+        share."""
+        dp, tp, pp = fact
+        ch = self.choices(fact, *subsets, **named)
+        if not all(ch):
+            return np.zeros((0, len(COLUMNS)), np.int64)
+        grid = np.array(np.meshgrid(*ch, indexing="ij")).reshape(len(ch), -1)
+        k = grid.shape[1]
+        per = self.batch // dp
+        full = lambda v: np.full(k, v)  # noqa: E731
+        return np.stack([grid[0], per // grid[0], full(dp), full(tp), full(pp), grid[1],
+                         grid[2], grid[3], grid[4], grid[5], grid[6]], 1).astype(np.int64)
+
     def rows_for(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
                  offloads=None, flashes=None) -> list[tuple]:
         """Real rows for one (dp, tp, pp), restricted to the given subsets of values."""
-        dp, tp, pp = fact
-        per = self.batch // dp if self.batch % dp == 0 else 0
-        pick = lambda allowed, want: [v for v in allowed if want is None or v in want]  # noqa
-        out = []
-        for mb in pick(self.micro_batches(dp), mbs):
-            for ep in pick(self.expert_degrees(dp), eps):
-                for z in pick(self.zero_stages(dp, pp), zeros):
-                    for s in pick(self.seq_parallel(tp), sps):
-                        for r in pick(range(len(self.remat_table)), remats):
-                            for o in pick(self.offloads, offloads):
-                                for f in pick(self.flashes, flashes):
-                                    out.append((mb, per // mb, dp, tp, pp, ep, z, int(s), r,
-                                                int(o), int(f)))
-        return out
+        if self.batch % fact[0]:
+            return []
+        arr = self.block(fact, mbs, eps, zeros, sps, remats, offloads, flashes)
+        return [tuple(int(v) for v in r) for r in arr]
 
-    def lattice(self, rows: list[tuple]) -> "Lattice":
+    def size(self) -> int:
+        """How many real configs the scenario allows (without building them)."""
+        return sum(math.prod(len(c) for c in self.choices(f)) for f in self.facts
+                   if self.batch % f[0] == 0)
+
+    def lattice(self, rows: list[tuple] | np.ndarray) -> "Lattice":
         arr = np.asarray(rows, np.int64).reshape(-1, len(COLUMNS))
         return Lattice({c: arr[:, i] for i, c in enumerate(COLUMNS)}, self.remat_table)
 
@@ -170,23 +193,6 @@ class Space:
 def build_lattice(sc: Scenario) -> Lattice:
     """All real configs of a scenario as columns (vectorised over the inner knobs)."""
     sp = Space(sc)
-    remat_codes = list(range(len(sp.remat_table)))
-    blocks = []
-    for dp, tp, pp in sp.facts:
-        mbs, eps = sp.micro_batches(dp), sp.expert_degrees(dp)
-        zeros, sps = sp.zero_stages(dp, pp), sp.seq_parallel(tp)
-        if not (mbs and eps and zeros and sps):
-            continue
-        grid = np.array(np.meshgrid(mbs, eps, zeros, sps, remat_codes, sp.offloads, sp.flashes,
-                                    indexing="ij")).reshape(7, -1)
-        k = grid.shape[1]
-        blocks.append({
-            "micro_batch": grid[0], "grad_accum": (sp.batch // dp) // grid[0],
-            "dp": np.full(k, dp), "tp": np.full(k, tp), "pp": np.full(k, pp), "ep": grid[1],
-            "zero_stage": grid[2], "sequence_parallel": grid[3], "remat": grid[4],
-            "offload_optimizer": grid[5], "flash_attention": grid[6]})
-    if not blocks:
-        cols = {c: np.zeros(0, np.int64) for c in COLUMNS}
-    else:
-        cols = {c: np.concatenate([b[c] for b in blocks]).astype(np.int64) for c in COLUMNS}
-    return Lattice(cols, sp.remat_table)
+    blocks = [sp.block(f) for f in sp.facts if sp.batch % f[0] == 0]
+    arr = (np.concatenate(blocks) if blocks else np.zeros((0, len(COLUMNS)), np.int64))
+    return sp.lattice(arr)

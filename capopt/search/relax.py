@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from .._jaxcache import compile_options
 from .._specs import Scenario
 from ..cost._inputs import DTYPE, Knobs
 from ..cost.estimate import estimate_numbers
@@ -146,7 +147,8 @@ def make_solver(optimizer: optax.GradientTransformation | None = None, steps: in
         return SolveResult(x, _loss(x, n, b, mu1), over, objective_value(est, n, b.mode_cost),
                            mult)
 
-    return jax.jit(jax.vmap(solve_one, in_axes=(0, None, None)))
+    return jax.jit(jax.vmap(solve_one, in_axes=(0, None, None)),
+                   compiler_options=compile_options())
 
 
 def initial_points(starts: int, seed: int) -> jax.Array:
