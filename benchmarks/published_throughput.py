@@ -13,8 +13,10 @@ constants (none of them fitted to these papers' measurements):
    22B, 175B, 530B and 1T models; the ratio of the two is compared. Target: within 10%.
 
 Each run's scenario is ``scenarios/paper-*.toml``. What a scenario cannot say (model chunks per
-device of the interleaved schedule; which overlaps the software of the time had) is set per row
-below from the papers and the Megatron-LM scripts they ran, and printed with the row.
+device of the interleaved schedule; which overlaps the software of the time had; how fast the
+2021 DeepSpeed ZeRO-3 fetched weights) is set per row below from the papers, the Megatron-LM
+scripts they ran and independent measurements of the DeepSpeed release of the time, and printed
+with the row.
 
 Usage: ``python benchmarks/published_throughput.py`` prints the table and writes
 ``benchmarks/results/published_throughput.json``.
@@ -44,6 +46,19 @@ MEGATRON_2021 = {"overlap_dp": 0.0, "overlap_tp_bwd": 0.0}
 WHY_2021 = ("DDP=local: gradient all-reduce after the backward pass; backward tensor-parallel "
             "all-reduce not overlapped (Megatron-LM 2021)")
 
+# DeepSpeed ZeRO-3 as Narayanan et al. ran it (spring 2021, DeepSpeed 0.3.x on PyTorch 1.8). Its
+# fetch path was far slower than the links, measured independently of Table 2: a 5.1B-parameter
+# BERT (10.2 GB of fp16 weights, each gathered once in the forward) took 480 ms per forward under
+# ZeRO-3 against 60 ms under ZeRO-2 on 8x A100 with NVLink (DeepSpeed issue #1174, 0.3.16). Every
+# parameter all-gather began with torch.cuda.synchronize() and staged its shards through host-side
+# copies (DeepSpeed PR #1188, June 2021, which removed both), so gathers ran one after another; the
+# prefetch of the next module still overlapped the current module's compute. Read through this
+# model with the profile's overlap_zero = 0.5: 480 ms = 60 + F - 0.5 x 60 gives F = 450 ms for
+# 10.2 GB, 0.044 s/GB (about 23 GB/s per GPU, a tenth of what NCCL reaches on those links).
+DEEPSPEED_2021 = {"zero3_fetch_s_per_gb": 0.450 / 10.2}
+WHY_DS_2021 = ("DeepSpeed 0.3.x ZeRO-3 fetch path 0.044 s/GB (issue #1174: 10.2 GB of weights, "
+               "forward 480 ms vs 60 ms without ZeRO-3; sync + host staging per gather, PR #1188)")
+
 
 @dataclass(frozen=True)
 class Row:
@@ -69,8 +84,8 @@ def _narayanan_rows() -> list[Row]:
                        ("530b", ((640, 138), (1120, 98), (2240, 48)))):
         for count, tflops in runs:
             rows.append(Row(f"{size.upper()} ZeRO-3 {count} GPUs",
-                            f"paper-narayanan-{size}-zero3-{count}", tflops, {},
-                            "DeepSpeed ZeRO-3: the pytorch profile as is"))
+                            f"paper-narayanan-{size}-zero3-{count}", tflops,
+                            dict(DEEPSPEED_2021), WHY_DS_2021))
     return rows
 
 

@@ -338,6 +338,66 @@ def test_zero3_gathers_weights_every_micro_batch():
     assert z3a["comm_zero_s"] + z3a["comm_hidden_s"] > z3b["comm_zero_s"] + z3b["comm_hidden_s"]
 
 
+def _zero3_scenario(ga, *, runtime="pytorch", **coeffs):
+    """One node of 8, ZeRO-3 over all of them, the latency terms switched off."""
+    sc = make_scenario(count=8, global_batch=8 * ga, runtime=runtime)
+    zero_lat = dict(alpha_base_s=0.0, alpha_intra_s=0.0, alpha_inter_s=0.0)
+    return sc.replace(runtime=sc.runtime.with_coeffs(**zero_lat, **coeffs))
+
+
+def _zero3_total(t):
+    # only ZeRO-3 communicates at tp = pp = 1: exposed + hidden is all of it
+    return t["comm_zero_s"] + t["comm_hidden_s"]
+
+
+def test_zero3_traffic_is_per_micro_batch_so_it_grows_with_grad_accum():
+    # fixed micro-batch: every extra micro-batch gathers the weights and reduce-scatters the
+    # gradients again, so the ZeRO-3 traffic of a step is exactly m times that of one
+    times = {ga: est(Config(micro_batch=1, grad_accum=ga, dp=8, zero_stage=3),
+                     _zero3_scenario(ga))["time"] for ga in (1, 2, 4)}
+    for ga in (2, 4):
+        assert _zero3_total(times[ga]) == pytest.approx(ga * _zero3_total(times[1]), rel=F32)
+    assert times[1]["comm_zero_s"] < times[2]["comm_zero_s"] < times[4]["comm_zero_s"]
+    assert all(t["comm_dp_s"] == 0.0 for t in times.values())
+
+
+@pytest.mark.parametrize("remat, gathers", [("none", 2), ("full", 3)])
+def test_zero3_bytes_match_the_closed_form(remat, gathers):
+    # 8 ranks in one node, no latency, nothing hidden: per micro-batch every parameter is
+    # gathered `gathers` times (forward, backward, recomputed forward) and its gradient
+    # reduce-scattered once, each moving S (N-1)/N bytes over NVLink (bf16: 2 bytes each)
+    sc = _zero3_scenario(1, overlap_zero=0.0)
+    t = est(Config(micro_batch=1, grad_accum=1, dp=8, zero_stage=3, remat=remat), sc)["time"]
+    n = numbers_pytree(sc)
+    P = sc.model.num_params()
+    bw = float(n["intra_bw"] * n["rt_nvlink_eff"])
+    expected = (gathers + 1) * 2.0 * P * 7 / 8 / bw
+    assert t["comm_hidden_s"] == 0.0
+    assert t["comm_zero_s"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_a_slow_zero3_fetch_path_caps_the_gathers():
+    cfg = Config(micro_batch=1, grad_accum=2, dp=8, zero_stage=3, remat="none")
+    base = est(cfg, _zero3_scenario(2, overlap_zero=0.0))["time"]
+    slow_sc = _zero3_scenario(2, overlap_zero=0.0, zero3_fetch_s_per_gb=1.0)
+    slow = est(cfg, slow_sc)["time"]
+    P = slow_sc.model.num_params()
+    # 1 s per GB a rank receives: two gathers per micro-batch (no recomputation), two
+    # micro-batches, 7/8 of the weights from the other ranks; the reduce-scatter is unchanged
+    n = numbers_pytree(slow_sc)
+    bw = float(n["intra_bw"] * n["rt_nvlink_eff"])
+    scatter = 2 * 2.0 * P * 7 / 8 / bw
+    fetch = 2 * 2 * 2.0 * P / 1e9 * 7 / 8
+    assert slow["comm_zero_s"] == pytest.approx(fetch + scatter, rel=1e-4)
+    assert base["comm_zero_s"] < slow["comm_zero_s"]
+    # other ZeRO stages and a group of one never touch the fetch path
+    for cfg in (Config(micro_batch=1, grad_accum=2, dp=8, zero_stage=1),
+                Config(micro_batch=2, grad_accum=8, dp=1, tp=8, zero_stage=3)):
+        a = est(cfg, _zero3_scenario(2))["time"]["step_s"]
+        b = est(cfg, _zero3_scenario(2, zero3_fetch_s_per_gb=1.0))["time"]["step_s"]
+        assert a == b
+
+
 def test_moe_all_to_all_only_with_expert_parallelism():
     m = llama_like(layers=2, hidden=256, heads=8, kv=2, num_local_experts=8,
                    num_experts_per_tok=2)
