@@ -261,19 +261,98 @@ class ModelSpec:
         inactive = (self.num_local_experts - self.num_experts_per_tok) * self.expert_params()
         return self.num_params() - self.num_hidden_layers * inactive
 
-    def matrix_shapes(self) -> list[tuple[int, int, int]]:
-        """(rows, cols, count) for every weight matrix; used for factored optimizer state."""
-        h, f, hd = self.hidden_size, self.intermediate_size, self.head_size
-        L = self.num_hidden_layers
+    def param_shapes(self) -> list[tuple[tuple[int, ...], int]]:
+        """(shape, count) of every parameter tensor, as the validation models build them
+        (``capopt.validation.models``: kernels (in, out), MoE experts stacked on a leading
+        axis); the element counts sum to `num_params`. Per-tensor optimizer state (Adafactor's
+        factored moments, 8-bit Adam's blocks) is counted from these."""
+        h, f, hd, L = self.hidden_size, self.intermediate_size, self.head_size, \
+            self.num_hidden_layers
+        out: list[tuple[tuple[int, ...], int]] = []
+
+        def add(shape, count=1):
+            if count and all(d > 0 for d in shape):
+                out.append((tuple(shape), count))
+
+        def norm(count):
+            add((h,), count * (2 if self.norm_type == "layernorm" else 1))
+
         if self.family == "mlp":
-            return [(h, h, L)]
+            add((h, h), L)
+            add((h,), L)
+            return out
+        # embeddings
+        if self.family == "vit":
+            add((self.num_channels * self.patch_size ** 2, h))
+            add((h,))                                   # patch bias
+            add((h,))                                   # class token
+            add((self.num_patches + 1, h))              # positions
+        else:
+            add((self.vocab_size, h))
+            if self.position_embedding == "learned":
+                add((self.max_position_embeddings, h))
+            if self.type_vocab_size:
+                add((self.type_vocab_size, h))
+            if self.embedding_norm:
+                norm(1)
+        # blocks
         q, kv = self.num_attention_heads * hd, self.kv_heads * hd
-        mats = [(h, q, L), (h, kv, 2 * L), (q, h, L)]
-        per = 2 if self.mlp_type == "gated" else 1
-        mats += [(h, f, per * L * self.num_local_experts), (f, h, L * self.num_local_experts)]
+        norm(self.norms_per_layer * L)
+        add((h, q), L)
+        add((h, kv), 2 * L)
+        add((q, h), L)
+        if self.attention_bias:
+            add((q,), L)
+            add((kv,), 2 * L)
+        if self.attention_out_bias:
+            add((h,), L)
+        gated = self.mlp_type == "gated"
         if self.is_moe:
-            mats.append((h, self.num_local_experts, L))
-        if self.vocab_size:
-            heads = 1 if (self.tie_word_embeddings or self.family != "decoder") else 2
-            mats.append((self.vocab_size, h, heads))
+            E = self.num_local_experts
+            add((h, E), L)
+            if self.router_bias:
+                add((E,), L)
+            add((E, h, f), (2 if gated else 1) * L)
+            add((E, f, h), L)
+            if self.mlp_bias:
+                add((E, f), (2 if gated else 1) * L)
+                add((E, h), L)
+        else:
+            add((h, f), (2 if gated else 1) * L)
+            add((f, h), L)
+            if self.mlp_bias:
+                add((f,), (2 if gated else 1) * L)
+                add((h,), L)
+        # heads
+        if self.family in ("decoder", "vit"):
+            norm(1)
+        if self.family == "decoder":
+            if not self.tie_word_embeddings:
+                add((h, self.vocab_size))
+            if self.lm_head_bias:
+                add((self.vocab_size,))
+        if self.pooler:
+            add((h, h))
+            add((h,))
+        if self.mlm_head:
+            add((h, h))
+            add((h,))
+            norm(1)
+            if not self.tie_word_embeddings:
+                add((h, self.vocab_size))
+            add((self.vocab_size,))
+        if self.num_labels:
+            add((h, self.num_labels))
+            add((self.num_labels,))
+        return out
+
+    def matrix_shapes(self) -> list[tuple[int, int, int]]:
+        """(rows, cols, count) for every 2-D weight tensor (embeddings, positions, patch,
+        pooler and classifier matrices included); MoE experts count once per expert."""
+        mats = []
+        for shape, count in self.param_shapes():
+            if len(shape) == 2:
+                mats.append((shape[0], shape[1], count))
+            elif len(shape) == 3:
+                mats.append((shape[1], shape[2], count * shape[0]))
         return mats

@@ -15,6 +15,43 @@ from pathlib import Path
 
 from ._errors import CapoptError
 
+# --------------------------------------------------------------------------------------------
+# Optimizer-state and quantised-weight layouts: the cost model (`capopt.cost`) counts these
+# bytes and the validation step (`capopt.validation`) allocates them, from the constants below.
+# --------------------------------------------------------------------------------------------
+ADAM8BIT_BLOCK = 2048          # weights per float32 absmax in blockwise 8-bit Adam (bitsandbytes)
+ADAM8BIT_MIN_SIZE = 4096       # smaller tensors keep float32 moments (bitsandbytes min_8bit_size)
+ADAM8BIT_ABSMAX_BYTES = 4      # one float32 absmax per block
+ADAFACTOR_MIN_DIM = 128        # optax.adafactor's min_dim_size_to_factor (its default)
+INT8_SCALE_BYTES = 4           # 8-bit frozen base: one float32 scale per output column
+
+
+def adam8bit_moment_bytes(size: int) -> int:
+    """Bytes of one 8-bit Adam moment of a tensor with ``size`` elements: int8/uint8 codes
+    padded to whole blocks plus a float32 absmax per block, or float32 below the threshold."""
+    if size < ADAM8BIT_MIN_SIZE:
+        return 4 * size
+    blocks = -(-size // ADAM8BIT_BLOCK)
+    return blocks * (ADAM8BIT_BLOCK + ADAM8BIT_ABSMAX_BYTES)
+
+
+def adafactor_state_elems(shape: tuple[int, ...]) -> int:
+    """Elements optax.adafactor keeps for one parameter (``scale_by_factored_rms``): a tensor
+    whose second-largest dimension is >= ``ADAFACTOR_MIN_DIM`` keeps a row and a column
+    accumulator (the shape without its largest, and without its second-largest, dimension)
+    plus a 1-element placeholder for the full moment; any other tensor a full second moment
+    plus two 1-element placeholders (row and column). The shared step counter is not counted."""
+    size = 1
+    for d in shape:
+        size *= d
+    if len(shape) >= 2:
+        order = sorted(range(len(shape)), key=lambda i: shape[i])
+        d1, d0 = order[-2], order[-1]
+        if shape[d1] >= ADAFACTOR_MIN_DIM:
+            return size // shape[d0] + size // shape[d1] + 1
+    return size + 2
+
+
 # Bytes per element of: working weights, gradients, fp32 master copy, saved activations,
 # transient low-precision weight copy, optimizer-state elements; and the dtype matmuls run in.
 PRECISION_FIELDS = ("param_bytes", "grad_bytes", "master_bytes", "act_bytes",

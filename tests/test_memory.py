@@ -167,6 +167,8 @@ def test_terms_add_up_and_are_nonnegative():
 def test_fused_update_keeps_few_gradients_live_unless_clipped_or_accumulated():
     sc = make_scenario(llama_like(layers=8), runtime="xla-gpu", count=1, global_batch=4,
                        grad_clip=False)
+    # gradients' own liveness, before buffer reuse against activations (tested below)
+    sc = sc.replace(runtime=sc.runtime.with_coeffs(buffer_reuse=0.0))
     g = lambda s, c: float(estimate(c, s).memory["grads_bytes"])  # noqa: E731
     fused = g(sc, Config(micro_batch=4))
     clipped = g(sc.replace(workload=sc.workload.__class__(
@@ -174,6 +176,25 @@ def test_fused_update_keeps_few_gradients_live_unless_clipped_or_accumulated():
     accum = g(sc, Config(micro_batch=2, grad_accum=2))
     assert clipped == accum
     assert fused < clipped / 4   # at most one block of eight (plus edges) is live
+
+
+def test_buffer_reuse_takes_the_larger_of_late_gradients_and_activations():
+    """XLA's static assignment: gradients that are all live at the end of the backward pass
+    reuse the activations' memory (peak = the larger); an accumulator is live throughout."""
+    base = make_scenario(llama_like(layers=8), runtime="xla-gpu", count=1, global_batch=4)
+    add = base.replace(runtime=base.runtime.with_coeffs(buffer_reuse=0.0))
+    for cfg in (Config(micro_batch=4), Config(micro_batch=4, remat="full"),
+                Config(micro_batch=2, grad_accum=2)):
+        a, r = estimate(cfg, add).memory, estimate(cfg, base).memory
+        acts = float(a["activations_bytes"]) + float(a["logits_bytes"])
+        late = float(a["grads_bytes"])                # clipped: every gradient
+        accum = late if cfg.grad_accum > 1 else 0.0
+        # the rebuilt block and the logits also share memory: logits_at_peak <= logits
+        r_acts = float(r["activations_bytes"]) + float(r["logits_bytes"])
+        assert float(r["logits_bytes"]) <= float(a["logits_bytes"]) * (1 + F32_RTOL)
+        assert float(r["grads_bytes"]) == pytest.approx(
+            accum + late - min(r_acts, late), rel=F32_RTOL, abs=1.0)
+        assert r_acts <= acts * (1 + F32_RTOL)
 
 
 def test_offload_moves_optimizer_state_to_host():
@@ -272,3 +293,40 @@ def test_gradient_of_total_is_finite_and_checked():
         assert bool(jnp.all(jnp.isfinite(g)))
         # float32: finite differences with eps 1e-2 agree to ~1e-2 relative.
         check_grads(f, (x,), order=1, modes=["rev"], eps=1e-2, atol=5e-2, rtol=5e-2)
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor-parallel replication (KV heads, vocabulary): exact at integers, continuous between
+# --------------------------------------------------------------------------------------------
+def test_indivisible_is_exact_at_integers_and_continuous():
+    from capopt.cost.memory import indivisible
+    for count in (50257, 30522, 32000, 128):
+        for d in range(1, 17):
+            assert float(indivisible(float(count), float(d))) == float(count % d != 0)
+    # linear between neighbours: halfway from 4 (divides 32000) to 5 (divides) to 6 (does not)
+    assert float(indivisible(32000.0, 5.5)) == pytest.approx(0.5)
+    g = jax.grad(lambda t: indivisible(32000.0, t))(5.5)
+    assert float(g) == pytest.approx(1.0)
+
+
+def test_kv_heads_and_vocabulary_replicate_when_tp_does_not_divide_them():
+    model = llama_like(kv=2, vocab=1000)            # 1000 = 8 * 125: tp 8 divides it, 16 not
+    sc = make_scenario(model, count=8, global_batch=8)
+    n = scenario_numbers(sc)
+    p = {t: float(estimate(Config(micro_batch=1, dp=8 // t, tp=t), sc).memory["params_bytes"])
+         for t in (2, 4, 8)}
+    per_elem = n["param_bytes"]
+    # tp 2 splits everything tensor-parallel; at tp 4 > kv 2, k and v stay whole (3/4 extra)
+    def split_only(t):
+        return (n["L"] * (n["P_layer_tp"] / t + n["P_layer_rep"]) + n["P_embed_tp"] / t
+                + n["P_embed_rep"] + n["P_head_rep"] + n["P_head_tp"] / t) * per_elem
+    assert p[2] == pytest.approx(split_only(2), rel=F32_RTOL)
+    extra_kv = n["L"] * n["P_layer_kv"] * (1 - 1 / 4) * per_elem
+    assert p[4] == pytest.approx(split_only(4) + extra_kv, rel=F32_RTOL)
+    odd = make_scenario(llama_like(kv=2, vocab=1001), count=8, global_batch=8)
+    no = scenario_numbers(odd)
+    q = float(estimate(Config(micro_batch=1, dp=4, tp=2), odd).memory["params_bytes"])
+    # 1001 is odd: the (untied) embedding and head stay whole at tp 2
+    whole = (no["L"] * (no["P_layer_tp"] / 2 + no["P_layer_rep"]) + no["P_embed_tp"]
+             + no["P_embed_rep"] + no["P_head_rep"] + no["P_head_tp"]) * no["param_bytes"]
+    assert q == pytest.approx(whole, rel=F32_RTOL)

@@ -148,6 +148,96 @@ def test_unsupported_configs_say_what_is_missing():
         build_step(sc, Config(micro_batch=8, offload_optimizer=True), jax.devices())
 
 
+# ---- 3b. layouts the cost model must describe (abstract steps on 8 virtual devices) ----------
+# Each case pins one layout rule: the step is built abstractly (nothing compiled), its
+# per-device parameter and optimizer bytes read from the shard shapes, and compared with the
+# cost model at STATE_RTOL. One subprocess (8 virtual CPU devices) computes every case.
+_LAYOUT_SCRIPT = r"""
+import json, sys
+import jax
+from capopt._cards import load_card
+from capopt._specs import Config, LoRA
+from capopt.validation.predict import predicted_terms
+from capopt.validation.step import build_step
+sys.path.insert(0, sys.argv[1])
+from conftest import make_scenario
+import test_validation as tv
+cases = {
+    # kv heads (2) < tp (4): k/v projections stay whole on every device
+    "kv-replicated": ("tiny-llama", 8, {}, Config(micro_batch=4, dp=2, tp=4)),
+    # row-parallel output biases (attention out, MLP down) replicated, learned positions too
+    "row-bias-gpt": ("tiny-gpt", 8, {}, Config(micro_batch=2, dp=4, tp=2)),
+    "row-bias-vit": ("vit", 4, {}, Config(micro_batch=4, dp=2, tp=2)),
+    # a vocabulary tp does not divide (131 rows): embedding and head replicated
+    "vocab-replicated": ("odd-vocab", 8, {}, Config(micro_batch=2, dp=4, tp=2)),
+    # MoE + expert parallelism + ZeRO: experts split over dp / ep, the rest over dp
+    "moe-ep-zero1": ("moe", 4, {}, Config(micro_batch=2, dp=4, ep=2, zero_stage=1)),
+    "moe-ep-zero3": ("moe", 4, {}, Config(micro_batch=2, dp=4, ep=2, zero_stage=3)),
+    # per-tensor optimizer layouts
+    "adafactor": ("tiny-llama", 1, {"optimizer": "adafactor"}, Config(micro_batch=8)),
+    "adafactor-big": ("wide", 1, {"optimizer": "adafactor"}, Config(micro_batch=1)),
+    "adamw-8bit": ("tiny-llama", 1, {"optimizer": "adamw-8bit"}, Config(micro_batch=8)),
+    "adamw-8bit-big": ("wide", 1, {"optimizer": "adamw-8bit"}, Config(micro_batch=1)),
+    # 8-bit frozen base: int8 codes + a float32 scale per output column
+    "lora-8bit": ("tiny-llama", 1, {"lora": LoRA(rank=8, base_bits=8)}, Config(micro_batch=8)),
+}
+specs = {"vit": tv.TINY_VIT, "moe": tv.TINY_MOE.replace(num_key_value_heads=2),
+         "odd-vocab": load_card("tiny-gpt").replace(vocab_size=131),
+         "wide": load_card("tiny-llama").replace(hidden_size=256, intermediate_size=512,
+                                                 num_attention_heads=4, num_key_value_heads=2)}
+out = {}
+for name, (card, count, training, cfg) in cases.items():
+    spec = specs.get(card) or load_card(card)
+    seq = spec.native_seq_len or 32
+    sc = make_scenario(spec, runtime="xla-cpu", count=count, seq_len=seq,
+                       global_batch=cfg.micro_batch * cfg.dp, **training)
+    step = build_step(sc, cfg, jax.devices()[:count])
+    pred = predicted_terms(cfg, sc)
+    out[name] = ({k: pred[k] for k in ("params_bytes", "optimizer_bytes")},
+                 {"params_bytes": step.params_bytes, "optimizer_bytes": step.optimizer_bytes})
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def layout_cases():
+    import os
+    import subprocess
+    import sys
+    tests = Path(__file__).parent
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env["PYTHONPATH"] = os.pathsep.join([str(tests), str(tests.parent),
+                                         env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", _LAYOUT_SCRIPT, str(tests)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", [
+    "kv-replicated", "row-bias-gpt", "row-bias-vit", "vocab-replicated", "moe-ep-zero1",
+    "moe-ep-zero3", "adafactor", "adafactor-big", "adamw-8bit", "adamw-8bit-big", "lora-8bit"])
+def test_cost_model_describes_the_validation_layout(layout_cases, case):
+    pred, meas = layout_cases[case]
+    assert_state_matches((pred, meas))
+
+
+def test_replicated_parts_cost_what_they_hold(layout_cases):
+    """The cases above are not vacuous: each replicated or per-tensor part is a visible share
+    of the state (far above STATE_RTOL), so a model without it would fail."""
+    from capopt._runtime import ADAM8BIT_BLOCK, adam8bit_moment_bytes
+    kv = layout_cases["kv-replicated"][1]["params_bytes"]
+    spec = load_card("tiny-llama")
+    # tp 4 with k/v split would hold a quarter of every matrix; replication adds 3/4 of k, v
+    split = spec.num_params() * 4 / 4
+    assert kv > 1.05 * split
+    # 8-bit moments: 1 byte per weight plus a 4-byte absmax per block, padded to blocks
+    assert adam8bit_moment_bytes(ADAM8BIT_BLOCK * 3) == 3 * (ADAM8BIT_BLOCK + 4)
+    assert adam8bit_moment_bytes(ADAM8BIT_BLOCK * 3 + 1) == 4 * (ADAM8BIT_BLOCK + 4)
+    assert adam8bit_moment_bytes(100) == 400                  # small tensors: float32
+
+
 # ---- 4. the runner: sharded configs in subprocesses, crashes, resume ---------------------------
 SHARDED = [Config(micro_batch=1, dp=8, zero_stage=3),
            Config(micro_batch=2, dp=4, tp=2, zero_stage=1, sequence_parallel=True)]

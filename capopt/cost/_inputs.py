@@ -10,12 +10,14 @@ real config and mixtures at a relaxed point.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._runtime import INT8_SCALE_BYTES, adafactor_state_elems, adam8bit_moment_bytes
 from .._specs import Config, Scenario
 
 DTYPE = jnp.float32
@@ -88,6 +90,35 @@ def _lora_params_per_layer(model, rank: int, targets) -> float:
     return float(n)
 
 
+def _lora_wrapped(model, targets) -> list[tuple[int, int, int, str]]:
+    """(in, out, count, role) of the matrices LoRA wraps in one block (role: col | row | kv)."""
+    h, f, hd = model.hidden_size, model.intermediate_size, model.head_size
+    q, kv = model.num_attention_heads * hd, model.kv_heads * hd
+    out = []
+    if "attn" in targets:
+        out += [(h, q, 1, "col"), (h, kv, 2, "kv"), (q, h, 1, "row")]
+    if "mlp" in targets:
+        E = model.num_local_experts
+        out += [(h, f, (2 if model.mlp_type == "gated" else 1) * E, "col"), (f, h, E, "row")]
+    return out
+
+
+def _lora_adapter_shapes(model, rank: int, targets) -> list[tuple[tuple[int, ...], int]]:
+    """(shape, count) of every LoRA adapter tensor in the model (A (in, r), B (r, out))."""
+    L = model.num_hidden_layers
+    shapes = []
+    for din, dout, cnt, _ in _lora_wrapped(model, targets):
+        shapes += [((din, rank), cnt * L), ((rank, dout), cnt * L)]
+    return shapes
+
+
+def _lora_base_out_columns(model, targets) -> tuple[float, float]:
+    """Output columns of one block's wrapped matrices: (tensor-split, replicated)."""
+    col = sum(dout * cnt for _, dout, cnt, role in _lora_wrapped(model, targets) if role != "row")
+    row = sum(dout * cnt for _, dout, cnt, role in _lora_wrapped(model, targets) if role == "row")
+    return float(col), float(row)
+
+
 def _lora_base_matrix_params_per_layer(model, targets) -> float:
     """Parameters of the matrices LoRA wraps (they can be quantised)."""
     n = 0
@@ -148,19 +179,43 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
              hidden_dropout=float(m.hidden_dropout > 0), attn_dropout=float(m.attention_dropout > 0))
     n["P_total"] = float(m.num_params())
     n["P_active"] = float(m.active_params())
-    # Parameter groups by how tensor parallelism shards them.
+    # Parameter groups by how tensor parallelism shards them (Megatron-LM layout, as
+    # `capopt.validation.sharding` places them):
+    #   P_layer_tp   column-parallel q/k/v/gate/up (kernels and biases) and row-parallel
+    #                o/down kernels: split by tp (the plain MLP stack: every layer);
+    #   P_layer_kv   the k/v part of P_layer_tp: replicated when tp does not divide the KV heads;
+    #   P_layer_rep  norms, router, and the row-parallel layers' output biases: replicated;
+    #   P_expert     one expert; P_expert_rep its down-projection bias (replicated over tp);
+    #   P_embed_tp / P_head_tp  vocabulary-parallel tables, logit biases and heads: split by
+    #                tp when tp divides the vocabulary, else replicated;
+    #   *_rep        positions, token types, patch projection, class token, pooler,
+    #                classifier, MLM transform and norms: replicated.
+    h_, hd_ = m.hidden_size, m.head_size
     norms = m.layer_norm_params() if m.family != "mlp" else 0
     expert = m.expert_params() if m.is_moe else 0
+    row_bias = 0
+    if m.family != "mlp":
+        row_bias = (h_ if m.attention_out_bias else 0) + (
+            h_ if (m.mlp_bias and not m.is_moe) else 0)
+    kv_part = 0
+    if m.family != "mlp":
+        kv_part = 2 * (h_ * m.kv_heads * hd_ + (m.kv_heads * hd_ if m.attention_bias else 0))
     n["P_layer_tp"] = float(m.layer_params() - norms - m.router_params()
-                            - m.num_local_experts * expert)
-    n["P_layer_rep"] = float(norms + m.router_params())
+                            - m.num_local_experts * expert - row_bias)
+    n["P_layer_kv"] = float(kv_part)
+    n["P_layer_rep"] = float(norms + m.router_params() + row_bias)
     n["P_expert"] = float(expert)
+    n["P_expert_rep"] = float(h_ if (m.is_moe and m.mlp_bias) else 0)
     word = m.vocab_size * m.hidden_size if m.family in ("decoder", "encoder") else 0
     n["P_embed_tp"] = float(word)
     n["P_embed_rep"] = float(m.embedding_params() - word)
     head = m.head_params()
-    head_tp = m.vocab_size * m.hidden_size if (
-        m.family == "decoder" and not m.tie_word_embeddings) else 0
+    V = m.vocab_size
+    head_tp = 0
+    if m.family == "decoder":
+        head_tp = (0 if m.tie_word_embeddings else V * h_) + (V if m.lm_head_bias else 0)
+    elif m.family == "encoder" and m.mlm_head:
+        head_tp = (0 if m.tie_word_embeddings else V * h_) + V
     n["P_head_tp"] = float(head_tp)
     n["P_head_rep"] = float(head - head_tp)
     n["tied"] = float(m.family == "decoder" and m.tie_word_embeddings)
@@ -180,15 +235,22 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     n["matmul_peak"] = float(hw.effective_peak(str(prec["matmul_dtype"])))
 
     # --- optimizer state bytes per trainable parameter ---
+    # Adafactor and 8-bit Adam keep per-tensor layouts (factored or full moments; 8-bit blocks
+    # or float32 below a size threshold): their bytes are counted tensor by tensor over the
+    # trainable tensors and spread evenly over the trainable parameters.
     opt = w.optimizer
+    lora = w.lora
+    trainable_shapes = (_lora_adapter_shapes(m, lora.rank, lora.targets) if lora is not None
+                        else m.param_shapes())
+    n_trainable = sum(math.prod(sh) * cnt for sh, cnt in trainable_shapes) or 1
     if opt == "adafactor":
-        shapes = m.matrix_shapes()
-        mat = sum(r * cc * k for r, cc, k in shapes)
-        factored = sum((r + cc) * k for r, cc, k in shapes)
-        other = max(m.num_params() - mat, 0)   # vectors keep a full second moment
-        n["opt_bytes"] = float(prec["state_bytes"]) * (factored + other) / m.num_params()
+        # optax keeps Adafactor's accumulators in the parameter dtype
+        elems = sum(adafactor_state_elems(sh) * cnt for sh, cnt in trainable_shapes)
+        n["opt_bytes"] = float(prec["param_bytes"]) * elems / n_trainable
     elif opt == "adamw-8bit":
-        n["opt_bytes"] = 2.0 * c["adam8bit_state_bytes"]
+        nbytes = sum(2 * adam8bit_moment_bytes(math.prod(sh)) * cnt
+                     for sh, cnt in trainable_shapes)
+        n["opt_bytes"] = nbytes / n_trainable
     else:
         n["opt_bytes"] = float(prec["state_bytes"]) * OPT_STATES[opt]
     n["opt_states"] = OPT_STATES.get(opt) or (2.0 if opt == "adamw-8bit" else 1.0)
@@ -199,12 +261,21 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
         n["lora"] = 1.0
         n["lora_layer"] = _lora_params_per_layer(m, w.lora.rank, w.lora.targets)
         n["lora_base_layer"] = _lora_base_matrix_params_per_layer(m, w.lora.targets)
+        n["lora_base_kv"] = float(2 * m.hidden_size * m.kv_heads * m.head_size
+                                  if "attn" in w.lora.targets else 0)
         n["base_bytes"] = {4: c["base_bytes_4bit"], 8: c["base_bytes_8bit"],
                            16: float(prec["act_bytes"])}[w.lora.base_bits]
+        # 8-bit bases: one float32 scale per output column of every wrapped matrix (split by
+        # tp on column-parallel layers, replicated on row-parallel ones).
+        col, row = _lora_base_out_columns(m, w.lora.targets)
+        eight = float(w.lora.base_bits == 8) * INT8_SCALE_BYTES
+        n["base_scale_tp_bytes"] = eight * col
+        n["base_scale_rep_bytes"] = eight * row
         n["frozen_bytes"] = float(prec["act_bytes"])
         n["lora_rank"] = float(w.lora.rank)
     else:
-        n.update(lora=0.0, lora_layer=0.0, lora_base_layer=0.0, base_bytes=0.0,
+        n.update(lora=0.0, lora_layer=0.0, lora_base_layer=0.0, lora_base_kv=0.0,
+                 base_bytes=0.0, base_scale_tp_bytes=0.0, base_scale_rep_bytes=0.0,
                  frozen_bytes=0.0, lora_rank=0.0)
 
     # --- workload, hardware, budget ---

@@ -27,6 +27,26 @@ def shard(fraction, degree):
     return 1.0 - fraction + fraction / degree
 
 
+def indivisible(count, degree):
+    """1 where the integer ``degree`` does not divide ``count``, else 0; linear between
+    neighbouring integers (exact at integer degrees, continuous in a relaxed one)."""
+    lo = jnp.maximum(jnp.floor(degree), 1.0)
+    t = jnp.clip(degree - lo, 0.0, 1.0)
+    one = lambda d: (jnp.mod(count, d) != 0).astype(jnp.result_type(float))  # noqa: E731
+    return (1.0 - t) * one(lo) + t * one(lo + 1.0)
+
+
+def tp_replication(k: Knobs, n):
+    """(KV projections, vocabulary tables) replicated over tensor parallelism: 1 or 0.
+
+    ``k``/``v`` stay whole on every device when ``tp`` exceeds the KV heads (a valid config has
+    tp | kv or kv | tp); vocabulary-parallel tables when ``tp`` does not divide the vocabulary.
+    """
+    kv_rep = step_at_least(k.tp, n["kv"] + 1.0)
+    vocab_rep = indivisible(n["V"], k.tp)
+    return kv_rep, vocab_rep
+
+
 # --------------------------------------------------------------------------------------------
 # Activations
 # --------------------------------------------------------------------------------------------
@@ -65,11 +85,25 @@ def layer_activation_terms(k: Knobs, n) -> dict:
 
 
 def layer_activation_bytes(k: Knobs, n, tokens):
-    """Bytes one block saves for ``tokens`` tokens under each policy: (none, selective, full)."""
+    """Bytes one block saves for ``tokens`` tokens under each policy: (none, selective, full).
+
+    Selective recomputation is a mixture by the profile's ``selective_saves_dots``: 0 is
+    Korthikanti et al.'s (keep everything but the attention core); 1 is JAX's
+    ``dots_with_no_batch_dims_saveable`` (keep only the projections' outputs, q k v o
+    gate/up down, and the block input; norms, activations and the attention core are rebuilt).
+    """
     t = layer_activation_terms(k, n)
     rep_div = shard(k.sp, k.tp)
     none = tokens * (t["replicated"] * rep_div + (t["sharded"] + t["scores"]) / k.tp)
-    selective = none - tokens * t["scores"] / k.tp
+    korthikanti = none - tokens * t["scores"] / k.tp
+    ab = n["act_bytes"]
+    moe_mult = jnp.where(n["E"] > 1, n["topk"] * n["rt_moe_capacity_factor"], 1.0)
+    up_mats = 1.0 + n["gated"]
+    dots = ab * ((n["a"] * n["hd"] + 2.0 * n["kv"] * n["hd"] + up_mats * n["f"] * moe_mult)
+                 / k.tp + 3.0 * n["h"] * rep_div)           # + o and down outputs, block input
+    dots = jnp.where(n["mlp"] > 0, ab * 2.0 * n["h"], dots)
+    c = n["rt_selective_saves_dots"]
+    selective = (1.0 - c) * korthikanti + c * tokens * dots * n["rt_act_scale"]
     full = tokens * t["layer_input"] * rep_div
     return none, selective, full
 
@@ -77,19 +111,29 @@ def layer_activation_bytes(k: Knobs, n, tokens):
 # --------------------------------------------------------------------------------------------
 # Parameters
 # --------------------------------------------------------------------------------------------
+def expert_layer_params(k: Knobs, n):
+    """Expert parameters of one block on one device (split over ep, and over tp except
+    the down-projection bias)."""
+    return n["E"] / k.ep * (n["P_expert"] / k.tp + n["P_expert_rep"] * (1.0 - 1.0 / k.tp))
+
+
 def stage_params(k: Knobs, n):
     """Parameters held by one device of the first and of the last pipeline stage.
 
-    Returns (layer_params, first_extra, last_extra): parameters of one block on this device,
-    and the embedding / head parameters on the first / last stage (both on one stage at pp=1;
-    a tied embedding is held twice when pp > 1, as Megatron-LM does).
+    Returns (layer_params, first_extra, last_extra, multi): parameters of one block on this
+    device, and the embedding / head parameters on the first / last stage (both on one stage
+    at pp=1; a tied embedding is held twice when pp > 1, as Megatron-LM does); ``multi`` is 1
+    when pp >= 2. Tensor-parallel groups as `capopt.cost._inputs.scenario_numbers` describes.
     """
+    kv_rep, vocab_rep = tp_replication(k, n)
     per_layer = (n["P_layer_tp"] / k.tp + n["P_layer_rep"]
-                 + n["E"] / k.ep * n["P_expert"] / k.tp)
-    first = n["P_embed_tp"] / k.tp + n["P_embed_rep"]
-    last = n["P_head_tp"] / k.tp + n["P_head_rep"]
+                 + kv_rep * n["P_layer_kv"] * (1.0 - 1.0 / k.tp)
+                 + expert_layer_params(k, n))
+    vocab_share = vocab_rep + (1.0 - vocab_rep) / k.tp
+    first = n["P_embed_tp"] * vocab_share + n["P_embed_rep"]
+    last = n["P_head_tp"] * vocab_share + n["P_head_rep"]
     multi = step_at_least(k.pp, 2.0)           # 1 when pp >= 2
-    last = last + multi * n["tied"] * n["P_embed_tp"] / k.tp
+    last = last + multi * n["tied"] * n["P_embed_tp"] * vocab_share
     return per_layer, first, last, multi
 
 
@@ -99,64 +143,104 @@ def stage_params(k: Knobs, n):
 def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, first_stage):
     """Memory of one device holding ``layers`` blocks plus ``extra_params``."""
     per_layer, _, _, _ = stage_params(k, n)
+    kv_rep, vocab_rep = tp_replication(k, n)
     z = k.zero
     f_opt, f_grad, f_param = z[1] + z[2] + z[3], z[2] + z[3], z[3]
     dp = k.dp
+    # ZeRO splits state over the data-parallel group; expert tensors, already split over ep,
+    # only over the expert-data-parallel group (dp / ep), as DeepSpeed-MoE does.
+    edp = jnp.maximum(dp / k.ep, 1.0)
 
     # --- parameters (LoRA: frozen base, quantised where wrapped) ---
     dense_params = layers * per_layer + extra_params
+    expert_params = layers * expert_layer_params(k, n)
+
+    def zshard(frac, total, expert):
+        """One device's share of ``total`` parameters (``expert`` of them in experts) when
+        ``frac`` of the state is ZeRO-sharded."""
+        return (total - expert) * shard(frac, dp) + expert * shard(frac, edp)
+
     lora = n["lora"]
     lora_tp = n["lora_layer"] / k.tp
-    base_wrapped = n["lora_base_layer"] / k.tp * layers
-    full_params_bytes = dense_params * n["param_bytes"]
-    lora_params_bytes = (base_wrapped * n["base_bytes"]
+    kv_base = n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
+    base_wrapped = (n["lora_base_layer"] / k.tp + kv_base) * layers
+    base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"]) * layers
+    full_params_bytes = zshard(f_param, dense_params, expert_params) * n["param_bytes"]
+    lora_params_bytes = (base_wrapped * n["base_bytes"] + base_scales
                          + (dense_params - base_wrapped) * n["frozen_bytes"]
-                         + layers * lora_tp * n["param_bytes"])
-    params_bytes = (lora * lora_params_bytes + (1 - lora) * full_params_bytes) * shard(f_param, dp)
+                         + layers * lora_tp * n["param_bytes"]) * shard(f_param, dp)
+    params_bytes = lora * lora_params_bytes + (1 - lora) * full_params_bytes
 
     trainable = lora * layers * lora_tp + (1 - lora) * dense_params
+    trainable_expert = (1 - lora) * expert_params
 
     # --- gradients: all live unless the update is fused into the backward pass ---
     need_all = jnp.maximum(n["grad_clip"], step_at_least(k.grad_accum, 2.0))
     fused_share = jnp.minimum(1.0, n["rt_grads_live_layers_fused"] / jnp.maximum(layers, 1e-6))
     fused = n["rt_grads_fused"]
     live = (1 - fused) + fused * (need_all + (1 - need_all) * fused_share)
-    grads_bytes = trainable * n["grad_bytes"] * shard(f_grad, dp) * live
+    grads_bytes = zshard(f_grad, trainable, trainable_expert) * n["grad_bytes"] * live
 
     # --- optimizer state (+ fp32 master weights), maybe offloaded to the host ---
     opt_per_param = n["master_bytes"] + n["opt_bytes"]
-    optimizer_bytes = trainable * opt_per_param * shard(f_opt, dp) * (1.0 - k.offload)
+    opt_device = zshard(f_opt, trainable, trainable_expert) * opt_per_param
+    optimizer_bytes = opt_device * (1.0 - k.offload)
 
     # --- activations ---
     tokens = k.micro_batch * n["s"]
     a_none, a_sel, a_full = layer_activation_bytes(k, n, tokens)
     w_none, w_sel, w_full = k.remat[0], k.remat[1], k.remat[2]
     stored = layers * (w_none * a_none + w_sel * a_sel + w_full * a_full) * in_flight
-    # A recomputed block is rebuilt whole during its backward pass.
-    rebuild = (jnp.minimum(1.0, w_full * layers) * a_none
-               + jnp.minimum(1.0, w_sel * layers) * (a_none - a_sel))
+    # A recomputed block is rebuilt during its backward pass; ``rebuild_fraction`` of what it
+    # would have saved is live at once (1: the whole block, as a caching allocator holds it).
+    rebuild = n["rt_rebuild_fraction"] * (jnp.minimum(1.0, w_full * layers) * a_none
+                                          + jnp.minimum(1.0, w_sel * layers) * (a_none - a_sel))
     rep_div = shard(k.sp, k.tp)
     terms = layer_activation_terms(k, n)
     edge = tokens * (terms["layer_input"] + n["hidden_dropout"] * n["h"]) * rep_div
     activations_bytes = stored + rebuild + edge * (in_flight if first_stage else 1.0)
 
+    # --- gradients at the peak ---
+    # XLA's static buffer assignment reuses memory across the step: gradients produced late in
+    # the backward pass take the place of activations already consumed. With
+    # ``buffer_reuse`` = o, the gradients that must all be live at the end of the
+    # backward pass (clipping, or a micro-batch's gradients before they are accumulated)
+    # overlap the activations and logits by o * min(both): o = 0 adds them (the plain sum),
+    # o = 1 takes the larger. Under gradient accumulation the accumulator itself (all
+    # gradients) is live across the whole step, on top of the micro-batch's (counted at o).
+    accum = step_at_least(k.grad_accum, 2.0)
+    grads_all = zshard(f_grad, trainable, trainable_expert) * n["grad_bytes"]
+    accum_bytes = n["rt_buffer_reuse"] * accum * grads_all
+    late_grads = grads_bytes
+
     # --- logits and loss buffers (last stage) ---
     per_elem = (n["rt_logits_act_copies"] * n["act_bytes"] + n["rt_logits_fp32_copies"] * 4.0)
-    logit_div = n["logit_tp"] * k.tp + (1 - n["logit_tp"])
+    logit_tp = n["logit_tp"] * (1.0 - vocab_rep)          # a replicated head: whole logits
+    logit_div = logit_tp * k.tp + (1 - logit_tp)
     logits_bytes = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * per_elem / logit_div
+    # The loss buffers are freed before the first recomputed block is rebuilt: with
+    # ``buffer_reuse`` = 1 they share memory (the larger counts; the rebuild is in
+    # activations_bytes, the logits' excess over it here).
+    logits_bytes = logits_bytes - n["rt_buffer_reuse"] * jnp.minimum(logits_bytes, rebuild)
+
+    overlap = n["rt_buffer_reuse"] * jnp.minimum(activations_bytes + logits_bytes,
+                                                      late_grads)
+    grads_bytes = accum_bytes + late_grads - overlap
 
     # --- communication buffers ---
     # ZeRO-3/FSDP: whole blocks gathered for compute (the layer in use plus prefetch); the
     # device's own 1/dp slice is already counted in params_bytes.
     in_use = jnp.minimum(n["rt_zero3_prefetch_layers"], layers)
-    gathered = f_param * in_use * per_layer * (1.0 - 1.0 / dp) * n["param_bytes"]
+    expert_layer = expert_layer_params(k, n)
+    gathered = f_param * in_use * ((per_layer - expert_layer) * (1.0 - 1.0 / dp)
+                                   + expert_layer * (1.0 - 1.0 / edp)) * n["param_bytes"]
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
     p2p = step_at_least(k.pp, 2.0) * 2.0 * tokens * n["h"] * n["act_bytes"] * rep_div
     comm_bytes = gathered + buckets + p2p
 
     # --- runtime overhead ---
-    weight_copy = (n["rt_weight_copy_fraction"] * dense_params * n["weight_copy_bytes"]
-                   * shard(f_param, dp) * (1 - lora))
+    weight_copy = (n["rt_weight_copy_fraction"] * n["weight_copy_bytes"]
+                   * zshard(f_param, dense_params, expert_params) * (1 - lora))
     dynamic = activations_bytes + logits_bytes + grads_bytes + comm_bytes
     overhead_bytes = (n["rt_context_bytes"] + n["rt_workspace_bytes"]
                       + n["rt_fragmentation"] * dynamic + weight_copy)
@@ -168,8 +252,10 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
         "optimizer_bytes": optimizer_bytes, "activations_bytes": activations_bytes,
         "logits_bytes": logits_bytes, "comm_bytes": comm_bytes,
         "overhead_bytes": overhead_bytes, "total_bytes": total,
-        "host_optimizer_bytes": trainable * opt_per_param * shard(f_opt, dp) * k.offload,
+        "host_optimizer_bytes": opt_device * k.offload,
         "trainable_params": trainable, "device_params": dense_params,
+        # the trainable state's bytes on this device (ZeRO-3 splits it, experts over dp / ep)
+        "trainable_bytes": zshard(f_param, trainable, trainable_expert) * n["param_bytes"],
     }
 
 

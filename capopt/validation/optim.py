@@ -5,7 +5,7 @@
 ``adam``           ``optax.adam``
 ``sgd``            ``optax.sgd`` (no state)
 ``sgd-momentum``   ``optax.sgd(momentum=0.9)``, trace in the state dtype
-``adafactor``      ``optax.adafactor`` with optax's defaults (factors matrices whose two
+``adafactor``      ``optax.adafactor`` with optax's defaults (factors tensors whose two
                    largest dimensions are >= 128; others keep a full second moment)
 ``lion``           ``optax.lion``, momentum in the state dtype
 ``adamw-8bit``     `adamw_8bit`: an approximation of bitsandbytes' blockwise 8-bit AdamW
@@ -24,9 +24,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from .._runtime import ADAFACTOR_MIN_DIM, ADAM8BIT_BLOCK, ADAM8BIT_MIN_SIZE
+
 LEARNING_RATE = 1e-4
-BLOCK = 2048              # weights per float32 absmax (the profile's adam8bit_state_bytes note)
-MIN_8BIT_SIZE = 4096      # bitsandbytes keeps 32-bit state for tensors smaller than this
+# The layout constants are shared with the cost model (capopt._runtime), which counts them.
+BLOCK = ADAM8BIT_BLOCK              # weights per float32 absmax
+MIN_8BIT_SIZE = ADAM8BIT_MIN_SIZE   # bitsandbytes keeps 32-bit state for smaller tensors
 
 
 class Quantized(NamedTuple):
@@ -125,7 +128,7 @@ def make_optimizer(name: str, *, state_dtype=jnp.float32, grad_clip: bool = True
     elif name == "sgd-momentum":
         tx = optax.sgd(lr, momentum=0.9, accumulator_dtype=state_dtype)
     elif name == "adafactor":
-        tx = optax.adafactor(lr)
+        tx = optax.adafactor(lr, min_dim_size_to_factor=ADAFACTOR_MIN_DIM)
     elif name == "lion":
         tx = optax.lion(lr, mu_dtype=state_dtype)
     elif name == "adamw-8bit":

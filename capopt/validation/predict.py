@@ -27,7 +27,8 @@ The cost model's per-device terms map onto them as follows (``Estimate.memory`` 
 ``step_s``           ``time.step_s``
 ===================  ============================================================================
 
-``trainable_bytes`` = ``trainable_params * param_bytes``, split ``dp`` ways under ZeRO-3.
+``trainable_bytes`` = ``trainable_params * param_bytes``, split ``dp`` ways under ZeRO-3
+(expert tensors ``dp / ep`` ways).
 ``input_bytes`` (the step's batch and PRNG key) and ``tuple_bytes`` are not cost-model terms:
 they are exact by construction and enter prediction and measurement alike, so that the sums
 compare like with like. ``params_bytes``, ``optimizer_bytes`` and ``input_bytes`` are also
@@ -51,10 +52,7 @@ def predicted_terms(config: Config, scenario: Scenario, *, input_bytes: int = 0,
     est = estimate(config, scenario)
     m = {k: float(v) for k, v in est.memory.items()}
     rt = scenario.runtime
-    prec = rt.precision(scenario.workload.precision)
-    zero3 = config.zero_stage == 3 and config.dp > 1
-    trainable_bytes = m["trainable_params"] * float(prec["param_bytes"]) / (
-        config.dp if zero3 else 1)
+    trainable_bytes = m["trainable_bytes"]
     dynamic = (m["activations_bytes"] + m["logits_bytes"] + m["grads_bytes"]
                + m["comm_bytes"])
     weight_copy = (m["overhead_bytes"] - rt.coeff("context_bytes") - rt.coeff("workspace_bytes")
