@@ -21,8 +21,8 @@ and the step cannot be shorter than the input pipeline needs to deliver its samp
   for every micro-batch: twice (forward, backward), three times under full recomputation, and
   reduce-scatters the gradients once per micro-batch, so with ``m`` micro-batches the weights
   cross the network ``m (2 + recompute)`` times per step against once for ZeRO 0-2. A gather
-  takes the longer of the collective (`comm`) and the framework's own fetch path
-  (``zero3_fetch_s_per_gb`` seconds per GB received; 0 = link speed).
+  costs the collective (`comm`) plus the framework's own fetch path in series with it
+  (``zero3_fetch_s_per_gb`` seconds per GB received; 0 for a framework at link speed).
 - Pipeline: 1F1B with ``v`` model chunks per device (``pp_virtual_stages``, interleaved) leaves
   a bubble of ``(p - 1) / v`` micro-batch times: the fraction ``(p - 1) / (m + p - 1)`` of the
   step at ``v = 1``. The slowest stage (first: embeddings; last: head and loss) sets the pace.
@@ -96,12 +96,13 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
 
 
 def fetch_s(nbytes, dp, n: dict):
-    """Seconds the ZeRO-3 fetch path needs for ``nbytes`` of gathered weights, links aside.
+    """Seconds the ZeRO-3 fetch path adds to the collectives for ``nbytes`` of gathered weights.
 
     ``rt_zero3_fetch_s_per_gb`` is the framework's own cost per GB a rank receives from the
-    others (``nbytes (dp-1)/dp``): 0 for an implementation that runs at link speed (the default),
-    nonzero for one that serialises on host-side work (a device synchronisation and staging
-    copies before each gather, as DeepSpeed's 2021 ZeRO-3 did). Vanishes at ``dp = 1``.
+    others (``nbytes (dp-1)/dp``), in series with the collective: 0 for an implementation that
+    hands NCCL one flat buffer and overlaps (the default), nonzero for one that synchronises the
+    device and stages shards on the host around each gather, as DeepSpeed's 2021 ZeRO-3 did.
+    Vanishes at ``dp = 1``.
     """
     per_gb = n.get("rt_zero3_fetch_s_per_gb", 0.0)
     return per_gb * nbytes / 1e9 * (dp - 1.0) / jnp.maximum(dp, 1.0)
@@ -160,8 +161,8 @@ def _stage(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra
     # one more gather (forward, backward) and reduce-scatter for the stage's embedding / head
     gather_s = comm.all_gather_s(gather, dp, dp_per, dp_nodes, n,
                                  count=colls * (2.0 + w_full) + 2.0)
-    # the framework's own fetch path can be slower than the links: seconds per byte fetched
-    gather_s = jnp.maximum(gather_s, fetch_s(gather, dp, n))
+    # the framework's own fetch path, in series with the collective it stages
+    gather_s = gather_s + fetch_s(gather, dp, n)
     z3 = k.zero[3] * (gather_s
                       + comm.reduce_scatter_s(scatter, dp, dp_per, dp_nodes, n, count=colls + 1.0))
     zero_exposed, zero_hidden = comm.overlap(z3, busy, n["rt_overlap_zero"])
