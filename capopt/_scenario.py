@@ -11,8 +11,8 @@ from ._cards import load_card
 from ._errors import CapoptError
 from ._hardware import GiB, get_hardware
 from ._runtime import get_profile
-from ._specs import (KNOBS, REMAT_POLICIES, Budget, Config, KnobDomain, LoRA, Scenario,
-                     Workload)
+from ._specs import (KNOBS, REMAT_POLICIES, STAGE_KNOBS, Budget, Config, KnobDomain, LoRA,
+                     Scenario, Workload)
 
 DEFAULT_SCENARIO = "llama3-8b-8xh100"
 
@@ -23,7 +23,7 @@ SCHEMA: dict[str, set[str]] = {
     "training": {"seq_len", "global_batch", "precision", "optimizer", "grad_clip", "runtime",
                  "lora", "input_samples_per_s", "train_tokens"},
     "budget": {"vram_gib", "headroom"},
-    "config": set(KNOBS),
+    "config": set(KNOBS) | set(STAGE_KNOBS),
     "objective": {"maximize", "deadline_hours"},
 }
 
@@ -245,13 +245,20 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
         if key not in KNOBS:
             raise CapoptError(f"unknown knob {key!r}", field="--set", allowed=", ".join(KNOBS))
         cfg_t[key] = value
+    stage = {}
+    for name, allowed in STAGE_KNOBS.items():
+        raw = cfg_t.pop(name, allowed[0])
+        if raw not in allowed:
+            raise CapoptError(f"got {raw!r}", file=file, field=f"config.{name}",
+                              allowed=", ".join(map(repr, allowed)))
+        stage[name] = raw
     knobs = tuple(parse_knob(name, raw, file) for name, raw in cfg_t.items())
 
     common = dict(
         name=_get(data, "name", str, "", file, Path(file).stem if file else "scenario"),
         model=model, workload=workload, runtime=runtime, knobs=knobs,
         objective=_get(obj_t, "maximize", str, "objective", file, "throughput"),
-        deadline_s=deadline_h * 3600.0 if deadline_h else None, path=file)
+        deadline_s=deadline_h * 3600.0 if deadline_h else None, path=file, **stage)
     variants = [Scenario(hardware=hw, count=c,
                          per_node=per_node if per_node_given else min(hw.per_node, c),
                          budget=budget_for(hw), price_per_gpu_hour=price_for(hw), **common)

@@ -129,6 +129,11 @@ KNOBS: dict[str, KnobSpec] = {k.name: k for k in [
 ]}
 
 
+# Scenario-level layout knobs under [config] (not per-config values: `Config` stays uniform).
+STAGE_KNOBS: dict[str, tuple[str, ...]] = {"pipeline_layers": ("even", "auto"),
+                                          "stage_recompute": ("uniform", "auto")}
+
+
 @dataclass(frozen=True)
 class Config:
     """One concrete choice of every knob."""
@@ -224,6 +229,11 @@ class Scenario:
     path: str | None = field(default=None, compare=False)
     # Other (gpu, count) choices the scenario allows; each a complete Scenario.
     variants: tuple["Scenario", ...] = field(default=(), compare=False, repr=False)
+    # Uneven pipeline stages (pp >= 2): "even" (L / pp layers each) or "auto" (the optimiser
+    # chooses each stage's layer count); "uniform" recomputation (the remat knob everywhere)
+    # or "auto" (the optimiser chooses how many layers each stage recomputes).
+    pipeline_layers: str = "even"
+    stage_recompute: str = "uniform"
 
     def __post_init__(self):
         if not _is_int(self.count) or self.count < 1:
@@ -239,6 +249,10 @@ class Scenario:
                                             or not self.workload.train_tokens):
             raise CapoptError("a deadline needs deadline_hours > 0 and training.train_tokens",
                               file=self.path, field="objective.deadline_hours")
+        for name, allowed in STAGE_KNOBS.items():
+            if getattr(self, name) not in allowed:
+                raise CapoptError(f"got {getattr(self, name)!r}", file=self.path,
+                                  field=f"config.{name}", allowed=", ".join(allowed))
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")

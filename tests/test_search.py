@@ -64,7 +64,7 @@ def test_rounding_and_neighbours_never_yield_an_invalid_config(sc):
 
 @pytest.mark.parametrize("sc", SCENARIOS)
 def test_optimizer_matches_exhaustive_reference(sc):
-    g = optimize(sc, top_k=1, remedies=False)
+    g = optimize(sc, top_k=1, remedies=False, exhaustive_below=0)    # the relaxed path
     e = optimize(sc, top_k=1, method="exhaustive", remedies=False)
     assert g.status == e.status
     if e.status == "ok":
@@ -116,3 +116,100 @@ def test_infeasible_scenario_reports_smallest_requirement_and_remedies():
     assert fitting, "halving memory-heavy settings must make this toy scenario fit"
     for r in fitting:
         assert plan(r.scenario, r.config).fits
+
+
+# --------------------------------------------------------------------------------------------
+# Uneven pipeline stages
+# --------------------------------------------------------------------------------------------
+def _pp_scenario(layers=8, vram=2.0):
+    sc = make_scenario(llama_like(layers=layers, hidden=512, heads=8, kv=4), count=8,
+                       global_batch=32, seq_len=1024, vram_gib=vram)
+    return sc.replace(pipeline_layers="auto", stage_recompute="auto")
+
+
+def _pp_configs(sc, limit=40):
+    lat = build_lattice(sc)
+    rows = [i for i in range(len(lat)) if lat.cols["pp"][i] >= 2]
+    pick = np.random.default_rng(0).choice(rows, size=min(limit, len(rows)), replace=False)
+    return [lat.config(int(i)) for i in pick]
+
+
+def test_even_split_equals_the_main_model():
+    from capopt.cost import estimate
+    from capopt.cost._inputs import knobs_from_config
+    from capopt.cost.stages import even_layout, layout_step, per_step_rest
+    sc = _pp_scenario()
+    n = numbers_pytree(sc)
+    for cfg in _pp_configs(sc):
+        k = knobs_from_config(cfg)
+        e = estimate(cfg, sc)
+        rest, inp = per_step_rest(k, n, cfg.pp)
+        layers, rec = even_layout(k, n, cfg.pp)
+        step, mem, _ = layout_step(k, n, layers, rec, rest, inp)
+        np.testing.assert_allclose(float(mem.max()), float(e.memory["total_bytes"]), rtol=1e-5)
+        np.testing.assert_allclose(float(step), float(e.time["step_s"]), rtol=1e-4)
+
+
+def test_layer_rounding_sums_to_the_layer_count():
+    from capopt.search.stages import round_layers, round_recompute
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        p = int(rng.integers(2, 9))
+        L = int(rng.integers(p, 97))
+        real = rng.dirichlet(np.ones(p) * rng.uniform(0.2, 5)) * (L - p) + 1.0
+        li = round_layers(real, L)
+        assert li.sum() == L and li.min() >= 1
+        ri = round_recompute(rng.uniform(0, 1, p), li)
+        assert (ri >= 0).all() and (ri <= li).all()
+
+
+def test_stage_layout_solve_is_valid_and_no_worse_than_even():
+    sc = _pp_scenario(layers=8, vram=1.0)
+    res = optimize(sc, top_k=3, remedies=False)
+    assert res.layouts
+    L = sc.model.num_hidden_layers
+    for lay in res.layouts:
+        assert sum(lay.layers) == L and min(lay.layers) >= 1
+        assert all(0 <= r <= li for r, li in zip(lay.recompute, lay.layers))
+        assert len(lay.layers) == lay.config.pp
+        if lay.even_fits:
+            assert lay.fits and lay.tokens_per_s >= lay.even_tokens_per_s * (1 - 1e-6)
+        if lay.fits:
+            assert max(lay.stage_bytes) <= sc.budget.usable_bytes
+    d = res.to_dict()
+    assert d["stage_layout"]["pipeline_layers"] == res.layout.layers
+    assert "pipeline stages" in res.render()
+
+
+def test_stage_layout_gradients_are_finite():
+    from capopt.cost._inputs import knobs_from_config
+    from capopt.search.stages import LayoutProblem, _loss as layout_loss
+    sc = _pp_scenario()
+    n = numbers_pytree(sc)
+    cfg = next(c for c in _pp_configs(sc) if c.remat != "full")
+    lp = LayoutProblem(sc, cfg, n, True, True)
+    k = knobs_from_config(cfg)
+    zs = jax.random.normal(jax.random.PRNGKey(2), (32, 2 * cfg.pp)) * 3.0
+    flags = jnp.asarray([1.0, 1.0])
+    for mu in (1.0, 1e4):
+        L = jnp.asarray(float(sc.model.num_hidden_layers))
+        g = jax.vmap(jax.grad(lambda z: layout_loss(z, k, n, lp.rest, lp.inp, L, flags, mu,
+                                                    cfg.pp)))(zs)
+        assert bool(jnp.all(jnp.isfinite(g)))
+
+
+def test_stage_knobs_load_from_the_scenario_file_with_clear_errors():
+    import capopt
+    from capopt._errors import CapoptError
+    base = {"model": {"card": "tiny-llama"}, "hardware": {"gpu": "h100-sxm-80gb", "count": 2},
+            "training": {"global_batch": 4, "seq_len": 128}}
+    sc = capopt.load_scenario({**base, "config": {"pipeline_layers": "auto",
+                                                  "stage_recompute": "auto"}})
+    assert (sc.pipeline_layers, sc.stage_recompute) == ("auto", "auto")
+    assert capopt.load_scenario(base).pipeline_layers == "even"
+    with pytest.raises(CapoptError, match="pipeline_layers"):
+        capopt.load_scenario({**base, "config": {"pipeline_layers": "uneven"}})
+    with pytest.raises(CapoptError, match="stage_recompute"):
+        capopt.load_scenario({**base, "config": {"stage_recompute": 3}})
+    with pytest.raises(CapoptError, match="unknown"):
+        capopt.load_scenario({**base, "config": {"pipeline_layer": "auto"}})

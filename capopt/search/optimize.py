@@ -141,6 +141,13 @@ class OptimizeResult:
     remedies: list = field(default_factory=list)     # list[Remedy]
     timings: dict[str, float] = field(default_factory=dict)
     per_variant: list[dict] = field(default_factory=list)
+    layouts: list = field(default_factory=list)       # list[stages.Layout], best first
+
+    @property
+    def layout(self):
+        """The best uneven stage layout found (scenarios with pipeline_layers or
+        stage_recompute = "auto"), or None."""
+        return self.layouts[0] if self.layouts else None
 
     @property
     def best(self) -> Plan | None:
@@ -158,6 +165,12 @@ class OptimizeResult:
         }
         if self.per_variant:
             d["per_variant"] = self.per_variant
+        if self.layouts:
+            lay = self.layout.to_dict()
+            if self.best is not None:
+                lay["gain_vs_best"] = (self.layout.tokens_per_s
+                                       / self.best.throughput["tokens_per_s"] - 1.0)
+            d["stage_layout"] = lay
         if self.status == "infeasible":
             d["smallest_requirement"] = self.smallest.to_dict() if self.smallest else None
             d["smallest_requirement_bytes"] = (self.smallest.memory["total_bytes"]
@@ -203,6 +216,16 @@ class OptimizeResult:
                                                                               - fleet)))
         if len(self.candidates) > 1:
             lines.append("runner-up: " + why_lost(self.candidates[0], self.candidates[1]))
+        if self.layout is not None:
+            lay = self.layout
+            gain = (f", {100 * (lay.tokens_per_s / self.best.throughput['tokens_per_s'] - 1):+.1f}%"
+                    " vs #1" if self.best else "")
+            lines.append(f"pipeline stages ({_cfg(lay.config.to_dict())}): layers "
+                         f"{lay.layers}, recomputed {lay.recompute}, "
+                         f"max {gib(max(lay.stage_bytes))} GiB/dev, "
+                         f"{si(lay.tokens_per_s, 'tok/s')}{gain}"
+                         f" (even split: {si(lay.even_tokens_per_s, 'tok/s')}"
+                         f"{'' if lay.even_fits else ', does not fit'})")
         sp = self.shadow_price
         if sp.get("tokens_per_s_per_gib") is not None:
             lines.append(f"shadow price of memory: {sp['tokens_per_s_per_gib']:+,.0f} tok/s "
@@ -322,8 +345,32 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         if remedies:
             from .remedies import remedies as find_remedies
             rem = find_remedies(sc)
+    layouts = []
+    if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
+        t1 = time.perf_counter()
+        layouts = _layouts(sc, lat, res, n, usable, seed)
+        timings["stage_layout_s"] = time.perf_counter() - t1
+        solve_s = time.perf_counter() - t0
+        if layouts and not plans:
+            status = "ok" if layouts[0].fits else status
     return OptimizeResult(sc, status, method, plans, solve_s, len(lat), space_size, shadow,
-                          smallest, rem, timings)
+                          smallest, rem, timings, layouts=layouts)
+
+
+def _layouts(sc: Scenario, lat: Lattice, res: dict, n, usable: float, seed: int,
+             per_pp: int = 2) -> list:
+    """Uneven stage layouts for the best evaluated configs of each pipeline depth >= 2 (those
+    within 1.5x the budget: recomputing more on the heavy stages can make them fit)."""
+    from .stages import best_layouts
+    pp = lat.cols["pp"]
+    ok = (pp >= 2) & (res["total_bytes"] <= 1.5 * usable) & np.isfinite(res["objective"])
+    configs = []
+    for p in sorted(set(pp[ok].tolist())):
+        idx = np.nonzero(ok & (pp == p))[0]
+        fits = res["total_bytes"][idx] <= usable
+        order = idx[np.lexsort((-res["objective"][idx], ~fits))]
+        configs += [lat.config(int(i)) for i in order[:per_pp]]
+    return best_layouts(sc, n, configs, seed=seed)
 
 
 def plan_objective(p: Plan) -> float:

@@ -1,0 +1,121 @@
+"""Uneven pipeline stages: per-stage layer counts and per-stage recomputation.
+
+The main cost model splits the ``L`` blocks evenly over ``p`` pipeline stages and applies one
+recomputation policy everywhere. Here stage ``i`` holds ``layers[i]`` blocks and fully
+recomputes ``recompute[i]`` of them (the others keep the config's base policy, none or
+selective), built from the same per-stage terms the main model uses:
+
+- memory of stage ``i``: `memory._stage_memory` with its own layers and recompute mixture,
+  ``min(p - i, m)`` micro-batches in flight under 1F1B (``m`` = grad_accum), the embedding on
+  the first stage and the final norm, head and loss (and logits) on the last;
+- time of stage ``i`` per micro-batch: `time._stage` with its own compute and memory-bound
+  terms (recomputation adds forward work);
+- step: the slowest stage sets the pace of the steady state and of the bubble,
+  ``(m + (p - 1) / v) * max_i t_i``, plus the once-per-step terms of the even split
+  (data-parallel synchronisation, optimizer, offload), at least the input pipeline's time.
+
+At the even split with the config's own recomputation, memory equals `memory.memory` and the
+step equals `time.time_terms` (the tests check both). Everything is traceable: layer counts
+and recompute counts may be relaxed to real numbers.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ._inputs import Knobs
+from .estimate import estimate_numbers
+from .flops import compute_times, step_tokens
+from .memory import _stage_memory, stage_params
+from .time import _stage, memory_bound_times
+
+
+def stage_remat(k: Knobs, layers, recompute):
+    """(p, 3) recompute mixtures: ``recompute / layers`` fully recomputed, the rest split as
+    the config's non-full share (none vs selective)."""
+    w = k.remat
+    rest = jnp.maximum(w[0] + w[1], 1e-9)
+    base = jnp.stack([w[0] / rest, w[1] / rest])
+    full = jnp.clip(recompute / jnp.maximum(layers, 1e-6), 0.0, 1.0)
+    return jnp.concatenate([(1.0 - full)[:, None] * base[None, :], full[:, None]], axis=1)
+
+
+def even_layout(k: Knobs, n: dict, p: int):
+    """(layers, recompute) of the main model's even split with the config's recomputation."""
+    layers = jnp.full((p,), n["L"] / p)
+    return layers, layers * k.remat[2]
+
+
+def _extras(k: Knobs, n: dict, p: int):
+    _, first_p, last_p, _ = stage_params(k, n)
+    i = jnp.arange(p)
+    first = (i == 0).astype(jnp.float32)
+    last = (i == p - 1).astype(jnp.float32)
+    return i, first, last, first * first_p + last * last_p
+
+
+def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
+    """Per-stage ``total_bytes`` (p,) and per-micro-batch seconds ``t_mb`` (p,), p >= 2."""
+    p = layers.shape[0]
+    i, first, last, extra_params = _extras(k, n, p)
+    remat = stage_remat(k, layers, recompute)
+    in_flight = jnp.minimum(p - i.astype(jnp.float32), k.grad_accum)
+
+    def one(L, w, xp, inf, lg, is_first, is_last):
+        ki = k.replace(remat=w)
+        kw = dict(layers=L, extra_params=xp, in_flight=inf, logits_mb=lg)
+        m_first = _stage_memory(ki, n, first_stage=True, **kw)["total_bytes"]
+        m_other = _stage_memory(ki, n, first_stage=False, **kw)["total_bytes"]
+        mem = jnp.where(is_first > 0.5, m_first, m_other)
+        c = compute_times(ki, n)
+        mb = memory_bound_times(ki, n)
+        t = _stage(ki, n, layers=L, c=c, mb=mb,
+                   extra_compute=is_first * c["first"] + is_last * c["last"],
+                   extra_memory=is_first * mb["first"] + is_last * mb["last"],
+                   extra_params=xp,
+                   tp_extra_ar=is_first * n["embed_vocab"] + is_last * n["logit_tp"])
+        return mem, t["total"]
+
+    mem, t = jax.vmap(one)(layers, remat, extra_params, in_flight, last, first, last)
+    return {"total_bytes": mem, "t_mb": t}
+
+
+def _pace(k: Knobs, n: dict, p: int):
+    return k.grad_accum + (p - 1.0) / n["rt_pp_virtual_stages"]
+
+
+def per_step_rest(k: Knobs, n: dict, p: int):
+    """(once-per-step seconds outside the pipeline, input seconds) from the even split."""
+    est = estimate_numbers(k, n)
+    t = est.time
+    busy = (t["compute_s"] + t["memory_bound_s"] + t["comm_exposed_s"] + t["bubble_s"]
+            + t["optimizer_s"] + t["offload_s"])
+    el, er = even_layout(k, n, p)
+    t_even = jnp.max(stage_terms(k, n, el, er)["t_mb"])
+    return busy - _pace(k, n, p) * t_even, t["input_s"]
+
+
+def layout_step(k: Knobs, n: dict, layers, recompute, rest, input_s, smooth: float = 0.0):
+    """Step seconds, per-stage bytes and per-stage micro-batch seconds of one layout.
+
+    ``smooth > 0`` replaces the max over stages by a log-sum-exp of that sharpness (relative
+    to the slowest stage): what the relaxed solve differentiates."""
+    p = layers.shape[0]
+    st = stage_terms(k, n, layers, recompute)
+    t = st["t_mb"]
+    if smooth > 0.0:
+        top = jax.lax.stop_gradient(jnp.max(t))
+        slowest = top * (1.0 + jax.nn.logsumexp(smooth * (t / top - 1.0)) / smooth)
+    else:
+        slowest = jnp.max(t)
+    step = jnp.maximum(rest + _pace(k, n, p) * slowest, input_s)
+    return step, st["total_bytes"], t
+
+
+def layout_tokens_per_s(k: Knobs, n: dict, step):
+    return step_tokens(k, n)[1] / step
+
+
+__all__ = ["even_layout", "layout_step", "layout_tokens_per_s", "per_step_rest",
+           "stage_remat", "stage_terms"]

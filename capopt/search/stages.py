@@ -1,0 +1,290 @@
+"""Uneven pipeline layouts: how many layers each stage holds and how many it recomputes.
+
+For one base config with ``p >= 2`` pipeline stages, the layout has ``2p`` integers (layer
+counts summing to ``L``, each at least 1, and recompute counts ``0 <= r_i <= L_i``): far too
+many combinations to enumerate for a real model (``C(L-1, p-1) * prod(L_i + 1)``). It is relaxed
+continuously (layer shares on a simplex, recompute fractions as sigmoids), solved with Adam
+under an annealed memory penalty over several starts inside one `jit`, rounded to integers
+that sum to ``L``, and polished by exact hill-climbing (move one layer between two stages, or
+recompute one layer more or fewer on a stage) with the same cost model (`capopt.cost.stages`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .._jaxcache import compile_options
+from .._specs import Config, Scenario
+from ..cost._inputs import DTYPE, Knobs, knobs_from_config
+from ..cost.stages import layout_step, layout_tokens_per_s, per_step_rest
+
+STEPS = 200
+STARTS = 16
+SHARP = 30.0
+
+
+@dataclass
+class Layout:
+    """One integer stage layout of a base config, evaluated exactly."""
+
+    config: Config
+    layers: list[int]
+    recompute: list[int]
+    stage_bytes: list[float]
+    stage_s: list[float]                 # per micro-batch
+    step_s: float
+    tokens_per_s: float
+    fits: bool
+    budget_bytes: float
+    even_tokens_per_s: float             # the same config with the even split
+    even_fits: bool
+    solve_s: float = 0.0
+    timings: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "pipeline_layers": self.layers,
+                "stage_recompute": self.recompute, "stage_bytes": self.stage_bytes,
+                "stage_step_s": self.stage_s, "step_s": self.step_s,
+                "tokens_per_s": self.tokens_per_s, "fits": self.fits,
+                "budget_bytes": self.budget_bytes,
+                "even_split_tokens_per_s": self.even_tokens_per_s,
+                "even_split_fits": self.even_fits, "solve_s": self.solve_s}
+
+
+# --------------------------------------------------------------------------------------------
+def _decode(z, k: Knobs, L, p: int, flags):
+    """Variables (2p,) -> real layer counts (>= 1, sum L) and recompute counts."""
+    layers_on, rec_on = flags[0], flags[1]
+    shares = jax.nn.softmax(z[:p])
+    layers = layers_on * (1.0 + (L - p) * shares) + (1.0 - layers_on) * L / p
+    frac = rec_on * jax.nn.sigmoid(z[p:]) + (1.0 - rec_on) * k.remat[2]
+    return layers, frac * layers
+
+
+def _loss(z, k, n, rest, inp, L, flags, mu, p):
+    layers, rec = _decode(z, k, L, p, flags)
+    step, mem, _ = layout_step(k, n, layers, rec, rest, inp, smooth=50.0)
+    over = mem / n["usable_bytes"] - 1.0
+    return jnp.log(step) + mu * jnp.sum((jax.nn.softplus(SHARP * over) / SHARP) ** 2)
+
+
+_CACHE: dict = {}
+
+
+def _solver(p: int):
+    """jit(vmap over starts) of the Adam solve for ``p`` stages (one compilation per p)."""
+    if ("solve", p) in _CACHE:
+        return _CACHE[("solve", p)]
+    opt = optax.adam(0.1)
+
+    def solve_one(z0, k, n, rest, inp, L, flags):
+        grad = jax.grad(_loss)
+
+        def body(carry, t):
+            z, s = carry
+            mu = 1.0 * (1e4 / 1.0) ** (t / (STEPS - 1))
+            g = grad(z, k, n, rest, inp, L, flags, mu, p)
+            g = jnp.where(jnp.isfinite(g), g, 0.0)
+            upd, s = opt.update(g, s, z)
+            return (optax.apply_updates(z, upd), s), None
+
+        (z, _), _ = jax.lax.scan(body, (z0, opt.init(z0)), jnp.arange(STEPS, dtype=DTYPE))
+        return _decode(z, k, L, p, flags)
+
+    f = jax.jit(jax.vmap(solve_one, in_axes=(0, None, None, None, None, None, None)),
+                compiler_options=compile_options())
+    _CACHE[("solve", p)] = f
+    return f
+
+
+def _evaluator():
+    if "eval" not in _CACHE:
+        def ev(layers, rec, k, n, rest, inp):
+            step, mem, t = jax.vmap(lambda a, b: layout_step(k, n, a, b, rest, inp))(layers, rec)
+            return step, mem, t
+        _CACHE["eval"] = jax.jit(ev, compiler_options=compile_options())
+    return _CACHE["eval"]
+
+
+def _prep(k: Knobs, n: dict, p: int):
+    if ("rest", p) not in _CACHE:
+        _CACHE[("rest", p)] = jax.jit(lambda k, n: per_step_rest(k, n, p),
+                                      compiler_options=compile_options())
+    return _CACHE[("rest", p)](k, n)
+
+
+# --------------------------------------------------------------------------------------------
+def round_layers(real: np.ndarray, L: int) -> np.ndarray:
+    """Integers >= 1 summing to ``L`` nearest to ``real`` (largest remainder)."""
+    p = len(real)
+    x = np.maximum(np.asarray(real, np.float64) - 1.0, 0.0)
+    x = x * (L - p) / max(x.sum(), 1e-12) if x.sum() > 0 else np.full(p, (L - p) / p)
+    base = np.floor(x).astype(np.int64)
+    left = int(L - p - base.sum())
+    order = np.argsort(-(x - base), kind="stable")
+    base[order[:left]] += 1
+    return base + 1
+
+
+def round_recompute(frac: np.ndarray, layers: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(np.asarray(frac) * layers), 0, layers).astype(np.int64)
+
+
+class LayoutProblem:
+    """One base config's layout search space and exact evaluator."""
+
+    def __init__(self, sc: Scenario, config: Config, n: dict, layers_on: bool, rec_on: bool):
+        self.sc, self.config, self.n = sc, config, n
+        self.p = int(config.pp)
+        self.L = int(sc.model.num_hidden_layers)
+        self.k = knobs_from_config(config)
+        self.layers_on, self.rec_on = layers_on, rec_on
+        self.base_full = float(self.k.remat[2])
+        self.rest, self.inp = _prep(self.k, n, self.p)
+        self.usable = float(n["usable_bytes"])
+
+    def size(self) -> int:
+        """How many integer layouts there are (layer compositions x recompute choices)."""
+        from math import comb
+        p, L = self.p, self.L
+        if not self.layers_on:
+            per = L // p
+            return (per + 1) ** p if self.rec_on else 1
+        if not self.rec_on:
+            return comb(L - 1, p - 1)
+        # sum over compositions of prod (L_i + 1): coefficient of x^L in (x/(1-x)^2)^p
+        # = C(L + p - 1, 2p - 1)
+        return comb(L + p - 1, 2 * p - 1)
+
+    def even(self) -> tuple[np.ndarray, np.ndarray]:
+        layers = np.full(self.p, self.L // self.p, np.int64)
+        return layers, round_recompute(np.full(self.p, self.base_full), layers)
+
+    def evaluate(self, layers: np.ndarray, rec: np.ndarray):
+        layers = np.asarray(layers, np.float32).reshape(-1, self.p)
+        rec = np.asarray(rec, np.float32).reshape(-1, self.p)
+        step, mem, t = _evaluator()(jnp.asarray(layers), jnp.asarray(rec), self.k, self.n,
+                                    self.rest, self.inp)
+        return np.asarray(step), np.asarray(mem), np.asarray(t)
+
+    def score(self, step, mem):
+        """Higher is better: fitting layouts by speed, then non-fitting ones by memory."""
+        worst = mem.max(-1) / self.usable
+        return np.where(worst <= 1.0, -step, -1e6 * worst)
+
+    def neighbours(self, layers: np.ndarray, rec: np.ndarray):
+        """Move one layer from one stage to another, or recompute one layer more or fewer."""
+        p = self.p
+        out_l, out_r = [], []
+        if self.layers_on:
+            for a in range(p):
+                for b in range(p):
+                    if a == b:
+                        continue
+                    nl = layers.copy()
+                    nr = rec.copy()
+                    if nl[a] > 1:
+                        nl[a] -= 1
+                        nl[b] += 1
+                        nr[a] = min(nr[a], nl[a])
+                        if not self.rec_on:
+                            nr = round_recompute(np.full(p, self.base_full), nl)
+                    out_l.append(nl)
+                    out_r.append(nr)
+        if self.rec_on:
+            for a in range(p):
+                for d in (-1, 1):
+                    nr = rec.copy()
+                    nr[a] = np.clip(nr[a] + d, 0, layers[a])
+                    out_l.append(layers.copy())
+                    out_r.append(nr)
+        return np.asarray(out_l), np.asarray(out_r)
+
+    def climb(self, layers, rec, max_moves: int = 500):
+        """Best-improvement hill-climbing; returns the local optimum and its move count."""
+        step, mem, _ = self.evaluate(layers, rec)
+        cur = float(self.score(step, mem)[0])
+        for moves in range(max_moves):
+            nl, nr = self.neighbours(layers, rec)
+            if not len(nl):
+                return layers, rec, moves
+            s, m, _ = self.evaluate(nl, nr)
+            sc = self.score(s, m)
+            j = int(np.argmax(sc))
+            if sc[j] <= cur:
+                return layers, rec, moves
+            layers, rec, cur = nl[j], nr[j], float(sc[j])
+        return layers, rec, max_moves
+
+    def layout(self, layers, rec, even_tps: float, even_fits: bool) -> Layout:
+        step, mem, t = self.evaluate(layers, rec)
+        tps = float(layout_tokens_per_s(self.k, self.n, step[0]))
+        return Layout(self.config, [int(v) for v in layers], [int(v) for v in rec],
+                      [float(v) for v in mem[0]], [float(v) for v in t[0]], float(step[0]), tps,
+                      bool(mem[0].max() <= self.usable), self.usable, even_tps, even_fits)
+
+    def solve(self, starts: int = STARTS, seed: int = 0, polish: bool = True) -> Layout:
+        t0 = time.perf_counter()
+        p = self.p
+        rng = np.random.default_rng(seed)
+        f0 = np.clip(self.base_full, 0.02, 0.98)
+        z0 = np.zeros((starts, 2 * p), np.float32)
+        z0[:, p:] = np.log(f0 / (1 - f0))
+        z0[1:] += rng.normal(0, 1.0, (starts - 1, 2 * p)).astype(np.float32)
+        flags = jnp.asarray([float(self.layers_on), float(self.rec_on)], DTYPE)
+        real_l, real_r = _solver(p)(jnp.asarray(z0), self.k, self.n, self.rest, self.inp,
+                                    jnp.asarray(float(self.L), DTYPE), flags)
+        real_l, real_r = np.asarray(real_l), np.asarray(real_r)
+        t_relax = time.perf_counter() - t0
+        cands_l, cands_r = [], []
+        for i in range(starts):
+            li = (round_layers(real_l[i], self.L) if self.layers_on
+                  else self.even()[0])
+            frac = real_r[i] / np.maximum(real_l[i], 1e-6)
+            for up in (False, True):    # nearest, and one more recompute where it was cut
+                ri = (round_recompute(frac, li) if not up else
+                      np.minimum(np.ceil(frac * li - 1e-6), li).astype(np.int64))
+                cands_l.append(li)
+                cands_r.append(ri if self.rec_on
+                               else round_recompute(np.full(p, self.base_full), li))
+        el, er = self.even()
+        cands_l.append(el)
+        cands_r.append(er)
+        step, mem, _ = self.evaluate(np.asarray(cands_l), np.asarray(cands_r))
+        sc = self.score(step, mem)
+        j = int(np.argmax(sc))
+        layers, rec = np.asarray(cands_l[j]), np.asarray(cands_r[j])
+        moves = 0
+        if polish:
+            layers, rec, moves = self.climb(layers, rec)
+        even_tps = float(layout_tokens_per_s(self.k, self.n, step[-1]))
+        out = self.layout(layers, rec, even_tps, bool(mem[-1].max() <= self.usable))
+        out.solve_s = time.perf_counter() - t0
+        out.timings = {"relaxed_s": t_relax, "polish_moves": moves}
+        return out
+
+
+def best_layouts(sc: Scenario, n: dict, configs: list[Config], seed: int = 0) -> list[Layout]:
+    """Solve the layout of each base config (pp >= 2), best first (fitting, then faster)."""
+    layers_on = sc.pipeline_layers == "auto"
+    rec_on = sc.stage_recompute == "auto"
+    out = []
+    for cfg in configs:
+        if cfg.pp < 2 or sc.model.num_hidden_layers < cfg.pp:
+            continue
+        if rec_on and cfg.remat == "full":      # the recompute counts take its place
+            cfg = dataclasses.replace(cfg, remat="none")
+        out.append(LayoutProblem(sc, cfg, n, layers_on, rec_on).solve(seed=seed))
+    out.sort(key=lambda l: (not l.fits, -l.tokens_per_s))
+    return out
+
+
+__all__ = ["Layout", "LayoutProblem", "best_layouts", "round_layers", "round_recompute"]
