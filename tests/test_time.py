@@ -499,6 +499,20 @@ def test_grad_of_step_time_is_finite_at_relaxed_points():
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(g2))
 
 
+def test_zero3_fetch_cost_is_smooth_in_the_relaxed_knobs():
+    # a nonzero fetch cost keeps the step time differentiable at relaxed points and pulls the
+    # gradient towards fewer ZeRO-3 shards' worth of traffic per step (more micro-batches cost)
+    n = numbers_pytree(_zero3_scenario(4, zero3_fetch_s_per_gb=0.05))
+    k = Knobs(micro_batch=jnp.float32(1.5), grad_accum=jnp.float32(2.5), dp=jnp.float32(5.5),
+              tp=jnp.float32(1.4), pp=jnp.float32(1.0), ep=jnp.float32(1.0),
+              zero=jnp.asarray([0.1, 0.1, 0.1, 0.7], jnp.float32),
+              remat=jnp.asarray([0.2, 0.3, 0.5], jnp.float32), sp=jnp.float32(0.0),
+              offload=jnp.float32(0.0), flash=jnp.float32(0.0))
+    g = jax.grad(lambda kk: estimate_numbers(kk, n).time["comm_zero_s"])(k)
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(g))
+    assert float(g.grad_accum) > 0.0 and float(g.zero[3]) > 0.0
+
+
 def test_vmap_equals_per_config_estimates():
     sc = SCENARIOS["gpt"]
     configs = [Config(micro_batch=1, grad_accum=8, dp=8, tp=4, pp=2, remat="full"),
