@@ -7,8 +7,17 @@
    does the optimiser's best equal the exhaustive optimum, and how far is it in throughput?
 2. Speed: warm solve time per scenario (after the first call compiled everything) and cold
    time (a fresh process, compilation included) on a few scenarios.
+   Cold is measured twice: the default path (lattices of at most 100k configs are evaluated
+   whole) and the relaxed solve forced (``exhaustive_below=0``), each with no compilation
+   cache, with an empty cache directory, and again with that cache warm.
 3. A space of over 10^6 configs (remat as any number of recomputed layers): exhaustive time
    over optimiser time, measured in one run.
+4. Beyond a grid: uneven pipeline stages (layer count and recompute count per stage, over
+   10^9 integer layouts): the optimiser's layout and time, checked by hill-climbing from its
+   answer and from random layouts (one layer moved / one recompute changed per move).
+
+The optimality section always runs the relaxed solve (``exhaustive_below=0``): it measures the
+optimiser, not the small-space shortcut.
 """
 
 from __future__ import annotations
@@ -70,9 +79,9 @@ def optimality(n_scenarios: int, seed: int) -> dict:
         if ex.status != "ok":
             skipped += 1
             continue
-        gr = optimize(sc, top_k=1, remedies=False)            # warm after the first
+        gr = optimize(sc, top_k=1, remedies=False, exhaustive_below=0)   # warm after the first
         t0 = time.perf_counter()
-        gr = optimize(sc, top_k=1, remedies=False)
+        gr = optimize(sc, top_k=1, remedies=False, exhaustive_below=0)
         warm = time.perf_counter() - t0
         te = ex.best.throughput["tokens_per_s"]
         tg = gr.best.throughput["tokens_per_s"] if gr.best else 0.0
@@ -102,26 +111,30 @@ t0 = time.perf_counter()
 import capopt
 from capopt.search import optimize
 t1 = time.perf_counter()
-r = optimize(capopt.load_scenario(sys.argv[1]), top_k=5, remedies=False)
+r = optimize(capopt.load_scenario(sys.argv[1]), top_k=5, remedies=False,
+             exhaustive_below=int(sys.argv[2]))
 t2 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "solve_s": t2 - t1, "status": r.status}))
+print(json.dumps({"import_s": t1 - t0, "solve_s": t2 - t1, "status": r.status,
+                  "method": r.method, "load": os.getloadavg()[0]}))
 """
 
 
 def cold(scenarios: list[str]) -> list[dict]:
-    """Fresh processes: with no compilation cache at all, then with capopt's disk cache warm."""
+    """Fresh processes: with no compilation cache at all, with an empty cache directory, then
+    with that cache warm; for the default path and for the relaxed solve forced."""
     import tempfile
     out = []
-    with tempfile.TemporaryDirectory() as cache:
-        for name in scenarios:
-            row = {"scenario": name}
-            for label, cache_dir in (("no_cache", ""), ("disk_cache", cache),
-                                     ("disk_cache_again", cache)):
-                env = dict(os.environ, CAPOPT_CACHE_DIR=cache_dir)
-                p = subprocess.run([sys.executable, "-c", COLD_SNIPPET, name],
-                                   capture_output=True, text=True, env=env, check=True)
-                row[label] = json.loads(p.stdout.strip().splitlines()[-1])
-            out.append(row)
+    for path, below in (("default", 100_000), ("relaxed", 0)):
+        with tempfile.TemporaryDirectory() as cache:
+            for name in scenarios:
+                row = {"scenario": name, "path": path}
+                for label, cache_dir in (("no_cache", ""), ("disk_cache", cache),
+                                         ("disk_cache_again", cache)):
+                    env = dict(os.environ, CAPOPT_CACHE_DIR=cache_dir)
+                    p = subprocess.run([sys.executable, "-c", COLD_SNIPPET, name, str(below)],
+                                       capture_output=True, text=True, env=env, check=True)
+                    row[label] = json.loads(p.stdout.strip().splitlines()[-1])
+                out.append(row)
     return out
 
 
@@ -133,24 +146,102 @@ def big_space() -> dict:
     knobs = tuple(k for k in sc.knobs if k.name not in free) + (
         KnobDomain("remat", remat), KnobDomain("offload_optimizer", (False, True)),
         KnobDomain("flash_attention", (False, True)))
-    sc = sc.replace(knobs=knobs, count=1024,
+    # 1280 GPUs (5 x 256: pipeline depths 5, 10, 20, 40 too) and a global batch of
+    # 61440 = 2^12 x 15 sequences (many micro-batch / accumulation splits)
+    sc = sc.replace(knobs=knobs, count=1280,
                     workload=sc.workload.__class__(**{**sc.workload.__dict__,
-                                                      "global_batch": 16384}))
+                                                      "global_batch": 61440}))
     t0 = time.perf_counter()
     size = len(build_lattice(sc))
     lattice_s = time.perf_counter() - t0
-    optimize(sc, top_k=1, remedies=False)   # compile
-    t0 = time.perf_counter()
-    g = optimize(sc, top_k=1, remedies=False)
-    g_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    e = optimize(sc, top_k=1, method="exhaustive", remedies=False)
-    e_s = time.perf_counter() - t0
+    optimize(sc, top_k=1, remedies=False, exhaustive_below=0)   # compile
+    optimize(sc, top_k=1, method="exhaustive", remedies=False)
+    g_times, e_times = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        g = optimize(sc, top_k=1, remedies=False, exhaustive_below=0)
+        g_times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        e = optimize(sc, top_k=1, method="exhaustive", remedies=False)
+        e_times.append(time.perf_counter() - t0)
+    g_s, e_s = statistics.median(g_times), statistics.median(e_times)
     tg, te = g.best.throughput["tokens_per_s"], e.best.throughput["tokens_per_s"]
-    return {"scenario": "llama-3-70b on 1024x H100, remat by layer count, offload, flash", "space": size,
+    return {"scenario": "llama-3-70b on 1280x H100, global batch 61440, remat by layer count, "
+                        "offload, flash", "space": size, "repeats": 3,
             "lattice_build_s": lattice_s, "optimizer_s": g_s, "exhaustive_s": e_s,
             "ratio": e_s / g_s, "optimizer_evaluated": g.evaluated,
             "optimizer_tokens_per_s": tg, "exhaustive_tokens_per_s": te, "gap": 1 - tg / te}
+
+
+LAYOUT_CASES = [
+    {"name": "llama-3-8b on 32x A100-40GB, pp 8, uneven stages",
+     "model": {"card": "llama-3-8b"}, "hardware": {"gpu": "a100-sxm-40gb", "count": 32},
+     "training": {"seq_len": 8192, "global_batch": 64},
+     "config": {"pp": 8, "tp": [1, 2, 4], "pipeline_layers": "auto",
+                "stage_recompute": "auto"}},
+    {"name": "llama-3-70b on 64x H100 (36 GiB budget), pp 8, uneven stages",
+     "model": {"card": "llama-3-70b"}, "hardware": {"gpu": "h100-sxm-80gb", "count": 64},
+     "training": {"seq_len": 8192, "global_batch": 256}, "budget": {"vram_gib": 36},
+     "config": {"pp": 8, "tp": 8, "remat": ["none", "selective"],
+                "pipeline_layers": "auto", "stage_recompute": "auto"}},
+]
+
+
+def stage_layouts(restarts: int = 20, seed: int = 0) -> list[dict]:
+    """The optimiser's uneven layout, and hill-climbing from it and from random layouts."""
+    import numpy as np
+    from capopt.cost import numbers_pytree
+    from capopt.search.stages import LayoutProblem
+    out = []
+    for case in LAYOUT_CASES:
+        sc = capopt.load_scenario(case)
+        optimize(sc, top_k=1, remedies=False)                  # compile
+        t0 = time.perf_counter()
+        r = optimize(sc, top_k=1, remedies=False)
+        total_s = time.perf_counter() - t0
+        lay = r.layout
+        lp = LayoutProblem(sc, lay.config, numbers_pytree(sc), True, True)
+        relaxed_only = lp.solve(polish=False)
+        t0 = time.perf_counter()
+        cl, cr, moves = lp.climb(np.asarray(lay.layers), np.asarray(lay.recompute))
+        climb_s = time.perf_counter() - t0
+        climbed = lp.layout(cl, cr, lay.even_tokens_per_s, lay.even_fits)
+        rng = np.random.default_rng(seed)
+        p, L = lp.p, lp.L
+        found = []
+        t0 = time.perf_counter()
+        for _ in range(restarts):
+            li = rng.multinomial(L - p, rng.dirichlet(np.ones(p))) + 1
+            ri = rng.integers(0, li + 1)
+            a, b, _ = lp.climb(li, ri, max_moves=2000)
+            res = lp.layout(a, b, lay.even_tokens_per_s, lay.even_fits)
+            found.append(res.tokens_per_s if res.fits else 0.0)
+        restart_s = time.perf_counter() - t0
+        best_random = max(found)
+        out.append({
+            "scenario": case["name"], "layouts": lp.size(), "base_config": lay.config.to_dict(),
+            "pipeline_layers": lay.layers, "stage_recompute": lay.recompute,
+            "stage_gib": [round(b / 2**30, 2) for b in lay.stage_bytes],
+            "budget_gib": round(lay.budget_bytes / 2**30, 2), "fits": lay.fits,
+            "tokens_per_s": lay.tokens_per_s, "even_split_tokens_per_s": lay.even_tokens_per_s,
+            "even_split_fits": lay.even_fits,
+            "best_uniform_tokens_per_s": (r.best.throughput["tokens_per_s"] if r.best
+                                          else None),
+            "optimize_s": total_s, "layout_solve_s": lay.solve_s,
+            "relaxed_only": {"layers": relaxed_only.layers, "recompute": relaxed_only.recompute,
+                             "tokens_per_s": relaxed_only.tokens_per_s,
+                             "fits": relaxed_only.fits},
+            "polish_moves": lay.timings.get("polish_moves"),
+            "climb_from_answer": {"moves": moves, "tokens_per_s": climbed.tokens_per_s,
+                                  "improvement": climbed.tokens_per_s / lay.tokens_per_s - 1,
+                                  "s": climb_s},
+            "random_restarts": {"restarts": restarts, "best_tokens_per_s": best_random,
+                                "beat_answer": int(sum(f > lay.tokens_per_s * (1 + 1e-6)
+                                                       for f in found)),
+                                "best_vs_answer": best_random / lay.tokens_per_s - 1,
+                                "fitting": int(sum(f > 0 for f in found)), "s": restart_s},
+        })
+    return out
 
 
 def main() -> int:
@@ -166,6 +257,8 @@ def main() -> int:
     cold_rows = cold(["llama3-8b-8xh100", "llama3-70b-64xh100", "gpt2-124m-rtx4090"])
     print("a space of over 10^6 configs ...", file=sys.stderr)
     big = big_space()
+    print("uneven pipeline stages ...", file=sys.stderr)
+    layouts = stage_layouts()
 
     print("\nOptimality (optimiser vs exhaustive, same cost model)")
     print(f"  scenarios                    {opt['scenarios']} "
@@ -177,9 +270,9 @@ def main() -> int:
     print(f"  warm solve median / max      {opt['warm_s_median']:.3f} s / "
           f"{opt['warm_s_max']:.3f} s   target <= 1 s")
     print("\nCold solve (fresh process, compilation included)   target <= 5 s")
-    print(f"  {'scenario':<24} {'no cache':>9} {'cache cold':>11} {'cache warm':>11}")
+    print(f"  {'scenario':<24} {'path':<8} {'no cache':>9} {'cache cold':>11} {'cache warm':>11}")
     for r in cold_rows:
-        print(f"  {r['scenario']:<24} {r['no_cache']['solve_s']:>8.2f}s "
+        print(f"  {r['scenario']:<24} {r['path']:<8} {r['no_cache']['solve_s']:>8.2f}s "
               f"{r['disk_cache']['solve_s']:>10.2f}s {r['disk_cache_again']['solve_s']:>10.2f}s")
     print("\nLarge space")
     print(f"  {big['scenario']}: {big['space']:,} configs")
@@ -187,10 +280,24 @@ def main() -> int:
           f"({big['optimizer_evaluated']:,} evaluated): ratio {big['ratio']:.0f}x, "
           f"gap {100 * big['gap']:.3f}%")
 
+    print("\nUneven pipeline stages (layer and recompute count per stage)")
+    for c in layouts:
+        print(f"  {c['scenario']}: {c['layouts']:.3g} integer layouts")
+        print(f"    answer: layers {c['pipeline_layers']}, recompute {c['stage_recompute']}, "
+              f"{c['tokens_per_s']:,.0f} tok/s (even split {c['even_split_tokens_per_s']:,.0f}"
+              f"{'' if c['even_split_fits'] else ', does not fit'}), fits {c['fits']}; "
+              f"layout solve {c['layout_solve_s']:.2f} s, optimize {c['optimize_s']:.2f} s")
+        ca, rr = c["climb_from_answer"], c["random_restarts"]
+        print(f"    hill-climb from the answer: {ca['moves']} improving moves "
+              f"({100 * ca['improvement']:+.3f}%); {rr['restarts']} random restarts: best "
+              f"{100 * rr['best_vs_answer']:+.3f}% vs the answer, {rr['beat_answer']} beat it")
+
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": f"{os.cpu_count()} CPU cores", "optimality": opt,
-                               "cold": cold_rows, "large_space": big}, indent=1))
+                               "load_average_at_end": os.getloadavg(),
+                               "cold": cold_rows, "large_space": big,
+                               "stage_layouts": layouts}, indent=1))
     print(f"\nwrote {out}")
     return 0
 

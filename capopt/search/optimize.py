@@ -184,7 +184,9 @@ class OptimizeResult:
                 f"{gib(sc.budget.usable_bytes)} GiB usable per device")
         lines = [head]
         if self.status == "infeasible":
-            lines.append("INFEASIBLE: no config fits.")
+            lines.append("INFEASIBLE: no config fits."
+                         if not (self.layout and self.layout.fits) else
+                         "INFEASIBLE with even pipeline stages; the uneven layout below fits.")
             if self.smallest:
                 m = self.smallest.memory
                 lines.append(f"smallest requirement found: {gib(m['total_bytes'])} GiB per "
@@ -195,6 +197,8 @@ class OptimizeResult:
                          si(r.tokens_per_s, "tok/s") if r.tokens_per_s else "-")
                         for r in self.remedies]
                 lines.append(table(rows, ["change", "fits", "GiB/device", "throughput"]))
+            if self.layout is not None:
+                lines.append(self._layout_line())
             return "\n".join(lines)
         rows = []
         fleet = bool(self.per_variant)
@@ -217,15 +221,7 @@ class OptimizeResult:
         if len(self.candidates) > 1:
             lines.append("runner-up: " + why_lost(self.candidates[0], self.candidates[1]))
         if self.layout is not None:
-            lay = self.layout
-            gain = (f", {100 * (lay.tokens_per_s / self.best.throughput['tokens_per_s'] - 1):+.1f}%"
-                    " vs #1" if self.best else "")
-            lines.append(f"pipeline stages ({_cfg(lay.config.to_dict())}): layers "
-                         f"{lay.layers}, recomputed {lay.recompute}, "
-                         f"max {gib(max(lay.stage_bytes))} GiB/dev, "
-                         f"{si(lay.tokens_per_s, 'tok/s')}{gain}"
-                         f" (even split: {si(lay.even_tokens_per_s, 'tok/s')}"
-                         f"{'' if lay.even_fits else ', does not fit'})")
+            lines.append(self._layout_line())
         sp = self.shadow_price
         if sp.get("tokens_per_s_per_gib") is not None:
             lines.append(f"shadow price of memory: {sp['tokens_per_s_per_gib']:+,.0f} tok/s "
@@ -234,6 +230,17 @@ class OptimizeResult:
                      + (f" of {self.space_size:,}" if self.space_size else "")
                      + f" in {self.solve_s:.2f} s")
         return "\n".join(lines)
+
+
+    def _layout_line(self) -> str:
+        lay = self.layout
+        gain = (f", {100 * (lay.tokens_per_s / self.best.throughput['tokens_per_s'] - 1):+.1f}%"
+                " vs #1" if self.best else "")
+        return (f"pipeline stages ({_cfg(lay.config.to_dict())}): layers {lay.layers}, "
+                f"recomputed {lay.recompute}, max {gib(max(lay.stage_bytes))} GiB/dev"
+                f"{'' if lay.fits else ' (does not fit)'}, "
+                f"{si(lay.tokens_per_s, 'tok/s')}{gain} (even split: "
+                f"{si(lay.even_tokens_per_s, 'tok/s')}{'' if lay.even_fits else ', does not fit'})")
 
 
 def _cfg(c: dict) -> str:
@@ -351,8 +358,6 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         layouts = _layouts(sc, lat, res, n, usable, seed)
         timings["stage_layout_s"] = time.perf_counter() - t1
         solve_s = time.perf_counter() - t0
-        if layouts and not plans:
-            status = "ok" if layouts[0].fits else status
     return OptimizeResult(sc, status, method, plans, solve_s, len(lat), space_size, shadow,
                           smallest, rem, timings, layouts=layouts)
 
