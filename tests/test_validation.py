@@ -396,3 +396,32 @@ def test_xla_gpu_target_needs_a_described_gpu():
     from conftest import TEST_GPU
     with pytest.raises(Unsupported, match="core_count"):
         gpu_topology(TEST_GPU, 1)        # no SM count, clock or compute capability
+
+
+def test_shipped_calibration_reproduces_its_recorded_errors():
+    """The shipped xla-gpu-calibrated profile, run over the recorded xla-gpu measurements
+    (fitting and held-out grids, no plugin needed), gives the peak errors its results file
+    records: the file describes the profile that ships and the cost model that reads it."""
+    import numpy as np
+    from capopt._hardware import get_hardware
+    from capopt._runtime import get_profile
+    from capopt.validation import grid as G
+    root = Path(__file__).parents[1] / "benchmarks" / "results"
+    rec = json.loads((root / "xla_gpu_calibration.json").read_text())
+    hw = get_hardware(rec["gpu"])
+    base, shipped = get_profile("xla-gpu"), get_profile("xla-gpu-calibrated")
+    sets = {"fit": G.measure(G.fit_scenarios(40, hw, base),
+                             root / "xla_gpu_calibration.jsonl", tier="xla-gpu", jobs=1),
+            "heldout": G.measure(G.heldout_scenarios(hw, base),
+                                 root / "xla_gpu_heldout.jsonl", tier="xla-gpu", jobs=1)}
+    for name, pairs in sets.items():
+        assert len(pairs) == rec["peak_errors"][f"{name}_after"]["n"]   # nothing re-measured
+        for when, prof in (("before", base), ("after", shipped)):
+            errs = np.abs(G.peak_errors(pairs, prof))
+            want = rec["peak_errors"][f"{name}_{when}"]
+            # float32 cost model vs the recorded float64 summary: agree to 1e-4 of the error
+            assert float(np.median(errs)) == pytest.approx(want["median_abs"], abs=1e-4)
+            assert float(errs.max()) == pytest.approx(want["max_abs"], abs=1e-4)
+    # the fit helps where it was fitted
+    fit = rec["peak_errors"]
+    assert fit["fit_after"]["median_abs"] < fit["fit_before"]["median_abs"]

@@ -69,17 +69,23 @@ def layer_activation_terms(k: Knobs, n) -> dict:
     replicated = replicated + jnp.where(n["E"] > 1, 4.0 * n["E"], 0.0)   # fp32 router probs
     mlp_saved = n["gated"] * n["rt_mlp_gated_saved"] + (1 - n["gated"]) * n["rt_mlp_gelu_saved"]
     sharded = ab * (2.0 * a * hd + 2.0 * kv * hd) + ab * mlp_saved * f * moe_mult
-    materialised = a * s * (ab + mask_a * (1.0 + ab))
+    # softmax output (``score_copies`` of them: XLA keeps the probabilities and a second
+    # score-sized tensor for the softmax backward), dropout mask and dropped probabilities
+    materialised = a * s * (n["rt_score_copies"] * ab + mask_a * (1.0 + ab))
     # Causal or not, XLA and PyTorch materialise the full s x s matrix.
     flash = a * n["rt_attn_lse_bytes"]
     scores = k.flash * flash + (1.0 - k.flash) * materialised
     # A plain MLP stack (family "mlp") keeps one input and one activation per layer.
     mlp_only = ab * 2.0 * h
     scale = n["rt_act_scale"]
+    # attention dropout's mask and dropped probabilities (regenerated, not stored, when a
+    # recomputed block is rebuilt: the mask comes from the step's key)
+    dropout_scores = (1.0 - k.flash) * a * s * mask_a * (1.0 + ab)
     return {
         "replicated": scale * jnp.where(is_mlp_model > 0, mlp_only, replicated),
         "sharded": scale * jnp.where(is_mlp_model > 0, 0.0, sharded),
         "scores": scale * jnp.where(is_mlp_model > 0, 0.0, scores),
+        "dropout_scores": scale * jnp.where(is_mlp_model > 0, 0.0, dropout_scores),
         "layer_input": ab * h,
     }
 
@@ -192,11 +198,23 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
     w_none, w_sel, w_full = k.remat[0], k.remat[1], k.remat[2]
     stored = layers * (w_none * a_none + w_sel * a_sel + w_full * a_full) * in_flight
     # A recomputed block is rebuilt during its backward pass; ``rebuild_fraction`` of what it
-    # would have saved is live at once (1: the whole block, as a caching allocator holds it).
-    rebuild = n["rt_rebuild_fraction"] * (jnp.minimum(1.0, w_full * layers) * a_none
-                                          + jnp.minimum(1.0, w_sel * layers) * (a_none - a_sel))
-    rep_div = shard(k.sp, k.tp)
+    # would have saved is live at once (1: the whole block, as a caching allocator holds it),
+    # less the attention-dropout buffers ``rt_rebuild_dropout`` = 0 says are fused away.
     terms = layer_activation_terms(k, n)
+    drop = (1.0 - n["rt_rebuild_dropout"]) * tokens * terms["dropout_scores"] / k.tp
+    rebuild = n["rt_rebuild_fraction"] * (
+        jnp.minimum(1.0, w_full * layers) * (a_none - drop)
+        + jnp.minimum(1.0, w_sel * layers) * jnp.maximum(a_none - a_sel - drop, 0.0))
+    # The backward pass of a block holds float32 score gradients for a moment
+    # (``score_grad_copies`` of them, per head): of the whole s x s matrix when attention is
+    # materialised, of one block of ``attn_chunk_queries`` queries (against every key) when
+    # it runs blockwise (the validation step's chunked stand-in; 0 for a fused kernel).
+    per_seq = ((1.0 - k.flash) * n["s"] * n["s"]
+               + k.flash * jnp.minimum(n["rt_attn_chunk_queries"], n["s"]) * n["s"])
+    transient = (n["rt_score_grad_copies"] * k.micro_batch * n["a"] * per_seq * 4.0
+                 / k.tp * jnp.where(n["mlp"] > 0, 0.0, 1.0))
+    rebuild = rebuild + transient
+    rep_div = shard(k.sp, k.tp)
     edge = tokens * (terms["layer_input"] + n["hidden_dropout"] * n["h"]) * rep_div
     activations_bytes = stored + rebuild + edge * (in_flight if first_stage else 1.0)
 
@@ -214,7 +232,10 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
     late_grads = grads_bytes
 
     # --- logits and loss buffers (last stage) ---
-    per_elem = (n["rt_logits_act_copies"] * n["act_bytes"] + n["rt_logits_fp32_copies"] * 4.0)
+    # (a tied head, x @ embedding.T, keeps one more compute-dtype copy for the embedding's
+    # gradient: ``logits_tied_copies``)
+    per_elem = ((n["rt_logits_act_copies"] + n["tied"] * n["rt_logits_tied_copies"])
+                * n["act_bytes"] + n["rt_logits_fp32_copies"] * 4.0)
     logit_tp = n["logit_tp"] * (1.0 - vocab_rep)          # a replicated head: whole logits
     logit_div = logit_tp * k.tp + (1 - logit_tp)
     logits_bytes = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * per_elem / logit_div

@@ -3,8 +3,11 @@
     python -m capopt.validation.grid [--tier xla-gpu] [--gpu h100-sxm-80gb] [--points 40]
         [--profile-out capopt/profiles/xla-gpu-calibrated.toml]
 
-Measurements stream to ``--measurements`` (JSONL; a rerun resumes and only refits), the fit
-and every record to ``--results-out``. The grid is `GRID_DOC`.
+Measurements stream to ``--measurements`` and ``--heldout-measurements`` (JSONL; a rerun
+resumes by scenario name and config, since a measurement does not depend on the cost model,
+and only refits); the fit, the peak errors before and after it on both grids, and every
+point to ``--results-out``. The grids are `GRID_DOC` (fitting) and `HELDOUT_DOC` (other
+cards, shapes, precisions and multi-GPU layouts, never fitted).
 """
 
 from __future__ import annotations
@@ -25,7 +28,19 @@ learned positions, tied embeddings, biases, dropout 0.1) and Llama-shaped (GQA 8
 1376, RMSNorm, RoPE, untied), crossed with sequence length {512, 1024}, micro-batch {2, 8}
 (global batch 8: grad_accum 4 or 1),
 remat {none, selective, full}, flash attention {on, off} and precision {bf16-mixed, fp32};
-``points`` of the 96 combinations are drawn with a fixed seed, a quarter held out."""
+``points`` of the 96 combinations are drawn with a fixed seed; all of them fit the profile
+(target: peak bytes), and the separate held-out grid (`HELDOUT_DOC`) judges it."""
+
+
+# What the fitting grid can pin down: an overall scale on the bytes saved per op, the weight
+# casts, the score-sized tensors a materialised softmax saves and the score gradients of one
+# block's backward. Fitting the per-op counts too (norm inputs, MLP internals) moves neither
+# the fitting nor the held-out error. The logits copies stay at the profile's values, read off
+# XLA's buffer assignment: every fitting point has the same vocabulary-to-width ratio
+# (8192 / 512), so the fit cannot tell a logits copy from an h-wide per-token buffer (fitted
+# freely they reach ~1.5 copies each, and the held-out 32000-token vocabulary comes out
+# 20-30% high).
+FIT_COEFFS = ("act_scale", "weight_copy_fraction", "score_copies", "score_grad_copies")
 
 
 def grid_points(points: int = 40, seed: int = 0) -> list[tuple[str, int, str, Config]]:
@@ -43,8 +58,57 @@ def grid_points(points: int = 40, seed: int = 0) -> list[tuple[str, int, str, Co
     return out
 
 
+HELDOUT_DOC = """Held-out grid (same tier and target, never used to fit): two other cards,
+GPT-shaped 768 wide x 3 layers (12 heads, GELU 3072, a 16000-token untied vocabulary, no
+dropout) and Llama-shaped 384 wide x 6 layers (6 heads, 2 KV heads, SwiGLU 1024, a
+32000-token vocabulary), at sequence lengths 256 to 2048, global batches 1 to 32 (micro-batch 1
+to 32, grad_accum up to 4), precisions bf16-mixed, fp32 and pure bf16 (not in the fitting
+grid), every remat policy, flash on and off, and 2- and 4-GPU layouts (ZeRO-3/FSDP over 2,
+tensor parallel 2, and dp 2 x tp 2): 14 points, listed in `heldout_points`."""
+
+
+def heldout_points() -> list[tuple[str, int, int, str, int, Config]]:
+    """(model, seq_len, global_batch, precision, count, config) of the held-out grid."""
+    C = Config
+    return [
+        ("wide-gpt", 256, 16, "bf16-mixed", 1, C(micro_batch=16, remat="none")),
+        ("wide-gpt", 2048, 2, "bf16-mixed", 1, C(micro_batch=1, grad_accum=2,
+                                                  remat="selective")),
+        ("wide-gpt", 2048, 1, "fp32", 1, C(micro_batch=1, remat="full", flash_attention=False)),
+        ("wide-gpt", 256, 16, "bf16", 1, C(micro_batch=4, grad_accum=4, remat="full",
+                                            flash_attention=False)),
+        ("wide-gpt", 1024, 4, "bf16-mixed", 1, C(micro_batch=4, remat="selective",
+                                                  flash_attention=False)),
+        ("deep-llama", 256, 32, "bf16-mixed", 1, C(micro_batch=32, remat="selective",
+                                                    flash_attention=False)),
+        ("deep-llama", 2048, 4, "bf16-mixed", 1, C(micro_batch=4, remat="none")),
+        ("deep-llama", 2048, 2, "fp32", 1, C(micro_batch=2, remat="full")),
+        ("deep-llama", 1024, 8, "bf16", 1, C(micro_batch=2, grad_accum=4, remat="none",
+                                              flash_attention=False)),
+        ("deep-llama", 512, 16, "fp32", 1, C(micro_batch=16, remat="selective")),
+        ("wide-gpt", 1024, 8, "bf16-mixed", 2, C(micro_batch=4, dp=2, zero_stage=3)),
+        ("deep-llama", 1024, 8, "bf16-mixed", 2, C(micro_batch=2, grad_accum=2, dp=2,
+                                                    zero_stage=3, remat="full",
+                                                    flash_attention=False)),
+        ("deep-llama", 512, 8, "bf16-mixed", 2, C(micro_batch=8, tp=2, remat="selective")),
+        ("wide-gpt", 512, 8, "fp32", 4, C(micro_batch=4, dp=2, tp=2, flash_attention=False)),
+    ]
+
+
 def grid_model(kind: str):
     from .._model import ModelSpec
+    if kind == "wide-gpt":
+        return ModelSpec(name="heldout-gpt", family="decoder", hidden_size=768,
+                         num_hidden_layers=3, num_attention_heads=12, intermediate_size=3072,
+                         vocab_size=16000, max_position_embeddings=2048,
+                         tie_word_embeddings=False, attention_bias=True,
+                         attention_out_bias=True, mlp_bias=True)
+    if kind == "deep-llama":
+        return ModelSpec(name="heldout-llama", family="decoder", hidden_size=384,
+                         num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
+                         intermediate_size=1024, vocab_size=32000,
+                         position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated",
+                         hidden_act="silu")
     if kind == "gpt":
         return ModelSpec(name="calib-gpt", family="decoder", hidden_size=512,
                          num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048,
@@ -58,6 +122,73 @@ def grid_model(kind: str):
                      mlp_type="gated", hidden_act="silu")
 
 
+def _scenario(name, model, seq, batch, prec, count, hw, runtime) -> Scenario:
+    from .._specs import Budget, Workload
+    return Scenario(name=name, model=grid_model(model), hardware=hw, count=count,
+                    per_node=count, workload=Workload(seq_len=seq, global_batch=batch,
+                                                      precision=prec),
+                    budget=Budget(vram_bytes=hw.memory_bytes), runtime=runtime)
+
+
+def fit_scenarios(points: int, hw, runtime) -> list[tuple[Scenario, list[Config]]]:
+    groups: dict[tuple, list[Config]] = {}
+    for model, s, prec, cfg in grid_points(points):
+        groups.setdefault((model, s, prec), []).append(cfg.replace(
+            grad_accum=8 // cfg.micro_batch))
+    return [(_scenario(f"calib-{m}-s{s}-{p}", m, s, 8, p, 1, hw, runtime), cfgs)
+            for (m, s, p), cfgs in groups.items()]
+
+
+def heldout_scenarios(hw, runtime) -> list[tuple[Scenario, list[Config]]]:
+    return [(_scenario(f"heldout-{m}-s{s}-b{b}-{p}-n{n}", m, s, b, p, n, hw, runtime), [cfg])
+            for m, s, b, p, n, cfg in heldout_points()]
+
+
+def measure(groups, path, *, tier: str, jobs: int) -> list[tuple[Scenario, dict]]:
+    """Measure every (scenario, config), resuming from ``path`` by scenario name and config
+    (measurements do not depend on the cost model's coefficients)."""
+    import json
+    from pathlib import Path
+
+    from .runner import load_results, validate
+    done = {}
+    if Path(path).exists():
+        for r in load_results(path):
+            if r.get("status") == "ok" and r.get("tier") == tier:
+                done[(r.get("scenario"), json.dumps(r["config"], sort_keys=True))] = r
+    out = []
+    for sc, cfgs in groups:
+        key = lambda c: (sc.name, json.dumps(c.to_dict(), sort_keys=True))  # noqa: E731
+        todo = [c for c in cfgs if key(c) not in done]
+        if todo:
+            rep = validate(sc, tier=tier, configs=todo, out=path, jobs=jobs, progress=True)
+            for r in rep.results:
+                r["scenario"] = sc.name
+                done[key(Config(**r["config"]))] = r
+        out += [(sc, done[key(c)]) for c in cfgs if key(c) in done]
+    return out
+
+
+def peak_errors(pairs, profile) -> list[float]:
+    """(predicted - measured) / measured peak bytes of each (scenario, record) under
+    ``profile``."""
+    from .predict import predicted_terms
+    errs = []
+    for sc, r in pairs:
+        m = r["measured"]
+        p = predicted_terms(Config(**r["config"]), sc.replace(runtime=profile),
+                            input_bytes=m["input_bytes"],
+                            output_leaves=r.get("details", {}).get("output_leaves", 0))
+        errs.append((p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"])
+    return errs
+
+
+def _summary(errs) -> dict:
+    a = np.abs(np.asarray(errs, float))
+    return {"n": int(a.size), "median_abs": float(np.median(a)), "max_abs": float(a.max()),
+            "mean_abs": float(a.mean())}
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
@@ -66,60 +197,72 @@ def main(argv: list[str] | None = None) -> int:
 
     from .._hardware import get_hardware
     from .._runtime import get_profile
-    from .._specs import Budget, Workload
-    from .runner import validate
 
     ap = argparse.ArgumentParser(prog="python -m capopt.validation.grid",
                                  description="Measure the calibration grid and fit a profile. "
-                                 + GRID_DOC)
+                                 + GRID_DOC + " " + HELDOUT_DOC)
     ap.add_argument("--tier", default="xla-gpu", choices=["xla-gpu", "device"])
     ap.add_argument("--gpu", default="h100-sxm-80gb")
     ap.add_argument("--points", type=int, default=40)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--measurements", default="benchmarks/results/xla_gpu_calibration.jsonl")
+    ap.add_argument("--heldout-measurements",
+                    default="benchmarks/results/xla_gpu_heldout.jsonl")
+    ap.add_argument("--no-heldout", action="store_true", help="skip the held-out grid")
     ap.add_argument("--results-out", default="benchmarks/results/xla_gpu_calibration.json")
     ap.add_argument("--profile-out", default=None,
                     help="write the fitted profile here (e.g. "
                          "capopt/profiles/xla-gpu-calibrated.toml)")
-    # act_scale, logits copies and weight casts: the set whose fit stays physical (a finer set
-    # with norm_inputs_saved trades it off against act_scale: 0.26 x 45 norm inputs).
-    ap.add_argument("--coeffs", default=",".join(("act_scale", "logits_fp32_copies",
-                                                 "logits_act_copies", "weight_copy_fraction")))
+    ap.add_argument("--coeffs", default=",".join(FIT_COEFFS))
+    ap.add_argument("--target", default="peak_bytes", choices=["peak_bytes", "temp_bytes"])
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--learning-rate", type=float, default=0.03)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     hw = get_hardware(args.gpu)
     base = get_profile("xla-gpu")
-    groups: dict[tuple, list[Config]] = {}
-    for model, s, prec, cfg in grid_points(args.points):
-        groups.setdefault((model, s, prec), []).append(cfg)
-    samples, records = [], []
-    for (model, s, prec), cfgs in groups.items():
-        sc = Scenario(name=f"calib-{model}-s{s}-{prec}", model=grid_model(model), hardware=hw,
-                      count=1, per_node=1,
-                      workload=Workload(seq_len=s, global_batch=8, precision=prec),
-                      budget=Budget(vram_bytes=hw.memory_bytes), runtime=base)
-        cfgs = [c.replace(grad_accum=8 // c.micro_batch) for c in cfgs]
-        rep = validate(sc, tier=args.tier, configs=cfgs, out=args.measurements,
-                       jobs=args.jobs, progress=True)
-        for r in rep.results:
-            r["scenario"] = sc.name
-        records += rep.results
-        samples += samples_from_results(rep.results, sc, target="temp_bytes")
+    fit_pairs = measure(fit_scenarios(args.points, hw, base), args.measurements,
+                        tier=args.tier, jobs=args.jobs)
+    held_pairs = [] if args.no_heldout else measure(
+        heldout_scenarios(hw, base), args.heldout_measurements, tier=args.tier, jobs=args.jobs)
+    samples = []
+    for sc, r in fit_pairs:
+        samples += samples_from_results([r], sc, target=args.target)
     coeffs = tuple(c for c in args.coeffs.split(",") if c)
-    res = calibrate(samples, coeffs=coeffs, target="temp_bytes", steps=args.steps,
-                    learning_rate=args.learning_rate, name=f"{base.name}-calibrated")
-    he = res.holdout_error
+    # every fitting point trains; the held-out grid (other cards, shapes, layouts) judges
+    res = calibrate(samples, coeffs=coeffs, target=args.target, steps=args.steps,
+                    learning_rate=args.learning_rate, holdout=0.0,
+                    name=f"{base.name}-calibrated")
+    errors = {"fit_before": _summary(peak_errors(fit_pairs, base)),
+              "fit_after": _summary(peak_errors(fit_pairs, res.profile))}
+    if held_pairs:
+        errors["heldout_before"] = _summary(peak_errors(held_pairs, base))
+        errors["heldout_after"] = _summary(peak_errors(held_pairs, res.profile))
+    held = errors.get("heldout_after")
     res.profile = dataclasses.replace(res.profile, source=(
         f"{base.source}; coefficients {', '.join(coeffs)} fitted by capopt calibrate "
-        f"(python -m capopt.validation.grid) to {res.n_train} {args.tier} measurements "
-        f"of temp bytes on {hw.name}, {res.n_holdout} more held out (mean |error| "
-        f"{100 * he['before']:.0f}% -> {100 * he['after']:.0f}%); grid: "
-        f"capopt.validation.grid.GRID_DOC"))
+        f"(python -m capopt.validation.grid) to {res.n_train} {args.tier} measurements of "
+        f"{args.target.replace('_', ' ')} on {hw.name} (grid: capopt.validation.grid.GRID_DOC)"
+        + (f"; held-out grid (HELDOUT_DOC, {held['n']} points): median |peak error| "
+           f"{100 * held['median_abs']:.1f}%, worst {100 * held['max_abs']:.1f}%"
+           if held else "")))
     print(res.render())
-    out = {"tier": args.tier, "gpu": hw.name, "grid": GRID_DOC, "fit": res.to_dict(),
-           "history": res.history, "records": records, "total_s": time.perf_counter() - t0}
+    for k, v in errors.items():
+        print(f"  peak |error| {k:<15} median {100 * v['median_abs']:5.1f}%  "
+              f"worst {100 * v['max_abs']:5.1f}%  (n={v['n']})")
+    per_point = []
+    for name, pairs in (("fit", fit_pairs), ("heldout", held_pairs)):
+        if not pairs:
+            continue
+        for (sc, r), e0, e1 in zip(pairs, peak_errors(pairs, base),
+                                   peak_errors(pairs, res.profile)):
+            per_point.append({"set": name, "scenario": sc.name, "config": r["config"],
+                              "measured_peak_bytes": r["measured"]["peak_bytes"],
+                              "measured_temp_bytes": r["measured"]["temp_bytes"],
+                              "peak_error_before": e0, "peak_error_after": e1})
+    out = {"tier": args.tier, "gpu": hw.name, "grid": GRID_DOC, "heldout_grid": HELDOUT_DOC,
+           "fit": res.to_dict(), "peak_errors": errors, "points": per_point,
+           "history": res.history, "total_s": time.perf_counter() - t0}
     Path(args.results_out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.results_out).write_text(json.dumps(out, indent=1, default=str))
     if args.profile_out:
