@@ -7,9 +7,10 @@
    does the optimiser's best equal the exhaustive optimum, and how far is it in throughput?
 2. Speed: warm solve time per scenario (after the first call compiled everything) and cold
    time (a fresh process, compilation included) on a few scenarios.
-   Cold is measured twice: the default path (lattices of at most 100k configs are evaluated
-   whole) and the relaxed solve forced (``exhaustive_below=0``), each with no compilation
-   cache, with an empty cache directory, and again with that cache warm.
+   Cold is measured for the default path (lattices of at most ``EXHAUSTIVE_BELOW`` configs
+   are evaluated whole), the relaxed solve forced (``exhaustive_below=0``) and an
+   uneven-stage scenario, each with no compilation cache, with an empty cache directory, and
+   again with that cache warm.
 3. A space of over 10^6 configs (remat as any number of recomputed layers): exhaustive time
    over optimiser time, measured in one run.
 4. Beyond a grid: uneven pipeline stages (layer count and recompute count per stage, over
@@ -111,23 +112,33 @@ t0 = time.perf_counter()
 import capopt
 from capopt.search import optimize
 t1 = time.perf_counter()
-r = optimize(capopt.load_scenario(sys.argv[1]), top_k=5, remedies=False,
+arg = sys.argv[1]
+sc = capopt.load_scenario(json.loads(arg) if arg.startswith("{") else arg)
+r = optimize(sc, top_k=5, remedies=False,
              exhaustive_below=int(sys.argv[2]))
 t2 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "solve_s": t2 - t1, "status": r.status,
-                  "method": r.method, "load": os.getloadavg()[0]}))
+                  "method": r.method, "layout": r.layout is not None,
+                  "load": os.getloadavg()[0]}))
 """
 
 
 def cold(scenarios: list[str]) -> list[dict]:
     """Fresh processes: with no compilation cache at all, with an empty cache directory, then
-    with that cache warm; for the default path and for the relaxed solve forced."""
+    with that cache warm; for the default path, for the relaxed solve forced, and for an
+    uneven-stage scenario (default path plus the layout solve)."""
     import tempfile
+
+    from capopt.search.optimize import EXHAUSTIVE_BELOW
     out = []
-    for path, below in (("default", 100_000), ("relaxed", 0)):
+    runs = ([("default", EXHAUSTIVE_BELOW, s) for s in scenarios]
+            + [("relaxed", 0, s) for s in scenarios]
+            + [("layout", EXHAUSTIVE_BELOW, json.dumps(LAYOUT_CASES[0]))])
+    for path in ("default", "relaxed", "layout"):
         with tempfile.TemporaryDirectory() as cache:
-            for name in scenarios:
-                row = {"scenario": name, "path": path}
+            for _, below, name in [r for r in runs if r[0] == path]:
+                label_name = (json.loads(name)["name"] if name.startswith("{") else name)
+                row = {"scenario": label_name, "path": path}
                 for label, cache_dir in (("no_cache", ""), ("disk_cache", cache),
                                          ("disk_cache_again", cache)):
                     env = dict(os.environ, CAPOPT_CACHE_DIR=cache_dir)
@@ -272,7 +283,7 @@ def main() -> int:
     print("\nCold solve (fresh process, compilation included)   target <= 5 s")
     print(f"  {'scenario':<24} {'path':<8} {'no cache':>9} {'cache cold':>11} {'cache warm':>11}")
     for r in cold_rows:
-        print(f"  {r['scenario']:<24} {r['path']:<8} {r['no_cache']['solve_s']:>8.2f}s "
+        print(f"  {r['scenario'][:24]:<24} {r['path']:<8} {r['no_cache']['solve_s']:>8.2f}s "
               f"{r['disk_cache']['solve_s']:>10.2f}s {r['disk_cache_again']['solve_s']:>10.2f}s")
     print("\nLarge space")
     print(f"  {big['scenario']}: {big['space']:,} configs")

@@ -31,7 +31,7 @@ def enable() -> None:
     except OSError:
         return
     jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
 
 
 def compile_options() -> dict | None:

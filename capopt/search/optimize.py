@@ -23,7 +23,7 @@ from ._space import COLUMNS, Lattice, Space, build_lattice
 from .relax import continuous_values, initial_points, make_solver, scenario_bounds
 
 _SOLVERS: dict[Any, Any] = {}
-EXHAUSTIVE_BELOW = 100_000     # lattices this small are evaluated whole (exact, faster)
+EXHAUSTIVE_BELOW = 500_000     # lattices this small are evaluated whole (exact, faster cold)
 
 
 _PLAN_ESTIMATE: list = []

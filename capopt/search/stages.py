@@ -171,9 +171,12 @@ class LayoutProblem:
     def evaluate(self, layers: np.ndarray, rec: np.ndarray):
         layers = np.asarray(layers, np.float32).reshape(-1, self.p)
         rec = np.asarray(rec, np.float32).reshape(-1, self.p)
-        step, mem, t = _evaluator()(jnp.asarray(layers), jnp.asarray(rec), self.k, self.n,
-                                    self.rest, self.inp)
-        return np.asarray(step), np.asarray(mem), np.asarray(t)
+        rows = len(layers)
+        size = max(128, 1 << (rows - 1).bit_length())     # one padded shape: one compilation
+        pad = lambda a: np.concatenate([a, np.repeat(a[:1], size - rows, 0)])  # noqa: E731
+        step, mem, t = _evaluator()(jnp.asarray(pad(layers)), jnp.asarray(pad(rec)), self.k,
+                                    self.n, self.rest, self.inp)
+        return np.asarray(step)[:rows], np.asarray(mem)[:rows], np.asarray(t)[:rows]
 
     def score(self, step, mem):
         """Higher is better: fitting layouts by speed, then non-fitting ones by memory."""
