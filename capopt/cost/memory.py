@@ -70,17 +70,22 @@ def layer_activation_terms(k: Knobs, n) -> dict:
     mlp_saved = n["gated"] * n["rt_mlp_gated_saved"] + (1 - n["gated"]) * n["rt_mlp_gelu_saved"]
     sharded = ab * (2.0 * a * hd + 2.0 * kv * hd) + ab * mlp_saved * f * moe_mult
     # softmax output (``score_copies`` of them: XLA keeps the probabilities and a second
-    # score-sized tensor for the softmax backward), dropout mask and dropped probabilities
-    materialised = a * s * (n["rt_score_copies"] * ab + mask_a * (1.0 + ab))
+    # score-sized tensor for the softmax backward), dropout mask, and the dropped
+    # probabilities where the runtime keeps them (``attn_dropout_out_saved``; XLA recomputes
+    # them from the mask)
+    materialised = a * s * (n["rt_score_copies"] * ab
+                            + mask_a * (1.0 + n["rt_attn_dropout_out_saved"] * ab))
     # Causal or not, XLA and PyTorch materialise the full s x s matrix.
-    flash = a * n["rt_attn_lse_bytes"]
+    # blockwise attention: the softmax statistics, plus ``flash_qo_copies`` query/output-sized
+    # tensors (the validation step's chunked stand-in regroups q and the output by block)
+    flash = a * n["rt_attn_lse_bytes"] + n["rt_flash_qo_copies"] * ab * a * hd
     scores = k.flash * flash + (1.0 - k.flash) * materialised
     # A plain MLP stack (family "mlp") keeps one input and one activation per layer.
     mlp_only = ab * 2.0 * h
     scale = n["rt_act_scale"]
     # attention dropout's mask and dropped probabilities (regenerated, not stored, when a
     # recomputed block is rebuilt: the mask comes from the step's key)
-    dropout_scores = (1.0 - k.flash) * a * s * mask_a * (1.0 + ab)
+    dropout_scores = (1.0 - k.flash) * a * s * mask_a * (1.0 + n["rt_attn_dropout_out_saved"] * ab)
     return {
         "replicated": scale * jnp.where(is_mlp_model > 0, mlp_only, replicated),
         "sharded": scale * jnp.where(is_mlp_model > 0, 0.0, sharded),
@@ -209,14 +214,17 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
     # (``score_grad_copies`` of them, per head): of the whole s x s matrix when attention is
     # materialised, of one block of ``attn_chunk_queries`` queries (against every key) when
     # it runs blockwise (the validation step's chunked stand-in; 0 for a fused kernel).
-    per_seq = ((1.0 - k.flash) * n["s"] * n["s"]
-               + k.flash * jnp.minimum(n["rt_attn_chunk_queries"], n["s"]) * n["s"])
-    transient = (n["rt_score_grad_copies"] * k.micro_batch * n["a"] * per_seq * 4.0
-                 / k.tp * jnp.where(n["mlp"] > 0, 0.0, 1.0))
+    # The blockwise loop's buffers are assigned apart from the rest of the step (XLA gives a
+    # loop body's buffers their own space), so they do not share memory with the logits.
+    per_head = n["rt_score_grad_copies"] * k.micro_batch * n["a"] * 4.0 / k.tp * jnp.where(
+        n["mlp"] > 0, 0.0, 1.0)
+    transient = per_head * (1.0 - k.flash) * n["s"] * n["s"]
+    loop_transient = per_head * k.flash * jnp.minimum(n["rt_attn_chunk_queries"], n["s"]) * n["s"]
     rebuild = rebuild + transient
     rep_div = shard(k.sp, k.tp)
     edge = tokens * (terms["layer_input"] + n["hidden_dropout"] * n["h"]) * rep_div
-    activations_bytes = stored + rebuild + edge * (in_flight if first_stage else 1.0)
+    activations_bytes = (stored + rebuild + loop_transient
+                         + edge * (in_flight if first_stage else 1.0))
 
     # --- gradients at the peak ---
     # XLA's static buffer assignment reuses memory across the step: gradients produced late in

@@ -33,14 +33,15 @@ remat {none, selective, full}, flash attention {on, off} and precision {bf16-mix
 
 
 # What the fitting grid can pin down: an overall scale on the bytes saved per op, the weight
-# casts, the score-sized tensors a materialised softmax saves and the score gradients of one
-# block's backward. Fitting the per-op counts too (norm inputs, MLP internals) moves neither
+# casts, the score-sized tensors a materialised softmax saves, the score gradients of one
+# block's backward and the copies blockwise attention saves. Fitting the per-op counts too (norm inputs, MLP internals) moves neither
 # the fitting nor the held-out error. The logits copies stay at the profile's values, read off
 # XLA's buffer assignment: every fitting point has the same vocabulary-to-width ratio
 # (8192 / 512), so the fit cannot tell a logits copy from an h-wide per-token buffer (fitted
 # freely they reach ~1.5 copies each, and the held-out 32000-token vocabulary comes out
 # 20-30% high).
-FIT_COEFFS = ("act_scale", "weight_copy_fraction", "score_copies", "score_grad_copies")
+FIT_COEFFS = ("act_scale", "weight_copy_fraction", "score_copies", "score_grad_copies",
+              "flash_qo_copies")
 
 
 def grid_points(points: int = 40, seed: int = 0) -> list[tuple[str, int, str, Config]]:
