@@ -221,7 +221,7 @@ def test_across_nodes_the_network_is_the_bottleneck():
 # ---------------------------------------------------------------------------------------------
 TIME_KEYS = {"compute_s", "memory_bound_s", "comm_dp_s", "comm_zero_s", "comm_tp_s",
              "comm_pp_s", "comm_moe_s", "comm_exposed_s", "comm_hidden_s", "bubble_s",
-             "optimizer_s", "offload_s", "input_s", "step_s"}
+             "optimizer_s", "offload_s", "input_s", "step_s", "grad_accum_s", "launch_s"}
 THROUGHPUT_KEYS = {"tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu", "hfu",
                    "model_flops", "hardware_flops", "tflops_per_device", "time_to_train_s",
                    "cost_per_million_tokens"}
@@ -557,3 +557,121 @@ def test_integer_points_are_exact_mixtures():
 def test_knobs_from_config_round_trip():
     k = knobs_from_config(Config(micro_batch=2, grad_accum=3, dp=4, remat="selective"))
     assert float(k.micro_batch * k.grad_accum * k.dp) == 24.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Costs that grow with the number of micro-batches: accumulation, kernel overhead, weight reads
+# ---------------------------------------------------------------------------------------------
+from capopt import load_scenario  # noqa: E402
+from capopt.cost import time as time_mod  # noqa: E402
+from capopt.cost.flops import gemm_dim  # noqa: E402
+
+
+def test_fewer_larger_micro_batches_are_faster_at_a_fixed_global_batch():
+    # GPT-2 124M on a 24 GB card, 512 sequences per step: every split fits, and each halving
+    # of the micro-batch count saves accumulation adds, kernels and weight re-reads
+    sc = load_scenario("gpt2-124m-rtx4090")
+    steps = []
+    for mb in (2, 4, 8, 16):
+        e = est(Config(micro_batch=mb, grad_accum=512 // mb, remat="none"), sc)
+        assert e["memory"]["total_bytes"] <= e["memory"]["budget_bytes"]
+        steps.append(e["time"]["step_s"])
+        assert 0.0 < e["time"]["grad_accum_s"] < e["time"]["memory_bound_s"]
+        assert 0.0 < e["time"]["launch_s"]
+    assert all(a > b for a, b in zip(steps, steps[1:])), steps
+
+
+@pytest.mark.parametrize("runtime, adds, per_param", [
+    ("xla-gpu", lambda m: m if m > 1 else 0, 3 * 4.0),  # scan from zeros; fp32 accumulator
+    ("pytorch", lambda m: m - 1, 2.0 + 2 * 4.0),  # first backward writes .grad; fp32 main_grad
+])
+@pytest.mark.parametrize("zero, dp", [(0, 1), (2, 8), (3, 8)])
+def test_accumulation_bytes_match_the_closed_form(runtime, adds, per_param, zero, dp):
+    # a tiny card, one stage: adds x trainable parameters / dp (ZeRO-2/3 shards) x bytes, at
+    # HBM bandwidth; nothing at grad_accum = 1
+    model = gpt_like(layers=2, hidden=64, heads=4, vocab=256, seq=128)
+    sc = make_scenario(model, runtime=runtime, count=dp, seq_len=128, global_batch=8 * dp)
+    n = numbers_pytree(sc)
+    P = sc.model.num_params()
+    rate = float(n["mem_bw"] * n["rt_mem_eff"])
+    for m in (1, 2, 8):
+        cfg = Config(micro_batch=8 // m, grad_accum=m, dp=dp, zero_stage=zero)
+        t = est(cfg, sc)["time"]
+        shard = 1.0 / dp if zero >= 2 else 1.0
+        expected = adds(m) * P * shard * per_param / rate
+        assert t["grad_accum_s"] == pytest.approx(expected, rel=1e-4)
+        if m == 1:
+            assert t["grad_accum_s"] == 0.0
+
+
+def test_accumulation_and_launch_are_smooth_at_relaxed_points():
+    n = numbers_pytree(load_scenario("gpt2-124m-rtx4090"))
+    k = Knobs(micro_batch=jnp.float32(5.5), grad_accum=jnp.float32(1.6), dp=jnp.float32(1.0),
+              tp=jnp.float32(1.0), pp=jnp.float32(1.0), ep=jnp.float32(1.0),
+              zero=jnp.asarray([1.0, 0.0, 0.0, 0.0], jnp.float32),
+              remat=jnp.asarray([0.6, 0.2, 0.2], jnp.float32), sp=jnp.float32(0.0),
+              offload=jnp.float32(0.0), flash=jnp.float32(0.7))
+    for key in ("grad_accum_s", "launch_s", "step_s"):
+        g = jax.grad(lambda kk: estimate_numbers(kk, n).time[key])(k)
+        assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(g)), key
+    g = jax.grad(lambda kk: estimate_numbers(kk, n).time["grad_accum_s"])(k)
+    assert float(g.grad_accum) > 0.0
+    # between 1 and 2 micro-batches the accumulation term rises continuously from 0
+    vals = [float(estimate_numbers(k.replace(grad_accum=jnp.float32(m)), n).time["grad_accum_s"])
+            for m in (1.0, 1.25, 1.5, 2.0)]
+    assert vals[0] == 0.0 and vals == sorted(vals) and vals[-1] > 0.0
+
+
+def test_launches_hide_behind_long_kernels_and_pace_short_ones():
+    # the stream takes max(work + K gap, K launch): with gap 0, a large micro-batch hides its
+    # launches entirely; a tiny one is paced by them
+    sc = load_scenario("gpt2-124m-rtx4090")
+    sc = sc.replace(runtime=sc.runtime.with_coeffs(kernel_gap_s=0.0))
+    big = est(Config(micro_batch=16, grad_accum=32, remat="none"), sc)["time"]
+    assert big["launch_s"] == pytest.approx(0.0, abs=1e-6 * big["step_s"])
+    tiny_sc = make_scenario(gpt_like(layers=2, hidden=64, heads=4, vocab=256, seq=128),
+                            count=1, seq_len=128, global_batch=1)
+    tiny_sc = tiny_sc.replace(runtime=tiny_sc.runtime.with_coeffs(kernel_gap_s=0.0))
+    n = numbers_pytree(tiny_sc)
+    k = knobs_from_config(Config(micro_batch=1, grad_accum=1))
+    t = est(Config(micro_batch=1, grad_accum=1), tiny_sc)["time"]
+    kernels = float(time_mod.stage_kernels(k, n, n["L"]))
+    per_step = float(n["L"] * n["rt_optimizer_kernels_per_layer"])
+    launch = float(n["rt_kernel_launch_s"])
+    paced = t["compute_s"] + t["memory_bound_s"]
+    assert paced == pytest.approx(kernels * launch, rel=1e-3)
+    assert t["optimizer_s"] == pytest.approx(per_step * launch, rel=1e-3)
+
+
+def test_smooth_max_is_exact_away_from_the_crossover():
+    for a, b in ((1.0, 0.25), (0.3, 3.0), (5e-3, 1e-3)):
+        assert float(time_mod.smooth_max(jnp.float32(a), jnp.float32(b))) == pytest.approx(
+            max(a, b), rel=F32)
+    assert float(time_mod.smooth_max(jnp.float32(0.0), jnp.float32(0.0))) == 0.0
+    at = float(time_mod.smooth_max(jnp.float32(1.0), jnp.float32(1.0)))
+    assert 1.0 < at < 1.0 + 0.1 * math.log(2.0) + 1e-6
+
+
+def test_zero2_reduce_scatters_every_micro_batch():
+    # ZeRO-2 keeps a sharded accumulator: its gradient traffic grows with the micro-batches,
+    # ZeRO-1's (one reduce-scatter of the accumulated gradients) does not
+    def total(zero, ga):
+        sc = _zero3_scenario(ga)
+        t = est(Config(micro_batch=1, grad_accum=ga, dp=8, zero_stage=zero), sc)["time"]
+        return t["comm_zero_s"] + t["comm_hidden_s"]
+    z1 = [total(1, ga) for ga in (1, 4)]
+    z2 = [total(2, ga) for ga in (1, 4)]
+    assert z1[0] == pytest.approx(z2[0], rel=F32)
+    assert z1[1] == pytest.approx(z1[0], rel=F32)
+    assert z2[1] > 3.0 * z2[0] - z1[0]
+
+
+def test_gemms_pay_for_their_weights_every_micro_batch():
+    # the effective GEMM dimension counts every operand: with more tokens than the hidden size
+    # the weights still cross HBM once per micro-batch, so the efficiency keeps rising
+    n = numbers_pytree(load_scenario("gpt2-124m-rtx4090"))
+    h, f = 768.0, 3072.0
+    effs = [float(matmul_efficiency(gemm_dim(jnp.float32(t), h, f), n))
+            for t in (1024.0, 2048.0, 8192.0, 16384.0)]
+    assert effs == sorted(effs) and effs[0] < effs[-1]
+    assert float(gemm_dim(2048.0, h, f)) == pytest.approx(1 / (1 / 2048 + 1 / h + 1 / f), rel=F32)

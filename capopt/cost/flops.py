@@ -121,15 +121,33 @@ def hardware_flops(k: Knobs, n: dict):
 
 
 def matmul_efficiency(m, n: dict):
-    """Achievable fraction of the dtype's peak for a GEMM whose smallest dimension is ``m``.
+    """Achievable fraction of the dtype's peak for a GEMM of effective dimension ``m``.
 
-    ``eff_max * m / (m + m_half)``: the harmonic roofline of a GEMM that streams its largest
-    operand once (arithmetic intensity ~ 2 m / element bytes FLOP/byte), so ``m_half`` is the
-    ridge point ``peak * element_bytes / (2 * mem_bw)`` scaled by the profile.
+    ``eff_max * m / (m + m_half)``, i.e. seconds = FLOPs / (eff_max peak) + bytes moved /
+    (eff_max HBM bandwidth): the roofline's harmonic form (Williams et al. 2009). A GEMM
+    (M, K, N) does 2 M K N FLOPs and, tiled ideally, moves each operand once:
+    ``e (M K + K N + M N)`` bytes, so its intensity is ``2 m / e`` FLOP/byte with
+    ``1 / m = 1 / M + 1 / K + 1 / N`` (`gemm_dim`), and ``m_half`` is the ridge point
+    ``peak * element_bytes / (2 * mem_bw)`` scaled by the profile.
     """
     m_half = n["rt_gemm_half_scale"] * n["matmul_peak"] * n["act_bytes"] / (2.0 * n["mem_bw"])
     m = jnp.maximum(m, 1.0)
     return n["rt_gemm_eff_max"] * m / (m + m_half)
+
+
+def gemm_dim(*dims):
+    """Effective dimension of a GEMM with dimensions ``dims`` (M, K, N):
+    ``1 / (1 / M + 1 / K + 1 / N)``.
+
+    Every operand counts: the weights (K x N) are read again for every micro-batch (and in
+    the backward pass, for the input gradient; the weight gradient writes them), so a GEMM
+    over many tokens still pays for its weight bytes, and one over few tokens for its
+    activations. Below the smallest dimension and at least a third of it.
+    """
+    inv = 0.0
+    for d in dims:
+        inv = inv + 1.0 / jnp.maximum(d, 1.0)
+    return 1.0 / inv
 
 
 def _smallest(*dims):
@@ -140,8 +158,8 @@ def _smallest(*dims):
 
 
 def _gemm_s(flops, n: dict, *dims):
-    """Seconds for ``flops`` of GEMMs with dimensions ``dims`` on one device."""
-    return flops / (matmul_efficiency(_smallest(*dims), n) * n["matmul_peak"])
+    """Seconds for ``flops`` of GEMMs with dimensions ``dims`` (M, K, N) on one device."""
+    return flops / (matmul_efficiency(gemm_dim(*dims), n) * n["matmul_peak"])
 
 
 def compute_times(k: Knobs, n: dict) -> dict:
@@ -177,9 +195,9 @@ def compute_times(k: Knobs, n: dict) -> dict:
         _gemm_s(b["dense"] / tp, n, tokens, h, h / tp),
     ]
     weights_s = tokens * sum(groups)
-    lora_s = tokens * _gemm_s(b["lora"] / tp, n, tokens, jnp.maximum(n["lora_rank"], 1.0))
+    lora_s = tokens * _gemm_s(b["lora"] / tp, n, tokens, h, jnp.maximum(n["lora_rank"], 1.0))
     attn_flops = tokens * b["attn"] / tp
-    attn_matmul_s = _gemm_s(attn_flops, n, s, hd)
+    attn_matmul_s = _gemm_s(attn_flops, n, s, hd, s)           # Q K^T (s, hd, s), P V (s, s, hd)
     attn_flash_s = attn_flops / (n["rt_flash_eff"] * n["matmul_peak"])
     attn_s = ((1.0 - k.flash) * attn_matmul_s * (fwd_pass + 2.0 + w_sel)
               + k.flash * attn_flash_s * (fwd_pass + 2.0 + 0.5))
@@ -193,12 +211,12 @@ def compute_times(k: Knobs, n: dict) -> dict:
     last = head_mult * (
         tokens * _gemm_s(2.0 * n["head_tok_tp"] / tp, n, tokens, h, n["V"] / tp)
         + tokens * _gemm_s(2.0 * n["head_tok_rep"], n, tokens, h, h)
-        + seqs * _gemm_s(2.0 * n["head_seq"], n, seqs, h))
+        + seqs * _gemm_s(2.0 * n["head_seq"], n, seqs, h, h))
     first = (1.0 + dw) * seqs * _gemm_s(2.0 * n["embed_seq"], n, tokens,
                                          jnp.maximum(n["patch_dim"], 1.0), h)
     return {"layer": layer, "layer_fwd": layer_fwd, "layer_bwd": layer_bwd,
             "layer_dw": weights_s * dw, "first": first, "last": last}
 
 
-__all__ = ["block_flops", "compute_times", "hardware_flops", "matmul_efficiency",
+__all__ = ["block_flops", "compute_times", "gemm_dim", "hardware_flops", "matmul_efficiency",
            "model_flops", "recompute_flops", "step_tokens"]

@@ -5,6 +5,9 @@ One optimizer step on the slowest device is
     step = m (compute + memory-bound + exposed per-micro-batch communication)   m = grad_accum
          + bubble + exposed per-step communication + optimizer + offload
 
+where memory-bound also holds the micro-batch's gradient-accumulation add and its exposed
+kernel-launch overhead, and optimizer the update's.
+
 and the step cannot be shorter than the input pipeline needs to deliver its samples
 (``step_s = max(that, input_s)``, so a data-bound run shows as data-bound).
 
@@ -12,11 +15,26 @@ and the step cannot be shorter than the input pipeline needs to deliver its samp
   (`flops.compute_times`); recomputation adds forward passes.
 - Memory-bound ops (norms, residual adds, dropout, activations, softmax, rotary embedding, the
   loss on the logits, embedding lookups) move bytes at ``mem_bw x mem_eff``.
+- Gradient accumulation (``grad_accum_s``, part of ``memory_bound_s``): with ``m > 1``
+  micro-batches every micro-batch's gradients are added into an accumulator (``m`` adds when
+  the loop starts from a zeroed buffer, as a `jax.lax.scan` does; ``m - 1`` when the first
+  backward writes it, as PyTorch's ``.grad``), each reading the new gradient and reading and
+  writing the accumulator, over the device's gradient shard (ZeRO-2/3 split it), at HBM
+  bandwidth. Nothing at ``m = 1``.
+- Kernel overhead (``launch_s``, part of ``memory_bound_s`` and ``optimizer_s``): a stage
+  launches ``stage_kernels`` kernels per micro-batch and the update a number per block once a
+  step. Launches are queued asynchronously, so they cost time only where the kernels run out:
+  a stream of K kernels doing W seconds of work takes ``max(W + K gap, K launch)`` (smoothed;
+  ``gap`` the per-kernel cost on the device that queueing does not hide). Hence fewer, larger
+  micro-batches: the same work in fewer kernels and fewer accumulation adds.
+- GEMMs (`flops`) count every operand's HBM traffic once per micro-batch and pass, the weights
+  included, so larger micro-batches also re-read the weights fewer times.
 - Communication (`comm`): tensor-parallel all-reduces per block (reduce-scatter + all-gather with
   sequence parallelism: the same traffic), pipeline point-to-point per micro-batch and virtual
   stage, MoE all-to-all, ZeRO-3 parameter all-gathers and gradient reduce-scatters per
   micro-batch, and once per step the data-parallel all-reduce (ZeRO 0) or reduce-scatter +
-  all-gather (ZeRO 1 and 2). Each kind hides ``overlap_<kind>`` of itself behind the compute it
+  all-gather (ZeRO 1 and 2; ZeRO-2 keeps only its shard of the accumulator, so it
+  reduce-scatters every micro-batch's gradients). Each kind hides ``overlap_<kind>`` of itself behind the compute it
   can run under (its window) and exposes the rest. ZeRO-3 gathers the weights of every block
   for every micro-batch: twice (forward, backward), three times under full recomputation, and
   reduce-scatters the gradients once per micro-batch, so with ``m`` micro-batches the weights
@@ -41,7 +59,7 @@ import jax.numpy as jnp
 from . import comm
 from ._inputs import Knobs
 from .flops import compute_times, hardware_flops, model_flops, step_tokens
-from .memory import shard, stage_params, step_at_least
+from .memory import expert_layer_params, shard, stage_params, step_at_least
 
 KINDS = ("dp", "zero", "tp", "pp", "moe")
 
@@ -108,6 +126,86 @@ def fetch_s(nbytes, dp, n: dict):
     return per_gb * nbytes / 1e9 * (dp - 1.0) / jnp.maximum(dp, 1.0)
 
 
+def smooth_max(a, b, sharpness: float = 20.0):
+    """max(a, b) for non-negative a, b, smoothed over a band of (a + b) / sharpness.
+
+    ``a + tau softplus((b - a) / tau)`` with ``tau = (a + b) / sharpness``: within
+    ``tau e^{-|a - b| / tau}`` of the max (nothing in float32 once one side is twice the other),
+    ``tau ln 2`` above it where the two are equal; differentiable everywhere.
+    """
+    total = a + b
+    tau = jnp.where(total > 0.0, total, 1.0) / sharpness
+    return jnp.where(total > 0.0, a + tau * jnp.logaddexp(0.0, (b - a) / tau), 0.0)
+
+
+def accum_adds(k: Knobs, n: dict):
+    """Gradient-accumulation adds per optimizer step: 0 at ``grad_accum = 1``.
+
+    ``m - 1`` when the first micro-batch's gradients become the accumulator (PyTorch: the first
+    backward writes ``.grad``, later ones add into it), ``m`` when the loop starts from a zeroed
+    buffer (``rt_accum_from_zero = 1``: a `jax.lax.scan` over micro-batches, as the validation
+    step does). Linear in a relaxed ``m`` between 1 and 2.
+    """
+    m = k.grad_accum
+    return jnp.maximum(m - 1.0, 0.0) + n["rt_accum_from_zero"] * step_at_least(m, 2.0)
+
+
+def accum_bytes_per_param(n: dict):
+    """Bytes one accumulation add moves per gradient element: read the new gradient, read and
+    write the accumulator (kept in the gradient dtype, or ``rt_accum_bytes`` when wider, e.g.
+    an fp32 ``main_grad`` buffer under 16-bit gradients)."""
+    acc = jnp.maximum(n["grad_bytes"], n["rt_accum_bytes"])
+    return n["grad_bytes"] + 2.0 * acc
+
+
+def stage_grad_elems(k: Knobs, n: dict, layers, extra_params):
+    """Gradient elements one device of a stage accumulates: its tensor-parallel share of the
+    stage's trainable parameters, split over the data-parallel group under ZeRO-2/3 (experts
+    over dp / ep), as `memory` counts the gradient buffers."""
+    per_layer, _, _, _ = stage_params(k, n)
+    f_grad = k.zero[2] + k.zero[3]
+    edp = jnp.maximum(k.dp / k.ep, 1.0)
+    lora = n["lora"]
+    dense = layers * per_layer + extra_params
+    trainable = lora * layers * n["lora_layer"] / k.tp + (1.0 - lora) * dense
+    expert = (1.0 - lora) * layers * expert_layer_params(k, n)
+    return (trainable - expert) * shard(f_grad, k.dp) + expert * shard(f_grad, edp)
+
+
+def stage_kernels(k: Knobs, n: dict, layers):
+    """Kernels one device launches per micro-batch for a stage of ``layers`` blocks.
+
+    ``kernels_per_layer`` (a block's forward and backward outside blockwise attention),
+    plus, with flash attention implemented blockwise (``attn_chunk_queries`` > 0),
+    ``kernels_per_attn_chunk`` per query chunk; full recomputation repeats the forward share
+    (``1 / (1 + ew_bwd_factor)``); ``kernels_per_micro_batch`` for the embedding, head and loss;
+    and under gradient accumulation ``accum_kernels_per_layer`` adds into the accumulator per
+    block.
+    """
+    chunk = n["rt_attn_chunk_queries"]
+    chunks = jnp.where(chunk > 0.0, jnp.ceil(n["s"] / jnp.maximum(chunk, 1.0)), 0.0)
+    fwd_share = 1.0 / (1.0 + n["rt_ew_bwd_factor"])
+    block = (n["rt_kernels_per_layer"]
+             + k.flash * (1.0 - n["mlp"]) * chunks * n["rt_kernels_per_attn_chunk"])
+    block = block * (1.0 + k.remat[2] * fwd_share)
+    per_mb_adds = accum_adds(k, n) / jnp.maximum(k.grad_accum, 1.0)
+    return (layers * (block + per_mb_adds * n["rt_accum_kernels_per_layer"])
+            + n["rt_kernels_per_micro_batch"])
+
+
+def launch_exposed(work, kernels, n: dict):
+    """Seconds a stream of ``kernels`` kernels adds to ``work`` seconds of GPU work.
+
+    Launches are asynchronous: the host queues kernels ahead of the device, so issuing them
+    (``kernel_launch_s`` each) costs nothing while the device has work queued, and becomes the
+    pace when the kernels are shorter than their launches. On the device every kernel also
+    pays a fixed start/drain cost (``kernel_gap_s``) even when queued. So the stream takes
+    ``max(work + kernels gap, kernels launch)``, smoothed; this returns that minus ``work``.
+    """
+    busy = work + kernels * n["rt_kernel_gap_s"]
+    return smooth_max(busy, kernels * n["rt_kernel_launch_s"]) - work
+
+
 def _weight_bytes(n: dict):
     """Bytes per parameter of the weights as a ZeRO-3 all-gather moves them."""
     return n["lora"] * n["frozen_bytes"] + (1.0 - n["lora"]) * n["param_bytes"]
@@ -123,7 +221,15 @@ def _stage(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra
     act_bytes = tokens * n["h"] * ab
 
     compute = layers * c["layer"] + extra_compute
-    memory = layers * mb["layer"] + extra_memory
+    # --- gradient accumulation: this micro-batch's share of the step's adds into the
+    #     accumulator, memory-bound over this device's gradient shard ---
+    grad_elems = stage_grad_elems(k, n, layers, extra_params)
+    accum = (accum_adds(k, n) / jnp.maximum(k.grad_accum, 1.0) * grad_elems
+             * accum_bytes_per_param(n) / (n["mem_bw"] * n["rt_mem_eff"]))
+    # --- kernel launches: exposed where the kernels are shorter than their launches ---
+    launch = launch_exposed(compute + layers * mb["layer"] + extra_memory + accum,
+                            stage_kernels(k, n, layers), n)
+    memory = layers * mb["layer"] + extra_memory + accum + launch
     busy = compute + memory
 
     # --- tensor parallelism: all-reduces of the block's output, per block ---
@@ -181,7 +287,7 @@ def _stage(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra
     hidden = tp_hidden + moe_hidden + zero_hidden + pp_hidden
     total = busy + sum(exposed.values())
     return {"compute": compute, "memory": memory, "hidden": hidden, "total": total,
-            "bwd": layers * c["layer_bwd"], **exposed}
+            "bwd": layers * c["layer_bwd"], "accum": accum, "launch": launch, **exposed}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,7 +299,9 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     """(time, throughput) of one optimizer step, as dicts of scalars.
 
     time: compute_s, memory_bound_s, comm_<kind>_s (exposed, kind in dp zero tp pp moe),
-    comm_exposed_s, comm_hidden_s, bubble_s, optimizer_s, offload_s, input_s, step_s.
+    comm_exposed_s, comm_hidden_s, bubble_s, optimizer_s, offload_s, input_s, step_s; and two
+    named parts of those: grad_accum_s (accumulation adds, in memory_bound_s) and launch_s
+    (exposed per-kernel overhead, in memory_bound_s and optimizer_s).
     throughput: tokens_per_s, tokens_per_s_per_device, samples_per_s, model_flops,
     hardware_flops, mfu, hfu, tflops_per_device (hardware FLOPs), time_to_train_s (0 without
     ``train_tokens``), cost_per_million_tokens (USD; 0 without a price).
@@ -233,7 +341,13 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     allreduce = comm.all_reduce_s(grads, dp, dp_per, dp_nodes, n, count=buckets)
     dp_exposed, dp_hidden = comm.overlap(z[0] * allreduce, st["bwd"], n["rt_overlap_dp"])
     scatter = comm.reduce_scatter_s(grads, dp, dp_per, dp_nodes, n, count=buckets)
-    rs_exposed, rs_hidden = comm.overlap((z[1] + z[2]) * scatter, st["bwd"], n["rt_overlap_dp"])
+    # ZeRO-1 reduce-scatters the accumulated gradients once per step; ZeRO-2 keeps only its
+    # shard of the accumulator, so every micro-batch's gradients are reduce-scattered (the
+    # validation step's sharded accumulator; DeepSpeed stage 2 reduces every micro-step)
+    rs1_exposed, rs1_hidden = comm.overlap(z[1] * scatter, st["bwd"], n["rt_overlap_dp"])
+    rs2_exposed, rs2_hidden = comm.overlap(z[2] * scatter, st["bwd"], n["rt_overlap_dp"])
+    rs_exposed = rs1_exposed + m * rs2_exposed
+    rs_hidden = rs1_hidden + m * rs2_hidden
     params_out = trainable * n["param_bytes"]
     regather = (z[1] + z[2]) * comm.all_gather_s(params_out, dp, dp_per, dp_nodes, n,
                                                  count=jnp.maximum(params_out /
@@ -251,8 +365,12 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     per_param = (n["grad_bytes"] * (1.0 + n["grad_clip"]) + 2.0 * n["opt_bytes"]
                  + has_master * (2.0 * n["master_bytes"] + n["param_bytes"])
                  + (1.0 - has_master) * 2.0 * n["param_bytes"])
-    optimizer_s = (trainable * shard(f_opt, dp) * per_param
-                   / (n["mem_bw"] * n["rt_mem_eff"]))
+    update_s = (trainable * shard(f_opt, dp) * per_param
+                / (n["mem_bw"] * n["rt_mem_eff"]))
+    # its kernels: ``optimizer_kernels_per_layer`` per block of the stage, launched once a step
+    opt_kernels = layers * n["rt_optimizer_kernels_per_layer"]
+    opt_launch = launch_exposed(update_s, opt_kernels, n)
+    optimizer_s = update_s + opt_launch
     offload_s = ((1.0 - n["rt_overlap_offload"]) * 2.0 * mem["host_optimizer_bytes"]
                  / (n["host_bw"] * n["rt_host_eff"]))
 
@@ -270,7 +388,10 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
             **{f"comm_{kind}_s": comm_s[kind] for kind in KINDS},
             "comm_exposed_s": comm_exposed, "comm_hidden_s": comm_hidden,
             "bubble_s": bubble_s, "optimizer_s": optimizer_s, "offload_s": offload_s,
-            "input_s": input_s, "step_s": step_s}
+            "input_s": input_s, "step_s": step_s,
+            # parts of the terms above, named: accumulation adds (in memory_bound_s) and the
+            # exposed per-kernel overhead (in memory_bound_s and optimizer_s)
+            "grad_accum_s": m * st["accum"], "launch_s": m * st["launch"] + opt_launch}
 
     # --- throughput ---
     devices = k.dp * k.tp * k.pp
@@ -296,4 +417,5 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     return time, throughput
 
 
-__all__ = ["KINDS", "memory_bound_times", "time_terms"]
+__all__ = ["KINDS", "accum_adds", "accum_bytes_per_param", "launch_exposed",
+           "memory_bound_times", "smooth_max", "stage_grad_elems", "stage_kernels", "time_terms"]
