@@ -213,3 +213,12 @@ def test_stage_knobs_load_from_the_scenario_file_with_clear_errors():
         capopt.load_scenario({**base, "config": {"stage_recompute": 3}})
     with pytest.raises(CapoptError, match="unknown"):
         capopt.load_scenario({**base, "config": {"pipeline_layer": "auto"}})
+
+
+def test_uneven_stage_scenario_file_finds_a_fitting_layout():
+    import capopt
+    sc = capopt.load_scenario("llama3-70b-64xh100-uneven-stages")
+    res = optimize(sc, top_k=1, remedies=False)
+    assert res.layout is not None and res.layout.fits
+    assert sum(res.layout.layers) == sc.model.num_hidden_layers
+    assert max(res.layout.stage_bytes) <= sc.budget.usable_bytes

@@ -89,8 +89,10 @@ def per_step_rest(k: Knobs, n: dict, p: int):
     """(once-per-step seconds outside the pipeline, input seconds) from the even split."""
     est = estimate_numbers(k, n)
     t = est.time
-    busy = (t["compute_s"] + t["memory_bound_s"] + t["comm_exposed_s"] + t["bubble_s"]
-            + t["optimizer_s"] + t["offload_s"])
+    # The step before the input-pipeline floor: the step itself unless input-bound.
+    summed = (t["compute_s"] + t["memory_bound_s"] + t["comm_exposed_s"] + t["bubble_s"]
+              + t["optimizer_s"] + t["offload_s"])
+    busy = jnp.where(t["step_s"] > t["input_s"], t["step_s"], summed)
     el, er = even_layout(k, n, p)
     t_even = jnp.max(stage_terms(k, n, el, er)["t_mb"])
     return busy - _pace(k, n, p) * t_even, t["input_s"]
