@@ -675,3 +675,20 @@ def test_gemms_pay_for_their_weights_every_micro_batch():
             for t in (1024.0, 2048.0, 8192.0, 16384.0)]
     assert effs == sorted(effs) and effs[0] < effs[-1]
     assert float(gemm_dim(2048.0, h, f)) == pytest.approx(1 / (1 / 2048 + 1 / h + 1 / f), rel=F32)
+
+
+def test_a_profile_without_the_per_micro_batch_coefficients_still_estimates():
+    # a runtime profile written before these coefficients: accumulation from a zeroed buffer in
+    # the gradient dtype, no kernel overhead
+    sc = load_scenario("gpt2-124m-rtx4090")
+    n = numbers_pytree(sc)
+    new = ("accum_from_zero", "accum_bytes", "kernels_per_layer", "kernels_per_attn_chunk",
+           "accum_kernels_per_layer", "kernels_per_micro_batch", "kernel_gap_s",
+           "kernel_launch_s", "optimizer_kernels_per_layer")
+    old = {key: v for key, v in n.items() if key[3:] not in new}
+    k = knobs_from_config(Config(micro_batch=4, grad_accum=128, remat="none"))
+    t_old = estimate_numbers(k, old).time
+    t_new = estimate_numbers(k, n).time
+    assert float(t_old["launch_s"]) == 0.0
+    assert float(t_old["grad_accum_s"]) == pytest.approx(float(t_new["grad_accum_s"]), rel=F32)
+    assert float(t_old["step_s"]) < float(t_new["step_s"])

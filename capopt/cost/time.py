@@ -126,6 +126,15 @@ def fetch_s(nbytes, dp, n: dict):
     return per_gb * nbytes / 1e9 * (dp - 1.0) / jnp.maximum(dp, 1.0)
 
 
+# Coefficients of the per-micro-batch costs, and what a profile written before them means:
+# accumulation from a zeroed buffer in the gradient dtype, no kernel overhead.
+_DEFAULTS = {"accum_from_zero": 1.0, "accum_bytes": 0.0}
+
+
+def _coeff(n: dict, key: str):
+    return n.get(f"rt_{key}", _DEFAULTS.get(key, 0.0))
+
+
 def smooth_max(a, b, sharpness: float = 20.0):
     """max(a, b) for non-negative a, b, smoothed over a band of (a + b) / sharpness.
 
@@ -147,14 +156,14 @@ def accum_adds(k: Knobs, n: dict):
     step does). Linear in a relaxed ``m`` between 1 and 2.
     """
     m = k.grad_accum
-    return jnp.maximum(m - 1.0, 0.0) + n["rt_accum_from_zero"] * step_at_least(m, 2.0)
+    return jnp.maximum(m - 1.0, 0.0) + _coeff(n, "accum_from_zero") * step_at_least(m, 2.0)
 
 
 def accum_bytes_per_param(n: dict):
     """Bytes one accumulation add moves per gradient element: read the new gradient, read and
     write the accumulator (kept in the gradient dtype, or ``rt_accum_bytes`` when wider, e.g.
     an fp32 ``main_grad`` buffer under 16-bit gradients)."""
-    acc = jnp.maximum(n["grad_bytes"], n["rt_accum_bytes"])
+    acc = jnp.maximum(n["grad_bytes"], _coeff(n, "accum_bytes"))
     return n["grad_bytes"] + 2.0 * acc
 
 
@@ -182,15 +191,15 @@ def stage_kernels(k: Knobs, n: dict, layers):
     and under gradient accumulation ``accum_kernels_per_layer`` adds into the accumulator per
     block.
     """
-    chunk = n["rt_attn_chunk_queries"]
+    chunk = n.get("rt_attn_chunk_queries", 0.0)
     chunks = jnp.where(chunk > 0.0, jnp.ceil(n["s"] / jnp.maximum(chunk, 1.0)), 0.0)
     fwd_share = 1.0 / (1.0 + n["rt_ew_bwd_factor"])
-    block = (n["rt_kernels_per_layer"]
-             + k.flash * (1.0 - n["mlp"]) * chunks * n["rt_kernels_per_attn_chunk"])
+    block = (_coeff(n, "kernels_per_layer")
+             + k.flash * (1.0 - n["mlp"]) * chunks * _coeff(n, "kernels_per_attn_chunk"))
     block = block * (1.0 + k.remat[2] * fwd_share)
     per_mb_adds = accum_adds(k, n) / jnp.maximum(k.grad_accum, 1.0)
-    return (layers * (block + per_mb_adds * n["rt_accum_kernels_per_layer"])
-            + n["rt_kernels_per_micro_batch"])
+    return (layers * (block + per_mb_adds * _coeff(n, "accum_kernels_per_layer"))
+            + _coeff(n, "kernels_per_micro_batch"))
 
 
 def launch_exposed(work, kernels, n: dict):
@@ -202,8 +211,8 @@ def launch_exposed(work, kernels, n: dict):
     pays a fixed start/drain cost (``kernel_gap_s``) even when queued. So the stream takes
     ``max(work + kernels gap, kernels launch)``, smoothed; this returns that minus ``work``.
     """
-    busy = work + kernels * n["rt_kernel_gap_s"]
-    return smooth_max(busy, kernels * n["rt_kernel_launch_s"]) - work
+    busy = work + kernels * _coeff(n, "kernel_gap_s")
+    return smooth_max(busy, kernels * _coeff(n, "kernel_launch_s")) - work
 
 
 def _weight_bytes(n: dict):
@@ -368,7 +377,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     update_s = (trainable * shard(f_opt, dp) * per_param
                 / (n["mem_bw"] * n["rt_mem_eff"]))
     # its kernels: ``optimizer_kernels_per_layer`` per block of the stage, launched once a step
-    opt_kernels = layers * n["rt_optimizer_kernels_per_layer"]
+    opt_kernels = layers * _coeff(n, "optimizer_kernels_per_layer")
     opt_launch = launch_exposed(update_s, opt_kernels, n)
     optimizer_s = update_s + opt_launch
     offload_s = ((1.0 - n["rt_overlap_offload"]) * 2.0 * mem["host_optimizer_bytes"]
