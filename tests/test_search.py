@@ -222,3 +222,27 @@ def test_uneven_stage_scenario_file_finds_a_fitting_layout():
     assert res.layout is not None and res.layout.fits
     assert sum(res.layout.layers) == sc.model.num_hidden_layers
     assert max(res.layout.stage_bytes) <= sc.budget.usable_bytes
+    # No even split fits this budget, the uneven one does: it is the answer.
+    d = res.to_dict()
+    assert d["status"] == "ok" and d["best"]["fits"]
+    assert d["best"]["stage_layout"]["pipeline_layers"] == res.layout.layers
+    np.testing.assert_allclose(d["best"]["memory"]["total_bytes"], max(res.layout.stage_bytes),
+                               rtol=1e-6)
+    np.testing.assert_allclose(d["best"]["throughput"]["tokens_per_s"], res.layout.tokens_per_s,
+                               rtol=1e-5)
+
+
+def test_layout_estimate_of_the_even_split_is_the_main_estimate():
+    from capopt.cost import estimate
+    from capopt.cost._inputs import knobs_from_config
+    from capopt.cost.stages import even_layout, layout_estimate
+    sc = _pp_scenario()
+    n = numbers_pytree(sc)
+    for cfg in _pp_configs(sc, limit=10):
+        k = knobs_from_config(cfg)
+        a = estimate(cfg, sc)
+        b = layout_estimate(k, n, *even_layout(k, n, cfg.pp))
+        for part in ("memory", "time", "throughput"):
+            for key, v in getattr(a, part).items():
+                np.testing.assert_allclose(float(getattr(b, part)[key]), float(v), rtol=1e-4,
+                                           atol=1e-6, err_msg=f"{part}.{key}")

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from ._inputs import Knobs
-from .estimate import estimate_numbers
+from .estimate import Estimate, estimate_numbers
 from .flops import compute_times, step_tokens
 from .memory import _stage_memory, stage_params
 from .time import _stage, memory_bound_times
@@ -119,5 +119,41 @@ def layout_tokens_per_s(k: Knobs, n: dict, step):
     return step_tokens(k, n)[1] / step
 
 
-__all__ = ["even_layout", "layout_step", "layout_tokens_per_s", "per_step_rest",
+def layout_estimate(k: Knobs, n: dict, layers, recompute) -> Estimate:
+    """An `Estimate` of one layout: the memory breakdown of the stage that needs the most,
+    the even split's time terms with the step and bubble of this layout (the slowest stage
+    paces both), and throughput figures rescaled to this step."""
+    p = layers.shape[0]
+    even = estimate_numbers(k, n)
+    rest, inp = per_step_rest(k, n, p)
+    step, mem, t = layout_step(k, n, layers, recompute, rest, inp)
+    i = jnp.argmax(mem)
+    _, _, _, extra = _extras(k, n, p)
+    remat = stage_remat(k, layers, recompute)[i]
+    in_flight = jnp.minimum(p - i.astype(jnp.float32), k.grad_accum)
+    kw = dict(layers=layers[i], extra_params=extra[i], in_flight=in_flight,
+              logits_mb=(i == p - 1).astype(jnp.float32))
+    ki = k.replace(remat=remat)
+    first = _stage_memory(ki, n, first_stage=True, **kw)
+    other = _stage_memory(ki, n, first_stage=False, **kw)
+    memory = {key: jnp.where(i == 0, first[key], other[key]) for key in first}
+    memory.update({"first_stage_bytes": mem[0], "last_stage_bytes": mem[-1],
+                   "budget_bytes": n["usable_bytes"], "vram_bytes": n["vram_bytes"],
+                   "free_bytes": n["usable_bytes"] - memory["total_bytes"]})
+    time = dict(even.time)
+    ratio = even.time["step_s"] / step
+    time["bubble_s"] = (p - 1.0) / n["rt_pp_virtual_stages"] * jnp.max(t)
+    time["step_s"] = step
+    thr = dict(even.throughput)
+    for key in ("tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu", "hfu",
+                "tflops_per_device"):
+        if key in thr:
+            thr[key] = thr[key] * ratio
+    for key in ("time_to_train_s", "cost_per_million_tokens"):
+        if key in thr:
+            thr[key] = thr[key] / ratio
+    return Estimate(memory=memory, time=time, throughput=thr)
+
+
+__all__ = ["even_layout", "layout_estimate", "layout_step", "layout_tokens_per_s", "per_step_rest",
            "stage_remat", "stage_terms"]

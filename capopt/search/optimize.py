@@ -167,9 +167,11 @@ class OptimizeResult:
             d["per_variant"] = self.per_variant
         if self.layouts:
             lay = self.layout.to_dict()
-            if self.best is not None:
-                lay["gain_vs_best"] = (self.layout.tokens_per_s
-                                       / self.best.throughput["tokens_per_s"] - 1.0)
+            even = next((c for c in self.candidates if getattr(c, "layout", None) is None),
+                        None)
+            if even is not None:
+                lay["gain_vs_best_even_split"] = (self.layout.tokens_per_s
+                                                  / even.throughput["tokens_per_s"] - 1.0)
             d["stage_layout"] = lay
         if self.status == "infeasible":
             d["smallest_requirement"] = self.smallest.to_dict() if self.smallest else None
@@ -204,7 +206,10 @@ class OptimizeResult:
         fleet = bool(self.per_variant)
         for i, c in enumerate(self.candidates, 1):
             m, t, th = c.memory, c.time, c.throughput
-            row = [i, _cfg(c.config.to_dict()), gib(m["total_bytes"]), seconds(t["step_s"]),
+            stages = getattr(c, "layout", None)
+            name = _cfg(c.config.to_dict()) + (
+                f" layers={stages.layers} recompute={stages.recompute}" if stages else "")
+            row = [i, name, gib(m["total_bytes"]), seconds(t["step_s"]),
                    si(th["tokens_per_s"], "tok/s"), f"{100 * th.get('mfu', 0):.1f}%"]
             if fleet:
                 row.insert(1, f"{c.scenario.count}x {c.scenario.hardware.name}")
@@ -234,8 +239,9 @@ class OptimizeResult:
 
     def _layout_line(self) -> str:
         lay = self.layout
-        gain = (f", {100 * (lay.tokens_per_s / self.best.throughput['tokens_per_s'] - 1):+.1f}%"
-                " vs #1" if self.best else "")
+        even = next((c for c in self.candidates if getattr(c, "layout", None) is None), None)
+        gain = (f", {100 * (lay.tokens_per_s / even.throughput['tokens_per_s'] - 1):+.1f}%"
+                " vs the best even split" if even else "")
         return (f"pipeline stages ({_cfg(lay.config.to_dict())}): layers {lay.layers}, "
                 f"recomputed {lay.recompute}, max {gib(max(lay.stage_bytes))} GiB/dev"
                 f"{'' if lay.fits else ' (does not fit)'}, "
@@ -344,6 +350,19 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     solve_s = time.perf_counter() - t0
     shadow = _shadow_price(res, usable, best_obj)
     plans = [Plan(sc, lat.config(i), estimate(lat.config(i), sc)) for i in order]
+    layouts = []
+    if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
+        t1 = time.perf_counter()
+        layouts = _layouts(sc, lat, res, n, usable, seed)
+        # An uneven layout that fits and beats the best even-split plan leads the ranking
+        # (its plan carries the stage layout).
+        lay = layouts[0] if layouts else None
+        if (lay is not None and lay.fits and lay.tokens_per_s >= _min_rate(sc) and (
+                not plans or lay.tokens_per_s > plans[0].throughput["tokens_per_s"])):
+            from .stages import layout_plan
+            plans = [layout_plan(sc, lay)] + plans[:max(top_k - 1, 0)]
+        timings["stage_layout_s"] = time.perf_counter() - t1
+        solve_s = time.perf_counter() - t0
     status = "ok" if plans else "infeasible"
     smallest = None
     rem: list = []
@@ -352,12 +371,6 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         if remedies:
             from .remedies import remedies as find_remedies
             rem = find_remedies(sc)
-    layouts = []
-    if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
-        t1 = time.perf_counter()
-        layouts = _layouts(sc, lat, res, n, usable, seed)
-        timings["stage_layout_s"] = time.perf_counter() - t1
-        solve_s = time.perf_counter() - t0
     return OptimizeResult(sc, status, method, plans, solve_s, len(lat), space_size, shadow,
                           smallest, rem, timings, layouts=layouts)
 

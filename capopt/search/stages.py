@@ -22,9 +22,10 @@ import numpy as np
 import optax
 
 from .._jaxcache import compile_options
+from .._plan import Plan
 from .._specs import Config, Scenario
-from ..cost._inputs import DTYPE, Knobs, knobs_from_config
-from ..cost.stages import layout_step, layout_tokens_per_s, per_step_rest
+from ..cost._inputs import DTYPE, Knobs, knobs_from_config, numbers_pytree
+from ..cost.stages import layout_estimate, layout_step, layout_tokens_per_s, per_step_rest
 
 STEPS = 200
 STARTS = 16
@@ -57,6 +58,31 @@ class Layout:
                 "budget_bytes": self.budget_bytes,
                 "even_split_tokens_per_s": self.even_tokens_per_s,
                 "even_split_fits": self.even_fits, "solve_s": self.solve_s}
+
+
+@dataclass(frozen=True)
+class LayoutPlan(Plan):
+    """A plan whose pipeline stages are uneven: the config plus its stage layout. Memory is
+    the stage that needs the most; time and throughput are the layout's."""
+
+    layout: Layout | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if self.layout is not None:
+            d["stage_layout"] = {"pipeline_layers": self.layout.layers,
+                                 "stage_recompute": self.layout.recompute,
+                                 "stage_bytes": self.layout.stage_bytes}
+        return d
+
+
+def layout_plan(sc: Scenario, lay: Layout) -> LayoutPlan:
+    if "plan" not in _CACHE:
+        _CACHE["plan"] = jax.jit(layout_estimate, compiler_options=compile_options())
+    n = numbers_pytree(sc)
+    est = _CACHE["plan"](knobs_from_config(lay.config), n,
+                         jnp.asarray(lay.layers, DTYPE), jnp.asarray(lay.recompute, DTYPE))
+    return LayoutPlan(sc, lay.config, est, lay)
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,4 +316,4 @@ def best_layouts(sc: Scenario, n: dict, configs: list[Config], seed: int = 0) ->
     return out
 
 
-__all__ = ["Layout", "LayoutProblem", "best_layouts", "round_layers", "round_recompute"]
+__all__ = ["Layout", "LayoutPlan", "LayoutProblem", "layout_plan", "best_layouts", "round_layers", "round_recompute"]
