@@ -410,7 +410,7 @@ def test_shipped_calibration_reproduces_its_recorded_errors():
     rec = json.loads((root / "xla_gpu_calibration.json").read_text())
     hw = get_hardware(rec["gpu"])
     base, shipped = get_profile("xla-gpu"), get_profile("xla-gpu-calibrated")
-    sets = {"fit": G.measure(G.fit_scenarios(40, hw, base),
+    sets = {"fit": G.measure(G.fit_scenarios(40, hw, base, 20),
                              root / "xla_gpu_calibration.jsonl", tier="xla-gpu", jobs=1),
             "heldout": G.measure(G.heldout_scenarios(hw, base),
                                  root / "xla_gpu_heldout.jsonl", tier="xla-gpu", jobs=1)}

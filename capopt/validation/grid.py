@@ -28,20 +28,43 @@ learned positions, tied embeddings, biases, dropout 0.1) and Llama-shaped (GQA 8
 1376, RMSNorm, RoPE, untied), crossed with sequence length {512, 1024}, micro-batch {2, 8}
 (global batch 8: grad_accum 4 or 1),
 remat {none, selective, full}, flash attention {on, off} and precision {bf16-mixed, fp32};
-``points`` of the 96 combinations are drawn with a fixed seed; all of them fit the profile
-(target: peak bytes), and the separate held-out grid (`HELDOUT_DOC`) judges it."""
+``points`` of the 96 combinations are drawn with a fixed seed. Two more shapes vary the
+vocabulary-to-width ratio, which the first two share (16): a GPT-shaped 1024 wide x 2 layers
+(16 heads, GELU 4096, 4096-token untied vocabulary, no dropout: ratio 4) and a Llama-shaped
+256 wide x 8 layers (4 heads, one KV head, SwiGLU 704, 16384-token vocabulary: ratio 64),
+crossed with sequence length {256, 1024}, micro-batch {1, 4} (global batch 4), the same remat,
+flash and precision choices; ``extra_points`` of those 96 are drawn with another seed. All
+points fit the profile (target: peak bytes); the separate held-out grid (`HELDOUT_DOC`)
+judges it."""
 
 
-# What the fitting grid can pin down: an overall scale on the bytes saved per op, the weight
-# casts, the score-sized tensors a materialised softmax saves, the score gradients of one
-# block's backward and the copies blockwise attention saves. Fitting the per-op counts too (norm inputs, MLP internals) moves neither
-# the fitting nor the held-out error. The logits copies stay at the profile's values, read off
-# XLA's buffer assignment: every fitting point has the same vocabulary-to-width ratio
-# (8192 / 512), so the fit cannot tell a logits copy from an h-wide per-token buffer (fitted
-# freely they reach ~1.5 copies each, and the held-out 32000-token vocabulary comes out
-# 20-30% high).
+# What the fitting grid pins down: an overall scale on the bytes saved per op and the per-op
+# counts (norm inputs, GELU and gated MLP internals), the weight casts, the score-sized tensors
+# a materialised softmax saves, the score gradients of one block's backward, the copies
+# blockwise attention saves, and the logits copies (identifiable because the grid's second part
+# varies the vocabulary-to-width ratio: with one ratio a logits copy and an h-wide per-token
+# buffer look alike). Fitted values stay within a few units of their priors except the norm
+# inputs (0.5 of 2: XLA fuses normalisation into its neighbours) and weight casts (~0.1: a
+# cast is consumed by its matmul and rarely outlives it).
 FIT_COEFFS = ("act_scale", "weight_copy_fraction", "score_copies", "score_grad_copies",
-              "flash_qo_copies")
+              "flash_qo_copies", "logits_act_copies", "logits_fp32_copies",
+              "norm_inputs_saved", "mlp_gelu_saved", "mlp_gated_saved")
+
+
+def extra_grid_points(points: int = 20, seed: int = 1) -> list[tuple[str, int, str, Config]]:
+    """(model, seq_len, precision, config) of the fitting grid's second part (`GRID_DOC`)."""
+    import itertools
+    combos = list(itertools.product(("wide", "mqa"), (256, 1024), (1, 4),
+                                    ("none", "selective", "full"), (True, False),
+                                    ("bf16-mixed", "fp32")))
+    rng = np.random.default_rng(seed)
+    pick = sorted(rng.choice(len(combos), size=min(points, len(combos)), replace=False))
+    out = []
+    for i in pick:
+        model, s, mb, remat, flash, prec = combos[i]
+        out.append((model, s, prec, Config(micro_batch=mb, grad_accum=4 // mb, remat=remat,
+                                           flash_attention=flash)))
+    return out
 
 
 def grid_points(points: int = 40, seed: int = 0) -> list[tuple[str, int, str, Config]]:
@@ -104,6 +127,18 @@ def grid_model(kind: str):
                          vocab_size=16000, max_position_embeddings=2048,
                          tie_word_embeddings=False, attention_bias=True,
                          attention_out_bias=True, mlp_bias=True)
+    if kind == "wide":
+        return ModelSpec(name="calib-wide", family="decoder", hidden_size=1024,
+                         num_hidden_layers=2, num_attention_heads=16, intermediate_size=4096,
+                         vocab_size=4096, max_position_embeddings=1024,
+                         tie_word_embeddings=False, attention_bias=True,
+                         attention_out_bias=True, mlp_bias=True)
+    if kind == "mqa":
+        return ModelSpec(name="calib-mqa", family="decoder", hidden_size=256,
+                         num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=1,
+                         intermediate_size=704, vocab_size=16384,
+                         position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated",
+                         hidden_act="silu")
     if kind == "deep-llama":
         return ModelSpec(name="heldout-llama", family="decoder", hidden_size=384,
                          num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
@@ -131,13 +166,17 @@ def _scenario(name, model, seq, batch, prec, count, hw, runtime) -> Scenario:
                     budget=Budget(vram_bytes=hw.memory_bytes), runtime=runtime)
 
 
-def fit_scenarios(points: int, hw, runtime) -> list[tuple[Scenario, list[Config]]]:
+def fit_scenarios(points: int, hw, runtime, extra_points: int = 0
+                  ) -> list[tuple[Scenario, list[Config]]]:
     groups: dict[tuple, list[Config]] = {}
     for model, s, prec, cfg in grid_points(points):
-        groups.setdefault((model, s, prec), []).append(cfg.replace(
+        groups.setdefault((model, s, prec, 8), []).append(cfg.replace(
             grad_accum=8 // cfg.micro_batch))
-    return [(_scenario(f"calib-{m}-s{s}-{p}", m, s, 8, p, 1, hw, runtime), cfgs)
-            for (m, s, p), cfgs in groups.items()]
+    for model, s, prec, cfg in extra_grid_points(extra_points) if extra_points else []:
+        groups.setdefault((model, s, prec, 4), []).append(cfg)
+    return [(_scenario(f"calib-{m}-s{s}-{p}" + ("" if b == 8 else f"-b{b}"), m, s, b, p, 1,
+                       hw, runtime), cfgs)
+            for (m, s, p, b), cfgs in groups.items()]
 
 
 def heldout_scenarios(hw, runtime) -> list[tuple[Scenario, list[Config]]]:
@@ -205,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tier", default="xla-gpu", choices=["xla-gpu", "device"])
     ap.add_argument("--gpu", default="h100-sxm-80gb")
     ap.add_argument("--points", type=int, default=40)
+    ap.add_argument("--extra-points", type=int, default=20,
+                    help="points of the grid's second part (other vocabulary/width ratios)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--measurements", default="benchmarks/results/xla_gpu_calibration.jsonl")
     ap.add_argument("--heldout-measurements",
@@ -222,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     hw = get_hardware(args.gpu)
     base = get_profile("xla-gpu")
-    fit_pairs = measure(fit_scenarios(args.points, hw, base), args.measurements,
+    fit_pairs = measure(fit_scenarios(args.points, hw, base, args.extra_points),
+                        args.measurements,
                         tier=args.tier, jobs=args.jobs)
     held_pairs = [] if args.no_heldout else measure(
         heldout_scenarios(hw, base), args.heldout_measurements, tier=args.tier, jobs=args.jobs)
