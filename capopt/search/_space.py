@@ -101,6 +101,12 @@ class Lattice:
     def key(self, row: int) -> tuple:
         return tuple(int(self.cols[k][row]) for k in COLUMNS)
 
+    def keys(self) -> list[tuple]:
+        """`key` of every row."""
+        if not len(self):
+            return []
+        return [tuple(r) for r in np.stack([self.cols[k] for k in COLUMNS], 1).tolist()]
+
 
 def _bools(sc: Scenario, name: str) -> list[bool]:
     default = KNOBS[name].default
@@ -178,7 +184,7 @@ class Space:
         if self.batch % fact[0]:
             return []
         arr = self.block(fact, mbs, eps, zeros, sps, remats, offloads, flashes)
-        return [tuple(int(v) for v in r) for r in arr]
+        return [tuple(r) for r in arr.tolist()]
 
     def size(self) -> int:
         """How many real configs the scenario allows (without building them)."""

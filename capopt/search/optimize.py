@@ -78,11 +78,12 @@ def _bool_candidates(allowed: list[bool], p: float) -> list[bool]:
 
 def discretise(space: Space, cont: dict[str, np.ndarray]) -> list[tuple]:
     rows: dict[tuple, None] = {}
+    if not space.facts:
+        return []
+    logs = np.log2(np.asarray(space.facts, np.float64))
     for i in range(len(cont["dp"])):
         point = np.log2([cont["dp"][i], cont["tp"][i], cont["pp"][i]])
-        dists = [float(np.abs(np.log2(f) - point).sum()) for f in space.facts]
-        if not dists:
-            break
+        dists = np.abs(logs - point).sum(1).tolist()
         near = min(dists)
         for fact, d in zip(space.facts, dists):
             if d > near + 2.0:
@@ -106,8 +107,10 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
     mb, ga, dp, tp, pp, ep, z, s, r, o, f = row
     out: list[tuple] = []
     here = np.log2([dp, tp, pp])
-    for fact in space.facts:
-        if fact == (dp, tp, pp) or np.abs(np.log2(fact) - here).sum() > 2.0 + 1e-9:
+    dists = (np.abs(np.log2(np.asarray(space.facts, np.float64)) - here).sum(1).tolist()
+             if space.facts else [])
+    for fact, dist in zip(space.facts, dists):
+        if fact == (dp, tp, pp) or dist > 2.0 + 1e-9:
             continue
         # Keep the tokens per device about the same: the micro-batch scales with dp.
         mbs = _nearest(space.micro_batches(fact[0]), mb * dp / fact[0], 1.0)
@@ -436,8 +439,8 @@ def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int 
             seeds: int = 6):
     """Local search from the best fitting configs: move to a better fitting neighbour while one
     exists. Every configuration seen stays in the pool that is ranked."""
-    seen = {lat.key(i): i for i in range(len(lat))}
-    rows = [lat.key(i) for i in range(len(lat))]
+    rows = lat.keys()
+    seen = {r: i for i, r in enumerate(rows)}
     cols = {k: list(v) for k, v in res.items()}
     ok = lambda i: cols["total_bytes"][i] <= usable and np.isfinite(cols["objective"][i])  # noqa
     score = lambda i: cols["objective"][i] if ok(i) else -np.inf  # noqa
