@@ -184,6 +184,58 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    if args.grid:
+        from .validation.grid import main as grid_main
+        argv = ["--tier", args.tier, "--target", args.target]
+        if args.profile_out:
+            argv += ["--profile-out", args.profile_out]
+        if args.coeffs:
+            argv += ["--coeffs", args.coeffs]
+        return grid_main(argv)
+    from pathlib import Path
+
+    from ._scenario import load_scenario
+    from .validation.calibrate import calibrate, samples_from_results
+    from .validation.grid import FIT_COEFFS
+    from .validation.runner import load_results, tier_scenario
+    if not args.scenario or not args.measurements:
+        raise CapoptError("calibrate needs a SCENARIO and --measurements FILE.jsonl (written "
+                          "by `capopt validate SCENARIO --tier xla-gpu|device --out FILE.jsonl`)"
+                          ", or --grid for the documented calibration grid",
+                          field="--measurements")
+    sc = load_scenario(args.scenario, overrides=_overrides(args.set))
+    path = Path(args.measurements)
+    if not path.is_file():
+        raise CapoptError("no such file", file=str(path), field="--measurements")
+    records = [r for r in load_results(path)
+               if r.get("scenario") == sc.name and r.get("tier") == args.tier]
+    tsc = tier_scenario(sc, args.tier, args.profile)
+    samples = samples_from_results(records, tsc, target=args.target)
+    if len(samples) < 2:
+        raise CapoptError(f"{len(samples)} usable {args.tier} measurement(s) of {args.target} "
+                          f"for scenario {sc.name!r}; a fit needs at least 2 (status ok)",
+                          file=str(path), field="--measurements")
+    coeffs = tuple(c for c in (args.coeffs or ",".join(FIT_COEFFS)).split(",") if c)
+    known = tsc.runtime.coeff_dict()
+    unknown = [c for c in coeffs if c not in known]
+    if unknown:
+        raise CapoptError(f"unknown coefficient(s) {', '.join(unknown)}", field="--coeffs",
+                          allowed=", ".join(sorted(known)))
+    try:
+        res = calibrate(samples, coeffs=coeffs, target=args.target, holdout=args.holdout,
+                        name=f"{tsc.runtime.name}-calibrated",
+                        source=f"{tsc.runtime.source}; fitted by capopt calibrate to "
+                               f"{len(samples)} {args.tier} measurements of {sc.name}")
+    except ValueError as e:
+        raise CapoptError(str(e), field="--coeffs") from None
+    print(json.dumps(res.to_dict(), indent=2) if args.json else res.render())
+    if args.profile_out:
+        Path(args.profile_out).write_text(res.to_toml())
+        print(f"wrote {args.profile_out}", file=sys.stderr)
+    return 0
+
+
 def cmd_setup(args) -> int:
     from .validation.plugin import PACKAGES, install, jax_version
     if not args.quiet:
@@ -243,6 +295,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", choices=["gpus", "models", "scenarios", "profiles"])
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_catalog)
+
+    p = sub.add_parser("calibrate", help="fit a runtime profile's coefficients to measurements")
+    p.add_argument("scenario", nargs="?", default=None,
+                   help="the scenario the measurements are of")
+    p.add_argument("--measurements", metavar="FILE.jsonl",
+                   help="results of `capopt validate SCENARIO --out FILE.jsonl`")
+    p.add_argument("--grid", action="store_true",
+                   help="measure and fit the documented grid (python -m capopt.validation.grid)")
+    p.add_argument("--tier", choices=["xla-gpu", "device"], default="xla-gpu")
+    p.add_argument("--target", choices=["peak_bytes", "temp_bytes"], default="peak_bytes")
+    p.add_argument("--coeffs", metavar="A,B,..", help="profile coefficients to fit")
+    p.add_argument("--profile", metavar="NAME|FILE", help="profile to start from")
+    p.add_argument("--holdout", type=float, default=0.25, help="share kept out of the fit")
+    p.add_argument("--profile-out", metavar="FILE.toml", help="write the fitted profile here")
+    p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("setup", help="install optional parts: the CUDA plugin (xla-gpu tier)")
     p.add_argument("what", choices=["xla-gpu"])
