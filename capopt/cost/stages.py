@@ -65,9 +65,9 @@ def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
     def one(L, w, xp, inf, lg, is_first, is_last):
         ki = k.replace(remat=w)
         kw = dict(layers=L, extra_params=xp, in_flight=inf, logits_mb=lg)
-        m_first = _stage_memory(ki, n, first_stage=True, **kw)["total_bytes"]
-        m_other = _stage_memory(ki, n, first_stage=False, **kw)["total_bytes"]
-        mem = jnp.where(is_first > 0.5, m_first, m_other)
+        m_first = _stage_memory(ki, n, first_stage=True, **kw)
+        m_other = _stage_memory(ki, n, first_stage=False, **kw)
+        mem = {key: jnp.where(is_first > 0.5, m_first[key], m_other[key]) for key in m_first}
         c = compute_times(ki, n)
         mb = memory_bound_times(ki, n)
         t = _stage(ki, n, layers=L, c=c, mb=mb,
@@ -78,7 +78,7 @@ def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
         return mem, t["total"]
 
     mem, t = jax.vmap(one)(layers, remat, extra_params, in_flight, last, first, last)
-    return {"total_bytes": mem, "t_mb": t}
+    return {"total_bytes": mem["total_bytes"], "t_mb": t, "memory": mem}
 
 
 def _pace(k: Knobs, n: dict, p: int):
@@ -98,8 +98,10 @@ def per_step_rest(k: Knobs, n: dict, p: int):
     return busy - _pace(k, n, p) * t_even, t["input_s"]
 
 
-def layout_step(k: Knobs, n: dict, layers, recompute, rest, input_s, smooth: float = 0.0):
-    """Step seconds, per-stage bytes and per-stage micro-batch seconds of one layout.
+def layout_step(k: Knobs, n: dict, layers, recompute, rest, input_s, smooth: float = 0.0,
+                breakdown: bool = False):
+    """Step seconds, per-stage bytes and per-stage micro-batch seconds of one layout (and,
+    with ``breakdown``, every memory term per stage as a fourth result).
 
     ``smooth > 0`` replaces the max over stages by a log-sum-exp of that sharpness (relative
     to the slowest stage): what the relaxed solve differentiates."""
@@ -112,6 +114,8 @@ def layout_step(k: Knobs, n: dict, layers, recompute, rest, input_s, smooth: flo
     else:
         slowest = jnp.max(t)
     step = jnp.maximum(rest + _pace(k, n, p) * slowest, input_s)
+    if breakdown:
+        return step, st["total_bytes"], t, st["memory"]
     return step, st["total_bytes"], t
 
 
@@ -120,29 +124,31 @@ def layout_tokens_per_s(k: Knobs, n: dict, step):
 
 
 def layout_estimate(k: Knobs, n: dict, layers, recompute) -> Estimate:
-    """An `Estimate` of one layout: the memory breakdown of the stage that needs the most,
-    the even split's time terms with the step and bubble of this layout (the slowest stage
-    paces both), and throughput figures rescaled to this step."""
+    """An `Estimate` of one layout (see `assemble_estimate`)."""
     p = layers.shape[0]
     even = estimate_numbers(k, n)
     rest, inp = per_step_rest(k, n, p)
-    step, mem, t = layout_step(k, n, layers, recompute, rest, inp)
-    i = jnp.argmax(mem)
-    _, _, _, extra = _extras(k, n, p)
-    remat = stage_remat(k, layers, recompute)[i]
-    in_flight = jnp.minimum(p - i.astype(jnp.float32), k.grad_accum)
-    kw = dict(layers=layers[i], extra_params=extra[i], in_flight=in_flight,
-              logits_mb=(i == p - 1).astype(jnp.float32))
-    ki = k.replace(remat=remat)
-    first = _stage_memory(ki, n, first_stage=True, **kw)
-    other = _stage_memory(ki, n, first_stage=False, **kw)
-    memory = {key: jnp.where(i == 0, first[key], other[key]) for key in first}
-    memory.update({"first_stage_bytes": mem[0], "last_stage_bytes": mem[-1],
-                   "budget_bytes": n["usable_bytes"], "vram_bytes": n["vram_bytes"],
-                   "free_bytes": n["usable_bytes"] - memory["total_bytes"]})
+    step, mem, t, terms = layout_step(k, n, layers, recompute, rest, inp, breakdown=True)
+    return assemble_estimate(even, n, step, t, terms)
+
+
+def assemble_estimate(even: Estimate, n: dict, step, t_mb, terms: dict) -> Estimate:
+    """The Estimate of a layout from the even split's and the layout's own terms: memory of
+    the stage that needs the most (its breakdown), the even split's time terms with this
+    layout's step and bubble (the slowest stage paces both), throughput rescaled to this
+    step. Works on arrays or on numpy values alike."""
+    xp = jnp if isinstance(step, jax.Array) else __import__("numpy")
+    p = t_mb.shape[-1]
+    i = xp.argmax(terms["total_bytes"])
+    memory = {key: v[i] for key, v in terms.items()}
+    memory.update({"first_stage_bytes": terms["total_bytes"][0],
+                   "last_stage_bytes": terms["total_bytes"][-1],
+                   "budget_bytes": even.memory["budget_bytes"],
+                   "vram_bytes": even.memory["vram_bytes"]})
+    memory["free_bytes"] = memory["budget_bytes"] - memory["total_bytes"]
     time = dict(even.time)
     ratio = even.time["step_s"] / step
-    time["bubble_s"] = (p - 1.0) / n["rt_pp_virtual_stages"] * jnp.max(t)
+    time["bubble_s"] = (p - 1.0) / n["rt_pp_virtual_stages"] * xp.max(t_mb)
     time["step_s"] = step
     thr = dict(even.throughput)
     for key in ("tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu", "hfu",
@@ -155,5 +161,5 @@ def layout_estimate(k: Knobs, n: dict, layers, recompute) -> Estimate:
     return Estimate(memory=memory, time=time, throughput=thr)
 
 
-__all__ = ["even_layout", "layout_estimate", "layout_step", "layout_tokens_per_s", "per_step_rest",
+__all__ = ["assemble_estimate", "even_layout", "layout_estimate", "layout_step", "layout_tokens_per_s", "per_step_rest",
            "stage_remat", "stage_terms"]

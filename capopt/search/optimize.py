@@ -363,7 +363,8 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         if (lay is not None and lay.fits and lay.tokens_per_s >= _min_rate(sc) and (
                 not plans or lay.tokens_per_s > plans[0].throughput["tokens_per_s"])):
             from .stages import layout_plan
-            plans = [layout_plan(sc, lay)] + plans[:max(top_k - 1, 0)]
+            plans = ([layout_plan(sc, lay, estimate(lay.config, sc))]
+                     + plans[:max(top_k - 1, 0)])
         timings["stage_layout_s"] = time.perf_counter() - t1
         solve_s = time.perf_counter() - t0
     status = "ok" if plans else "infeasible"

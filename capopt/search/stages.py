@@ -25,7 +25,7 @@ from .._jaxcache import compile_options
 from .._plan import Plan
 from .._specs import Config, Scenario
 from ..cost._inputs import DTYPE, Knobs, knobs_from_config, numbers_pytree
-from ..cost.stages import layout_estimate, layout_step, layout_tokens_per_s, per_step_rest
+from ..cost.stages import assemble_estimate, layout_step, layout_tokens_per_s, per_step_rest
 
 STEPS = 200
 STARTS = 16
@@ -76,12 +76,16 @@ class LayoutPlan(Plan):
         return d
 
 
-def layout_plan(sc: Scenario, lay: Layout) -> LayoutPlan:
-    if "plan" not in _CACHE:
-        _CACHE["plan"] = jax.jit(layout_estimate, compiler_options=compile_options())
+def layout_plan(sc: Scenario, lay: Layout, even_estimate) -> LayoutPlan:
+    """The plan of a layout, from the even split's estimate of its config and the layout's
+    exact per-stage terms (no compilation beyond the evaluator's)."""
     n = numbers_pytree(sc)
-    est = _CACHE["plan"](knobs_from_config(lay.config), n,
-                         jnp.asarray(lay.layers, DTYPE), jnp.asarray(lay.recompute, DTYPE))
+    lp = LayoutProblem(sc, lay.config, n, True, True)
+    step, _, t = lp.evaluate(np.asarray(lay.layers), np.asarray(lay.recompute))
+    terms = {key: v[0] for key, v in lp.last_terms.items()}
+    even = jax.tree.map(np.asarray, even_estimate)
+    nn = {"rt_pp_virtual_stages": float(n["rt_pp_virtual_stages"])}
+    est = assemble_estimate(even, nn, step[0], t[0], terms)
     return LayoutPlan(sc, lay.config, est, lay)
 
 
@@ -134,8 +138,8 @@ def _solver(p: int):
 def _evaluator():
     if "eval" not in _CACHE:
         def ev(layers, rec, k, n, rest, inp):
-            step, mem, t = jax.vmap(lambda a, b: layout_step(k, n, a, b, rest, inp))(layers, rec)
-            return step, mem, t
+            return jax.vmap(lambda a, b: layout_step(k, n, a, b, rest, inp, breakdown=True))(
+                layers, rec)
         _CACHE["eval"] = jax.jit(ev, compiler_options=compile_options())
     return _CACHE["eval"]
 
@@ -200,8 +204,9 @@ class LayoutProblem:
         rows = len(layers)
         size = max(128, 1 << (rows - 1).bit_length())     # one padded shape: one compilation
         pad = lambda a: np.concatenate([a, np.repeat(a[:1], size - rows, 0)])  # noqa: E731
-        step, mem, t = _evaluator()(jnp.asarray(pad(layers)), jnp.asarray(pad(rec)), self.k,
-                                    self.n, self.rest, self.inp)
+        step, mem, t, terms = _evaluator()(jnp.asarray(pad(layers)), jnp.asarray(pad(rec)),
+                                           self.k, self.n, self.rest, self.inp)
+        self.last_terms = {key: np.asarray(v)[:rows] for key, v in terms.items()}
         return np.asarray(step)[:rows], np.asarray(mem)[:rows], np.asarray(t)[:rows]
 
     def score(self, step, mem):
