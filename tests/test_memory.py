@@ -336,3 +336,46 @@ def test_kv_heads_and_vocabulary_replicate_when_tp_does_not_divide_them():
     whole = (no["L"] * (no["P_layer_tp"] / 2 + no["P_layer_rep"]) + no["P_embed_tp"]
              + no["P_embed_rep"] + no["P_head_rep"] + no["P_head_tp"]) * no["param_bytes"]
     assert q == pytest.approx(whole, rel=F32_RTOL)
+
+
+def test_zero3_gathered_weights_bounded_by_max_live_params():
+    """DeepSpeed ZeRO-3 keeps at most stage3_max_live_parameters gathered elements plus the
+    module about to run; a small model's two whole layers stay under that bound, XLA gathers
+    whole layers."""
+    from capopt.cost.memory import largest_module
+    big = gpt_like(layers=8, hidden=8192, heads=64, vocab=1024)   # ~0.8B parameters a layer
+    cfg = Config(micro_batch=1, dp=8, zero_stage=3, remat="full")
+    k = knobs_from_config(cfg)
+    sc = make_scenario(big, runtime="pytorch", count=8, global_batch=8)
+    n = scenario_numbers(sc)
+    comm = float(estimate(cfg, sc).memory["comm_bytes"])
+    largest = float(largest_module(k, numbers_pytree(n)))
+    assert largest == pytest.approx(8192 * 4 * 8192)               # the MLP's up projection
+    bound = (n["rt_zero3_max_live_params"] + largest) * (1 - 1 / 8) * n["param_bytes"]
+    two_layers = 2 * (n["P_layer_tp"] + n["P_layer_rep"]) * (1 - 1 / 8) * n["param_bytes"]
+    assert bound < two_layers
+    assert comm == pytest.approx(bound + n["rt_comm_bucket_bytes"], rel=F32_RTOL)
+    # without the bound (XLA, or a raised stage3_max_live_parameters): two whole layers
+    loose = sc.replace(runtime=sc.runtime.with_coeffs(zero3_max_live_params=1e15))
+    assert float(estimate(cfg, loose).memory["comm_bytes"]) == pytest.approx(
+        two_layers + n["rt_comm_bucket_bytes"], rel=F32_RTOL)
+    xla = make_scenario(big, runtime="xla-gpu", count=8, global_batch=8)
+    nx = scenario_numbers(xla)
+    assert float(estimate(cfg, xla).memory["comm_bytes"]) == pytest.approx(
+        2 * (nx["P_layer_tp"] + nx["P_layer_rep"]) * (1 - 1 / 8) * nx["param_bytes"]
+        + nx["rt_comm_bucket_bytes"], rel=F32_RTOL)
+    # a small model's two layers are under the bound: unchanged
+    small = make_scenario(gpt_like(), runtime="pytorch", count=8, global_batch=8)
+    ns = scenario_numbers(small)
+    assert float(estimate(cfg, small).memory["comm_bytes"]) == pytest.approx(
+        2 * (ns["P_layer_tp"] + ns["P_layer_rep"]) * (1 - 1 / 8) * ns["param_bytes"]
+        + ns["rt_comm_bucket_bytes"], rel=F32_RTOL)
+
+
+def test_every_profile_has_the_same_coefficients():
+    """One numbers pytree for every built-in profile (the jitted solver does not retrace)."""
+    from capopt._runtime import get_profile
+    names = ("pytorch", "xla-cpu", "xla-gpu", "xla-gpu-calibrated")
+    keys = {name: set(get_profile(name).coeff_dict()) for name in names}
+    for name in names:
+        assert keys[name] == keys["pytorch"], name

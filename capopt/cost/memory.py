@@ -148,6 +148,17 @@ def stage_params(k: Knobs, n):
     return per_layer, first, last, multi
 
 
+def largest_module(k: Knobs, n):
+    """Parameters of a block's largest weight matrix on one device: the fused q/k/v
+    projection, the attention output, the (fused gate and) up projection or the down
+    projection, split over tp (a plain MLP stack: one h x h matrix)."""
+    h, a, kv, hd, f = n["h"], n["a"], n["kv"], n["hd"], n["f"]
+    qkv = h * (a * hd + 2.0 * kv * hd)
+    up = h * f * (1.0 + n["gated"])
+    big = jnp.maximum(jnp.maximum(qkv, a * hd * h), jnp.maximum(up, f * h)) / k.tp
+    return jnp.where(n["mlp"] > 0, h * h, big)
+
+
 # --------------------------------------------------------------------------------------------
 # The breakdown
 # --------------------------------------------------------------------------------------------
@@ -258,11 +269,17 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
 
     # --- communication buffers ---
     # ZeRO-3/FSDP: whole blocks gathered for compute (the layer in use plus prefetch); the
-    # device's own 1/dp slice is already counted in params_bytes.
+    # device's own 1/dp slice is already counted in params_bytes. A runtime that gathers
+    # module by module bounds the gathered parameters instead: DeepSpeed stops prefetching
+    # once ``zero3_max_live_params`` elements are resident (stage3_max_live_parameters) but
+    # always fetches the module about to run, so at most that bound plus the largest module
+    # (one weight matrix) is live. The smaller of the two counts (min: exact at integers).
     in_use = jnp.minimum(n["rt_zero3_prefetch_layers"], layers)
     expert_layer = expert_layer_params(k, n)
-    gathered = f_param * in_use * ((per_layer - expert_layer) * (1.0 - 1.0 / dp)
-                                   + expert_layer * (1.0 - 1.0 / edp)) * n["param_bytes"]
+    gathered_layer = ((per_layer - expert_layer) * (1.0 - 1.0 / dp)
+                      + expert_layer * (1.0 - 1.0 / edp))
+    bounded = (n["rt_zero3_max_live_params"] + largest_module(k, n)) * (1.0 - 1.0 / dp)
+    gathered = f_param * jnp.minimum(in_use * gathered_layer, bounded) * n["param_bytes"]
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
     p2p = step_at_least(k.pp, 2.0) * 2.0 * tokens * n["h"] * n["act_bytes"] * rep_div
     comm_bytes = gathered + buckets + p2p
