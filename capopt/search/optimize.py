@@ -112,10 +112,12 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
     for fact, dist in zip(space.facts, dists):
         if fact == (dp, tp, pp) or dist > 2.0 + 1e-9:
             continue
-        # Keep the tokens per device about the same: the micro-batch scales with dp.
+        # Keep the tokens per device about the same: the micro-batch scales with dp. The
+        # ZeRO stage moves with the layout (a wider data-parallel group shards more, so the
+        # best stage often changes with it).
         mbs = _nearest(space.micro_batches(fact[0]), mb * dp / fact[0], 1.0)
         out += space.rows_for(fact, mbs, [ep] if ep in space.expert_degrees(fact[0]) else None,
-                              [z] if z in space.zero_stages(fact[0], fact[2]) else None,
+                              None,
                               [bool(s)] if bool(s) in space.seq_parallel(fact[1]) else None,
                               [r], [bool(o)], [bool(f)])
     # Micro-batch and ZeRO stage trade memory for speed together: move them jointly.
