@@ -422,6 +422,8 @@ def test_shipped_calibration_reproduces_its_recorded_errors():
             # float32 cost model vs the recorded float64 summary: agree to 1e-4 of the error
             assert float(np.median(errs)) == pytest.approx(want["median_abs"], abs=1e-4)
             assert float(errs.max()) == pytest.approx(want["max_abs"], abs=1e-4)
-    # the fit helps where it was fitted
+    # the fit helps where it was fitted (its objective is a mean over the points, held near
+    # the priors: the mean and the worst error fall, the median need not)
     fit = rec["peak_errors"]
-    assert fit["fit_after"]["median_abs"] < fit["fit_before"]["median_abs"]
+    assert fit["fit_after"]["mean_abs"] < fit["fit_before"]["mean_abs"]
+    assert fit["fit_after"]["max_abs"] < fit["fit_before"]["max_abs"]

@@ -67,18 +67,23 @@ def layer_activation_terms(k: Knobs, n) -> dict:
 
     replicated = ab * (n["rt_norm_inputs_saved"] * h + 2.0 * h) + 2.0 * mask_h * h
     replicated = replicated + jnp.where(n["E"] > 1, 4.0 * n["E"], 0.0)   # fp32 router probs
-    mlp_saved = n["gated"] * n["rt_mlp_gated_saved"] + (1 - n["gated"]) * n["rt_mlp_gelu_saved"]
+    # (a GELU computed in float32 from 16-bit inputs also keeps ``mlp_gelu_lowp_saved``
+    # f-wide 16-bit residuals of its derivative; in float32 XLA recomputes them)
+    lowp = (ab < 4.0).astype(jnp.result_type(float))
+    gelu_saved = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
+    mlp_saved = n["gated"] * n["rt_mlp_gated_saved"] + (1 - n["gated"]) * gelu_saved
     sharded = ab * (2.0 * a * hd + 2.0 * kv * hd) + ab * mlp_saved * f * moe_mult
-    # softmax output (``score_copies`` of them: XLA keeps the probabilities and a second
-    # score-sized tensor for the softmax backward), dropout mask, and the dropped
-    # probabilities where the runtime keeps them (``attn_dropout_out_saved``; XLA recomputes
-    # them from the mask)
-    materialised = a * s * (n["rt_score_copies"] * ab
+    # softmax output (``score_copies`` of them in the activation dtype, plus
+    # ``score_fp32_copies`` in float32: XLA keeps the float32 softmax output for its backward
+    # and the probabilities cast back to the compute dtype for the second matmul), dropout
+    # mask, and the dropped probabilities where the runtime keeps them
+    # (``attn_dropout_out_saved``; XLA recomputes them from the mask)
+    materialised = a * s * (n["rt_score_copies"] * ab + n["rt_score_fp32_copies"] * 4.0
                             + mask_a * (1.0 + n["rt_attn_dropout_out_saved"] * ab))
     # Causal or not, XLA and PyTorch materialise the full s x s matrix.
-    # blockwise attention: the softmax statistics, plus ``flash_qo_copies`` query/output-sized
-    # tensors (the validation step's chunked stand-in regroups q and the output by block)
-    flash = a * n["rt_attn_lse_bytes"] + n["rt_flash_qo_copies"] * ab * a * hd
+    # blockwise attention: the softmax statistics (q and the output, regrouped by block, are
+    # the q and attention output counted in ``sharded``)
+    flash = a * n["rt_attn_lse_bytes"]
     scores = k.flash * flash + (1.0 - k.flash) * materialised
     # A plain MLP stack (family "mlp") keeps one input and one activation per layer.
     mlp_only = ab * 2.0 * h
@@ -86,11 +91,20 @@ def layer_activation_terms(k: Knobs, n) -> dict:
     # attention dropout's mask and dropped probabilities (regenerated, not stored, when a
     # recomputed block is rebuilt: the mask comes from the step's key)
     dropout_scores = (1.0 - k.flash) * a * s * mask_a * (1.0 + n["rt_attn_dropout_out_saved"] * ab)
+    # a rebuilt block holds its float32 score copy in the compute dtype (the scores and the
+    # masked scores, before the float32 softmax, which is fused into its consumer)
+    rebuilt_cast = (1.0 - k.flash) * a * s * n["rt_score_fp32_copies"] * (4.0 - ab)
+    # blockwise attention in a rebuilt block: its backward loop's zero-initialised gradient
+    # accumulators (query-sized, ``flash_qo_copies`` of them), which XLA creates for every
+    # rebuilt block at once, ahead of the backward pass (a hoisted broadcast)
+    flash_accum = k.flash * n["rt_flash_qo_copies"] * ab * a * hd
     return {
+        "flash_accum": scale * jnp.where(is_mlp_model > 0, 0.0, flash_accum),
         "replicated": scale * jnp.where(is_mlp_model > 0, mlp_only, replicated),
         "sharded": scale * jnp.where(is_mlp_model > 0, 0.0, sharded),
         "scores": scale * jnp.where(is_mlp_model > 0, 0.0, scores),
         "dropout_scores": scale * jnp.where(is_mlp_model > 0, 0.0, dropout_scores),
+        "rebuilt_cast": scale * jnp.where(is_mlp_model > 0, 0.0, rebuilt_cast),
         "layer_input": ab * h,
     }
 
@@ -116,7 +130,8 @@ def layer_activation_bytes(k: Knobs, n, tokens):
     c = n["rt_selective_saves_dots"]
     selective = (1.0 - c) * korthikanti + c * tokens * dots * n["rt_act_scale"]
     full = tokens * t["layer_input"] * rep_div
-    return none, selective, full
+    accum = tokens * t["flash_accum"] / k.tp
+    return none, selective + accum, full + accum
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,7 +212,12 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
     trainable_expert = (1 - lora) * expert_params
 
     # --- gradients: all live unless the update is fused into the backward pass ---
-    need_all = jnp.maximum(n["grad_clip"], step_at_least(k.grad_accum, 2.0))
+    # (under accumulation a runtime that reuses buffers, ``buffer_reuse`` = 1, adds each
+    # micro-batch gradient into the accumulator as it is produced: the accumulator, counted
+    # below, is what stays live, and clipping reads it after the last micro-batch)
+    accumulating = step_at_least(k.grad_accum, 2.0)
+    need_all = (jnp.maximum(n["grad_clip"], accumulating)
+                * (1.0 - n["rt_buffer_reuse"] * accumulating))
     fused_share = jnp.minimum(1.0, n["rt_grads_live_layers_fused"] / jnp.maximum(layers, 1e-6))
     fused = n["rt_grads_fused"]
     live = (1 - fused) + fused * (need_all + (1 - need_all) * fused_share)
@@ -217,7 +237,8 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
     # would have saved is live at once (1: the whole block, as a caching allocator holds it),
     # less the attention-dropout buffers ``rt_rebuild_dropout`` = 0 says are fused away.
     terms = layer_activation_terms(k, n)
-    drop = (1.0 - n["rt_rebuild_dropout"]) * tokens * terms["dropout_scores"] / k.tp
+    drop = ((1.0 - n["rt_rebuild_dropout"]) * terms["dropout_scores"]
+            + terms["rebuilt_cast"]) * tokens / k.tp
     rebuild = n["rt_rebuild_fraction"] * (
         jnp.minimum(1.0, w_full * layers) * (a_none - drop)
         + jnp.minimum(1.0, w_sel * layers) * jnp.maximum(a_none - a_sel - drop, 0.0))
@@ -231,7 +252,14 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
         n["mlp"] > 0, 0.0, 1.0)
     transient = per_head * (1.0 - k.flash) * n["s"] * n["s"]
     loop_transient = per_head * k.flash * jnp.minimum(n["rt_attn_chunk_queries"], n["s"]) * n["s"]
-    rebuild = rebuild + transient
+    # The score gradients are live while the block's attention runs backward, by which time
+    # its rebuilt MLP activations are gone: the larger of the rebuilt block and its scores plus
+    # their gradients (exact at integer points).
+    scores_rebuilt = n["rt_rebuild_fraction"] * (
+        jnp.minimum(1.0, w_full * layers) + jnp.minimum(1.0, w_sel * layers)) * tokens * (
+        terms["scores"] - terms["rebuilt_cast"]
+        - (1.0 - n["rt_rebuild_dropout"]) * terms["dropout_scores"]) / k.tp * (1.0 - k.flash)
+    rebuild = jnp.maximum(rebuild, scores_rebuilt + transient)
     rep_div = shard(k.sp, k.tp)
     edge = tokens * (terms["layer_input"] + n["hidden_dropout"] * n["h"]) * rep_div
     activations_bytes = (stored + rebuild + loop_transient
@@ -263,8 +291,11 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
     # activations_bytes, the logits' excess over it here).
     logits_bytes = logits_bytes - n["rt_buffer_reuse"] * jnp.minimum(logits_bytes, rebuild)
 
-    overlap = n["rt_buffer_reuse"] * jnp.minimum(activations_bytes + logits_bytes,
-                                                      late_grads)
+    # A rebuilt block is rebuilt while the gradients already produced are live (the last one
+    # rebuilt, with all but one block's gradients): gradients share memory only with the
+    # stored activations and the loss buffers, which are consumed before they are produced.
+    overlap = n["rt_buffer_reuse"] * jnp.minimum(activations_bytes - rebuild + logits_bytes,
+                                                 late_grads)
     grads_bytes = accum_bytes + late_grads - overlap
 
     # --- communication buffers ---
@@ -285,8 +316,17 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
     comm_bytes = gathered + buckets + p2p
 
     # --- runtime overhead ---
-    weight_copy = (n["rt_weight_copy_fraction"] * n["weight_copy_bytes"]
-                   * zshard(f_param, dense_params, expert_params) * (1 - lora))
+    # Casts of the weights to the compute dtype (a matmul's operand): a stored block keeps its
+    # casts for the backward pass, a recomputed block casts again when it is rebuilt (one
+    # block's worth at a time); the head's cast is live at the loss; the embedding table is
+    # read by a gather, never cast whole (XLA buffer assignment: heldout deep-llama s2048
+    # bf16-mixed holds every block's casts and the head's; calib-gpt s1024 full, with every block
+    # recomputed, a few matrices').
+    vocab_share = vocab_rep + (1.0 - vocab_rep) / k.tp
+    head = logits_mb * (n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share
+    cast_layers = layers * w_none + jnp.minimum(1.0, layers * (w_sel + w_full))
+    weight_copy = (n["rt_weight_copy_fraction"] * n["weight_copy_bytes"] * (1 - lora)
+                   * shard(f_param, dp) * (cast_layers * per_layer + head))
     dynamic = activations_bytes + logits_bytes + grads_bytes + comm_bytes
     overhead_bytes = (n["rt_context_bytes"] + n["rt_workspace_bytes"]
                       + n["rt_fragmentation"] * dynamic + weight_copy)

@@ -5,7 +5,9 @@ with the profile's ``rt_*`` numbers made variables, mapped onto the measured ter
 `predict` (``temp_bytes``: gradients + activations + logits + communication + weight copies;
 ``peak_bytes``: arguments + outputs + temp - aliases). Each coefficient is ``c0 * exp(theta)``
 (positive, scale-free), fitted by Adam (optax) on the mean squared log-ratio of prediction to
-measurement over a training split; a held-out split (``holdout``) reports how well the fit
+measurement over a training split, plus ``prior_weight * sum(theta ** 2)`` (a log-normal prior
+that keeps each coefficient near the physical count it starts from unless the data say
+otherwise); a held-out split (``holdout``) reports how well the fit
 carries over to configs it did not see.
 
 Only measurements that constrain a coefficient move it: the XLA tiers' buffers say nothing
@@ -116,7 +118,7 @@ def _stack(samples: list[Sample]):
 def calibrate(samples: list[Sample], *, coeffs: Iterable[str] = DEFAULT_COEFFS,
               target: str = "temp_bytes", holdout: float = 0.25, steps: int = 800,
               learning_rate: float = 0.05, seed: int = 0, name: str | None = None,
-              source: str | None = None) -> CalibrationResult:
+              source: str | None = None, prior_weight: float = 0.0) -> CalibrationResult:
     """Fit ``coeffs`` of the samples' runtime profile to their measured ``target``.
 
     Args:
@@ -125,6 +127,8 @@ def calibrate(samples: list[Sample], *, coeffs: Iterable[str] = DEFAULT_COEFFS,
         target: ``"temp_bytes"`` or ``"peak_bytes"``.
         holdout: fraction of samples kept out of the fit to measure it (none under 4 samples).
         steps, learning_rate, seed: the Adam solve and the split.
+        prior_weight: weight of the penalty ``sum(log(c / c0) ** 2)`` toward the starting
+            values (0: a plain least-squares fit in log space).
         name, source: of the fitted profile (default ``<base>-calibrated``).
 
     Returns:
@@ -170,7 +174,8 @@ def calibrate(samples: list[Sample], *, coeffs: Iterable[str] = DEFAULT_COEFFS,
 
     def loss(theta, idx):
         p = jnp.maximum(predict(theta, idx), 1.0)
-        return jnp.mean(jnp.square(jnp.log(p) - jnp.log(meas[idx])))
+        return (jnp.mean(jnp.square(jnp.log(p) - jnp.log(meas[idx])))
+                + prior_weight * jnp.sum(jnp.square(theta)))
 
     tx = optax.adam(learning_rate)
     train = jnp.asarray(train_idx)
