@@ -118,6 +118,22 @@ def test_infeasible_scenario_reports_smallest_requirement_and_remedies():
         assert plan(r.scenario, r.config).fits
 
 
+@pytest.mark.parametrize("sc", SCENARIOS[:4])
+def test_next_faster_config_does_not_fit_and_really_is_faster(sc):
+    res = optimize(sc, method="exhaustive", top_k=1)
+    if res.best is None:
+        pytest.skip("nothing fits this random scenario")
+    sp = res.shadow_price
+    usable = sc.budget.usable_bytes
+    assert sp["unused_bytes"] >= 0
+    if "next_faster_bytes" not in sp:
+        return
+    # Any faster config that fitted would have been the answer.
+    assert sp["next_faster_bytes"] > usable and sp["next_faster_gain"] > 0
+    if sp["tokens_per_s_per_gib"] == 0:
+        assert sp["next_faster_bytes"] > usable + 2**30
+
+
 # --------------------------------------------------------------------------------------------
 # Uneven pipeline stages
 # --------------------------------------------------------------------------------------------

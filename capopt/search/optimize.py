@@ -234,8 +234,15 @@ class OptimizeResult:
             lines.append(self._layout_line())
         sp = self.shadow_price
         if sp.get("tokens_per_s_per_gib") is not None:
-            lines.append(f"shadow price of memory: {sp['tokens_per_s_per_gib']:+,.0f} tok/s "
-                         f"per extra GiB per device ({sp['basis']})")
+            line = (f"shadow price of memory: {sp['tokens_per_s_per_gib']:+,.0f} tok/s "
+                    f"per extra GiB per device ({sp['basis']})")
+            if sp.get("next_faster_bytes"):
+                line += (f"; the next faster config evaluated needs "
+                         f"{sp['next_faster_bytes'] / GiB:.2f} GiB per device "
+                         f"(+{100 * sp['next_faster_gain']:.1f}%)")
+            elif sp.get("unused_bytes") is not None and sp["tokens_per_s_per_gib"] == 0:
+                line += "; no faster config was found at any memory size"
+            lines.append(line)
         lines.append(f"{self.method} search: {self.evaluated:,} configs evaluated exactly"
                      + (f" of {self.space_size:,}" if self.space_size else "")
                      + f" in {self.solve_s:.2f} s")
@@ -293,9 +300,21 @@ def _shadow_price(res: dict, usable: float, best_obj: float | None) -> dict[str,
     """Objective gained per extra GiB of budget, among the configs evaluated exactly."""
     if best_obj is None:
         return {"tokens_per_s_per_gib": None, "basis": "infeasible"}
-    more = res["objective"][res["total_bytes"] <= usable + GiB]
+    obj, total = res["objective"], res["total_bytes"]
+    ok = np.isfinite(obj)
+    more = obj[ok & (total <= usable + GiB)]
     gain = float(more.max() - best_obj) if len(more) else 0.0
-    return {"tokens_per_s_per_gib": gain, "basis": "best evaluated config with 1 GiB more"}
+    out = {"tokens_per_s_per_gib": gain, "basis": "best evaluated config with 1 GiB more"}
+    # Where the price is 0 the budget is not what holds the answer back: say how much memory
+    # the best config leaves unused and what the next faster config would need.
+    used = total[ok & (obj >= best_obj)]
+    out["unused_bytes"] = float(usable - used.min()) if len(used) else None
+    faster = ok & (obj > best_obj * (1 + 1e-6))
+    if faster.any():
+        i = np.flatnonzero(faster)[np.argmin(total[faster])]
+        out["next_faster_bytes"] = float(total[i])
+        out["next_faster_gain"] = float(obj[i] / best_obj - 1.0)
+    return out
 
 
 def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
