@@ -306,11 +306,19 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
     # always fetches the module about to run, so at most that bound plus the largest module
     # (one weight matrix) is live. The smaller of the two counts (min: exact at integers).
     in_use = jnp.minimum(n["rt_zero3_prefetch_layers"], layers)
+    # XLA (``zero3_keeps_stored_gathered`` = 1) gathers the weights cast to the compute dtype,
+    # and a block that is not recomputed keeps its gathered weights for its backward pass
+    # (the backward's gathers are the forward's): every stored block's, plus the prefetch
+    # window for the rebuilt ones, which gather again.
+    keep = n["rt_zero3_keeps_stored_gathered"]
+    in_use = (1.0 - keep) * in_use + keep * (layers * w_none + (1.0 - w_none) * in_use)
+    gather_bytes = (1.0 - keep) * n["param_bytes"] + keep * jnp.where(
+        n["weight_copy_bytes"] > 0, n["weight_copy_bytes"], n["param_bytes"])
     expert_layer = expert_layer_params(k, n)
     gathered_layer = ((per_layer - expert_layer) * (1.0 - 1.0 / dp)
                       + expert_layer * (1.0 - 1.0 / edp))
     bounded = (n["rt_zero3_max_live_params"] + largest_module(k, n)) * (1.0 - 1.0 / dp)
-    gathered = f_param * jnp.minimum(in_use * gathered_layer, bounded) * n["param_bytes"]
+    gathered = f_param * jnp.minimum(in_use * gathered_layer, bounded) * gather_bytes
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
     p2p = step_at_least(k.pp, 2.0) * 2.0 * tokens * n["h"] * n["act_bytes"] * rep_div
     comm_bytes = gathered + buckets + p2p
