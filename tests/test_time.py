@@ -692,3 +692,94 @@ def test_a_profile_without_the_per_micro_batch_coefficients_still_estimates():
     assert float(t_old["launch_s"]) == 0.0
     assert float(t_old["grad_accum_s"]) == pytest.approx(float(t_new["grad_accum_s"]), rel=F32)
     assert float(t_old["step_s"]) < float(t_new["step_s"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The end stages in one evaluation: the same numbers as one stage_time call per stage
+# ---------------------------------------------------------------------------------------------
+from capopt.cost.flops import compute_times  # noqa: E402
+from capopt.cost.time import (end_stage_extras, end_stages, memory_bound_times,  # noqa: E402
+                              stage_time, time_terms)
+
+END_STAGE_CONFIGS = [
+    Config(micro_batch=1, grad_accum=8, dp=8, tp=4, pp=2, remat="full"),
+    Config(micro_batch=2, grad_accum=1, dp=32, tp=2, zero_stage=3),
+    Config(micro_batch=1, grad_accum=4, dp=16, tp=2, pp=2, sequence_parallel=True,
+           remat="selective", flash_attention=False),
+    Config(micro_batch=4, grad_accum=2, dp=8, tp=8, offload_optimizer=True),
+    Config(micro_batch=1, grad_accum=2, dp=8, tp=2, pp=4, zero_stage=1),
+    Config(micro_batch=2, grad_accum=4, dp=4, tp=4, pp=4, zero_stage=2, remat="full"),
+]
+RELAXED_KNOBS = Knobs(
+    micro_batch=jnp.float32(1.7), grad_accum=jnp.float32(3.3), dp=jnp.float32(5.5),
+    tp=jnp.float32(2.5), pp=jnp.float32(1.6), ep=jnp.float32(1.5),
+    zero=jnp.asarray([0.4, 0.1, 0.2, 0.3], jnp.float32),
+    remat=jnp.asarray([0.5, 0.3, 0.2], jnp.float32), sp=jnp.float32(0.4),
+    offload=jnp.float32(0.3), flash=jnp.float32(0.6))
+
+
+def _end_stage_cases():
+    for which in sorted(SCENARIOS):
+        for cfg in END_STAGE_CONFIGS:
+            yield which, knobs_from_config(cfg)
+        yield which, RELAXED_KNOBS
+
+
+def _stages_both_ways(k, n):
+    """(stacked end stages, first stage alone, last stage alone, time terms)."""
+    c, mb = compute_times(k, n), memory_bound_times(k, n)
+    first, last = end_stage_extras(k, n, c, mb)
+    layers = n["L"] / k.pp
+    one = lambda e: stage_time(k, n, layers=layers, c=c, mb=mb, **e)  # noqa: E731
+    time, _ = time_terms(k, n, estimate_numbers(k, n).memory)
+    return end_stages(k, n, c, mb), one(first), one(last), time
+
+
+_stages_jit = jax.jit(_stages_both_ways)
+
+
+def test_end_stages_in_one_evaluation_equal_one_call_per_stage():
+    # time_terms evaluates the first and the last pipeline stage as one stage_time call over
+    # a leading axis of two (vmap): every term of both equals its own stage_time call, to
+    # float32 rounding, at integer and at relaxed points
+    for which, k in _end_stage_cases():
+        both, first, last, _ = _stages_jit(k, NUMBERS[which])
+        assert set(both) == set(first)
+        for key in first:
+            for i, ref in ((0, first), (1, last)):
+                np.testing.assert_allclose(np.asarray(both[key])[i], np.asarray(ref[key]),
+                                           rtol=F32, atol=1e-12,
+                                           err_msg=f"{which} {key} stage {i}")
+
+
+def test_time_terms_take_the_slower_end_stage_per_micro_batch():
+    # the per-micro-batch terms of the step are grad_accum times the slower stage's (the first
+    # on a tie); where the two totals agree to float32 rounding either breakdown is right
+    for which, k in _end_stage_cases():
+        _, first, last, t = _stages_jit(k, NUMBERS[which])
+        m, v = float(k.grad_accum), float(NUMBERS[which]["rt_pp_virtual_stages"])
+        f_tot, l_tot = float(first["total"]), float(last["total"])
+        picks = [first if f_tot >= l_tot else last]
+        if math.isclose(f_tot, l_tot, rel_tol=F32):
+            picks = [first, last]
+        expected = lambda st: {  # noqa: E731
+            "compute_s": m * st["compute"], "memory_bound_s": m * st["memory"],
+            "grad_accum_s": m * st["accum"], "comm_tp_s": m * st["tp"],
+            "comm_pp_s": m * st["pp"], "comm_moe_s": m * st["moe"],
+            "bubble_s": max(float(k.pp) - 1.0, 0.0) / v * st["total"]}
+        ok = [all(math.isclose(float(t[key]), float(val), rel_tol=F32, abs_tol=1e-12)
+                  for key, val in expected(st).items()) for st in picks]
+        assert any(ok), (which, {key: float(t[key]) for key in expected(picks[0])})
+
+
+def test_the_relaxed_solve_reports_the_values_at_its_final_point():
+    # the solver takes the final loss, memory excess and objective from one more evaluating
+    # pass of its loop (one traced copy of the cost model): they are those of the returned x
+    from capopt.search.relax import _loss_terms, initial_points, make_solver, scenario_bounds
+    sc, n = SCENARIOS["moe"], NUMBERS["moe"]
+    b = scenario_bounds(sc)
+    sol = make_solver(steps=12, mu1=1e3)(initial_points(3, 1), n, b)
+    loss, (over, obj) = jax.vmap(_loss_terms, in_axes=(0, None, None, None))(
+        sol.x, n, b, jnp.float32(1e3))
+    for got, want in ((sol.loss, loss), (sol.over, over), (sol.objective, obj)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)

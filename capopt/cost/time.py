@@ -54,6 +54,7 @@ pipeline stages (see `comm`).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from . import comm
@@ -220,9 +221,18 @@ def _weight_bytes(n: dict):
     return n["lora"] * n["frozen_bytes"] + (1.0 - n["lora"]) * n["param_bytes"]
 
 
-def _stage(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra_memory,
-           extra_params, tp_extra_ar) -> dict:
-    """Per-micro-batch seconds of one stage holding ``layers`` blocks plus its extras."""
+def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra_memory,
+               extra_params, tp_extra_ar) -> dict:
+    """Per-micro-batch seconds of one stage holding ``layers`` blocks plus its extras.
+
+    ``c`` and ``mb`` are `flops.compute_times` and `memory_bound_times` of the config; the
+    extras are the stage's own embedding / head work: matmul seconds, memory-bound seconds,
+    parameters and tensor-parallel all-reduces. Returns ``compute``, ``memory`` (with its
+    parts ``accum`` and ``launch``), ``hidden`` (communication hidden behind compute),
+    ``total``, ``bwd`` (the backward phase's matmul seconds) and the exposed seconds of each
+    per-micro-batch collective (``tp``, ``moe``, ``zero``, ``pp``). Works elementwise on
+    arrays of extras (e.g. under `jax.vmap`).
+    """
     tp, dp, ab = k.tp, k.dp, n["act_bytes"]
     tokens = k.micro_batch * n["s"]
     per_node = n["per_node"]
@@ -299,6 +309,37 @@ def _stage(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra
             "bwd": layers * c["layer_bwd"], "accum": accum, "launch": launch, **exposed}
 
 
+_stage = stage_time     # the former name
+
+
+def end_stage_extras(k: Knobs, n: dict, c: dict, mb: dict) -> tuple[dict, dict]:
+    """The `stage_time` extras of the first pipeline stage (embedding) and of the last (head
+    and loss); at pp = 1 one stage holds both, and the two are the same."""
+    _, first_p, last_p, multi = stage_params(k, n)
+    single = 1.0 - multi
+    first_tp_ar = n["embed_vocab"]            # vocabulary-parallel embedding: one all-reduce
+    last_tp_ar = n["logit_tp"]                # the head's input gradient: one all-reduce
+    first = {"extra_compute": c["first"] + single * c["last"],
+             "extra_memory": mb["first"] + single * mb["last"],
+             "extra_params": first_p + single * last_p,
+             "tp_extra_ar": first_tp_ar + single * last_tp_ar}
+    last = {"extra_compute": c["last"] + single * c["first"],
+            "extra_memory": mb["last"] + single * mb["first"],
+            "extra_params": last_p + single * first_p,
+            "tp_extra_ar": last_tp_ar + single * first_tp_ar}
+    return first, last
+
+
+def end_stages(k: Knobs, n: dict, c: dict, mb: dict) -> dict:
+    """`stage_time` of the first and the last pipeline stage, stacked on a leading axis of two
+    (first, last): one stage evaluation under `jax.vmap` over the extras, so what the two
+    stages share (everything but their embedding / head terms) is computed once."""
+    first, last = end_stage_extras(k, n, c, mb)
+    extras = {key: jnp.stack(jnp.broadcast_arrays(first[key], last[key])) for key in first}
+    layers = n["L"] / k.pp
+    return jax.vmap(lambda e: stage_time(k, n, layers=layers, c=c, mb=mb, **e))(extras)
+
+
 # ---------------------------------------------------------------------------------------------
 # The step
 # ---------------------------------------------------------------------------------------------
@@ -317,23 +358,10 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     """
     c = compute_times(k, n)
     mb = memory_bound_times(k, n)
-    _, first_p, last_p, multi = stage_params(k, n)
-    single = 1.0 - multi
     layers = n["L"] / k.pp
-    first_tp_ar = n["embed_vocab"]            # vocabulary-parallel embedding: one all-reduce
-    last_tp_ar = n["logit_tp"]                # the head's input gradient: one all-reduce
-    first = _stage(k, n, layers=layers, c=c, mb=mb,
-                   extra_compute=c["first"] + single * c["last"],
-                   extra_memory=mb["first"] + single * mb["last"],
-                   extra_params=first_p + single * last_p,
-                   tp_extra_ar=first_tp_ar + single * last_tp_ar)
-    last = _stage(k, n, layers=layers, c=c, mb=mb,
-                  extra_compute=c["last"] + single * c["first"],
-                  extra_memory=mb["last"] + single * mb["first"],
-                  extra_params=last_p + single * first_p,
-                  tp_extra_ar=last_tp_ar + single * first_tp_ar)
-    take_first = first["total"] >= last["total"]
-    st = {key: jnp.where(take_first, first[key], last[key]) for key in first}
+    both = end_stages(k, n, c, mb)
+    take_first = both["total"][0] >= both["total"][1]
+    st = {key: jnp.where(take_first, v[0], v[1]) for key, v in both.items()}
 
     m = k.grad_accum
     t_mb = st["total"]
@@ -426,5 +454,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     return time, throughput
 
 
-__all__ = ["KINDS", "accum_adds", "accum_bytes_per_param", "launch_exposed",
-           "memory_bound_times", "smooth_max", "stage_grad_elems", "stage_kernels", "time_terms"]
+__all__ = ["KINDS", "accum_adds", "accum_bytes_per_param", "end_stage_extras", "end_stages",
+           "launch_exposed",
+           "memory_bound_times", "smooth_max", "stage_grad_elems", "stage_kernels", "stage_time",
+           "time_terms"]

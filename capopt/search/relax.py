@@ -100,7 +100,12 @@ def decode(x: jax.Array, b: Bounds) -> Knobs:
                  zero=zero, remat=remat, sp=bools[0], offload=bools[1], flash=bools[2])
 
 
-def _loss(x, n, b: Bounds, mu):
+_SHARP = 30.0     # sharpness of the smoothed memory excess in the penalty
+
+
+def _loss_terms(x, n, b: Bounds, mu):
+    """(loss, (relative memory excess, objective)) of variables ``x`` under penalty weight
+    ``mu``: one evaluation of the cost model."""
     k = decode(x, b)
     est = estimate_numbers(k, n)
     obj = objective_value(est, n, b.mode_cost)
@@ -108,9 +113,13 @@ def _loss(x, n, b: Bounds, mu):
     shares = jnp.log2(jnp.stack([k.dp, k.tp, k.pp]))
     box = jnp.sum(jax.nn.relu(b.lo - shares) ** 2 + jax.nn.relu(shares - b.hi) ** 2)
     ga_short = jax.nn.relu(-(b.log2_batch - shares[0] - jnp.log2(k.micro_batch)))
-    sharp = 30.0
+    sharp = _SHARP
     penalty = mu * (jax.nn.softplus(sharp * over) / sharp) ** 2 + 10.0 * (box + ga_short ** 2)
-    return -jnp.log(jnp.maximum(obj, 1e-30)) + penalty
+    return -jnp.log(jnp.maximum(obj, 1e-30)) + penalty, (over, obj)
+
+
+def _loss(x, n, b: Bounds, mu):
+    return _loss_terms(x, n, b, mu)[0]
 
 
 class SolveResult(NamedTuple):
@@ -128,36 +137,59 @@ def make_solver(optimizer: optax.GradientTransformation | None = None, steps: in
 
     def solve_one(x0, n, b):
         state = opt.init(x0)
-        grad = jax.grad(_loss)
+        value_and_grad = jax.value_and_grad(_loss_terms, has_aux=True)
 
+        # ``steps`` Adam updates, then one more pass that only evaluates: the final point's
+        # loss, memory excess and objective come from the same (single) traced evaluation of
+        # the cost model and its gradient, not from a second copy of it.
         def body(carry, t):
-            x, s = carry
-            mu = mu0 * (mu1 / mu0) ** (t / (steps - 1))
-            g = grad(x, n, b, mu)
+            x, s, _ = carry
+            mu = mu0 * (mu1 / mu0) ** (jnp.minimum(t, steps - 1) / (steps - 1))
+            (loss, aux), g = value_and_grad(x, n, b, mu)
             g = jnp.where(jnp.isfinite(g), g, 0.0)
-            upd, s = opt.update(g, s, x)
-            return (optax.apply_updates(x, upd), s), None
+            upd, s_new = opt.update(g, s, x)
+            last = t >= steps
+            x = jnp.where(last, x, optax.apply_updates(x, upd))
+            s = jax.tree.map(lambda new, old: jnp.where(last, old, new), s_new, s)
+            return (x, s, (loss, *aux)), None
 
-        (x, _), _ = jax.lax.scan(body, (x0, state), jnp.arange(steps, dtype=DTYPE))
-        k = decode(x, b)
-        est = estimate_numbers(k, n)
-        over = est.memory["total_bytes"] / n["usable_bytes"] - 1.0
-        sharp = 30.0
+        zero = jnp.zeros((), DTYPE)
+        (x, _, (loss, over, obj)), _ = jax.lax.scan(
+            body, (x0, state, (zero, zero, zero)), jnp.arange(steps + 1, dtype=DTYPE))
+        sharp = _SHARP
         mult = mu1 * 2 * (jax.nn.softplus(sharp * over) / sharp) * jax.nn.sigmoid(sharp * over)
-        return SolveResult(x, _loss(x, n, b, mu1), over, objective_value(est, n, b.mode_cost),
-                           mult)
+        return SolveResult(x, loss, over, obj, mult)
 
     return jax.jit(jax.vmap(solve_one, in_axes=(0, None, None)),
                    compiler_options=compile_options())
 
 
+_JITTED: dict = {}
+
+
+def _jitted(name, fn, **kw):
+    """``fn`` compiled with the search's XLA options (built on first use: the backend decides
+    them); small programs like these compile in tens of milliseconds this way, where running
+    them op by op would compile every operation on its own."""
+    if name not in _JITTED:
+        _JITTED[name] = jax.jit(fn, compiler_options=compile_options(), **kw)
+    return _JITTED[name]
+
+
+def _normal_points(seed, starts):
+    return jax.random.normal(jax.random.PRNGKey(seed), (starts, DIM), DTYPE) * 1.5
+
+
 def initial_points(starts: int, seed: int) -> jax.Array:
-    key = jax.random.PRNGKey(seed)
-    return jax.random.normal(key, (starts, DIM), DTYPE) * 1.5
+    return _jitted("initial_points", _normal_points, static_argnums=1)(seed, starts)
+
+
+def _decode_batch(x, b: Bounds):
+    k = jax.vmap(decode, in_axes=(0, None))(x, b)
+    return {f: getattr(k, f) for f in Knobs.__dataclass_fields__}
 
 
 def continuous_values(x: np.ndarray, b: Bounds) -> dict[str, np.ndarray]:
     """Decode a batch of variable vectors into plain numpy knob values."""
-    k = jax.vmap(decode, in_axes=(0, None))(jnp.asarray(x), b)
-    return {f: np.asarray(getattr(k, f)) for f in Knobs.__dataclass_fields__}
-
+    k = _jitted("decode", _decode_batch)(jnp.asarray(x, DTYPE), b)
+    return {f: np.asarray(v) for f, v in k.items()}
