@@ -80,6 +80,15 @@ def all_reduce_s(nbytes, size, per, nodes, n: dict, count=1.0):
     return bw + _active(size) * lat
 
 
+def ring_collectives_s(nbytes, size, per, nodes, n: dict, count=1.0, passes=1.0):
+    """All-gathers and reduce-scatters (``passes`` = 1) and all-reduces (``passes`` = 2) in one
+    evaluation, elementwise over arrays of their arguments: the same numbers as
+    `all_gather_s` / `reduce_scatter_s` / `all_reduce_s` one by one."""
+    bw = passes * _one_pass_bandwidth_s(nbytes, size, per, nodes, n)
+    lat = count * (n["rt_alpha_base_s"] + passes * _ring_steps_latency(size, nodes, n))
+    return bw + _active(size) * lat
+
+
 def all_to_all_s(nbytes, size, per, nodes, n: dict, count=1.0):
     """``count`` all-to-alls, each rank sending ``nbytes`` in total (its share to every rank)."""
     bw_intra, bw_inter = _links(n)
@@ -105,4 +114,4 @@ def overlap(comm_s, window_s, fraction):
 
 
 __all__ = ["all_gather_s", "all_reduce_s", "all_to_all_s", "group_layout", "overlap", "p2p_s",
-           "reduce_scatter_s"]
+           "reduce_scatter_s", "ring_collectives_s"]

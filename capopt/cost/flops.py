@@ -186,18 +186,30 @@ def compute_times(k: Knobs, n: dict) -> dict:
     dx, dw = 1.0, 1.0 - frozen                    # input and weight gradients
     weight_mult = fwd_pass + dx + dw
 
-    groups = [  # forward seconds per token of each weight GEMM on this device
-        _gemm_s(b["qkv"] / tp, n, tokens, h, (q + 2.0 * kv) / tp),
-        _gemm_s(b["out"] / tp, n, tokens, q / tp, h),
-        _gemm_s(b["mlp_in"] * cap / tp, n, expert_rows, h, f / tp),
-        _gemm_s(b["mlp_out"] * cap / tp, n, expert_rows, f / tp, h),
-        _gemm_s(b["router"], n, tokens, h, jnp.maximum(n["E"], 1.0)),
-        _gemm_s(b["dense"] / tp, n, tokens, h, h / tp),
+    seqs = k.micro_batch
+    # Every GEMM of the step as one row (FLOPs, M, K, N), timed in one vectorised evaluation
+    # of `_gemm_s` (elementwise: the same numbers as one call per GEMM).
+    gemms = [  # forward seconds per token of each weight GEMM on this device, ...
+        (b["qkv"] / tp, tokens, h, (q + 2.0 * kv) / tp),
+        (b["out"] / tp, tokens, q / tp, h),
+        (b["mlp_in"] * cap / tp, expert_rows, h, f / tp),
+        (b["mlp_out"] * cap / tp, expert_rows, f / tp, h),
+        (b["router"], tokens, h, jnp.maximum(n["E"], 1.0)),
+        (b["dense"] / tp, tokens, h, h / tp),
+        (b["lora"] / tp, tokens, h, jnp.maximum(n["lora_rank"], 1.0)),      # LoRA adapters
+        (tokens * b["attn"] / tp, s, hd, s),   # Q K^T (s, hd, s), P V (s, s, hd): per micro-batch
+        (2.0 * n["head_tok_tp"] / tp, tokens, h, n["V"] / tp),              # the head, per token
+        (2.0 * n["head_tok_rep"], tokens, h, h),
+        (2.0 * n["head_seq"], seqs, h, h),                                   # per sequence
+        (2.0 * n["embed_seq"], tokens, jnp.maximum(n["patch_dim"], 1.0), h),
     ]
-    weights_s = tokens * sum(groups)
-    lora_s = tokens * _gemm_s(b["lora"] / tp, n, tokens, h, jnp.maximum(n["lora_rank"], 1.0))
+    cols = [jnp.stack(jnp.broadcast_arrays(*col)) for col in zip(*gemms)]
+    secs = _gemm_s(cols[0], n, *cols[1:])
+    (qkv_s, out_s, mlp_in_s, mlp_out_s, router_s, dense_s, lora_g, attn_matmul_s, head_tp_s,
+     head_rep_s, head_seq_s, embed_s) = (secs[i] for i in range(len(gemms)))
+    weights_s = tokens * sum([qkv_s, out_s, mlp_in_s, mlp_out_s, router_s, dense_s])
+    lora_s = tokens * lora_g
     attn_flops = tokens * b["attn"] / tp
-    attn_matmul_s = _gemm_s(attn_flops, n, s, hd, s)           # Q K^T (s, hd, s), P V (s, s, hd)
     attn_flash_s = attn_flops / (n["rt_flash_eff"] * n["matmul_peak"])
     attn_s = ((1.0 - k.flash) * attn_matmul_s * (fwd_pass + 2.0 + w_sel)
               + k.flash * attn_flash_s * (fwd_pass + 2.0 + 0.5))
@@ -207,13 +219,8 @@ def compute_times(k: Knobs, n: dict) -> dict:
     layer_bwd = layer - layer_fwd
 
     head_mult = 1.0 + dx + dw                      # the head is not recomputed
-    seqs = k.micro_batch
-    last = head_mult * (
-        tokens * _gemm_s(2.0 * n["head_tok_tp"] / tp, n, tokens, h, n["V"] / tp)
-        + tokens * _gemm_s(2.0 * n["head_tok_rep"], n, tokens, h, h)
-        + seqs * _gemm_s(2.0 * n["head_seq"], n, seqs, h, h))
-    first = (1.0 + dw) * seqs * _gemm_s(2.0 * n["embed_seq"], n, tokens,
-                                         jnp.maximum(n["patch_dim"], 1.0), h)
+    last = head_mult * (tokens * head_tp_s + tokens * head_rep_s + seqs * head_seq_s)
+    first = (1.0 + dw) * seqs * embed_s
     return {"layer": layer, "layer_fwd": layer_fwd, "layer_bwd": layer_bwd,
             "layer_dw": weights_s * dw, "first": first, "last": last}
 

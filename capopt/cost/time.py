@@ -59,7 +59,7 @@ import jax.numpy as jnp
 
 from . import comm
 from ._inputs import Knobs
-from .flops import compute_times, hardware_flops, model_flops, step_tokens
+from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import expert_layer_params, shard, stage_params, step_at_least
 
 KINDS = ("dp", "zero", "tp", "pp", "moe")
@@ -216,6 +216,16 @@ def launch_exposed(work, kernels, n: dict):
     return smooth_max(busy, kernels * _coeff(n, "kernel_launch_s")) - work
 
 
+def _col(*values):
+    """Scalars (or equally shaped arrays) stacked on a new leading axis: one argument of a
+    vectorised evaluation."""
+    return jnp.stack(jnp.broadcast_arrays(*values))
+
+
+def _unstack(x, size):
+    return tuple(x[i] for i in range(size))
+
+
 def _weight_bytes(n: dict):
     """Bytes per parameter of the weights as a ZeRO-3 all-gather moves them."""
     return n["lora"] * n["frozen_bytes"] + (1.0 - n["lora"]) * n["param_bytes"]
@@ -251,10 +261,33 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     memory = layers * mb["layer"] + extra_memory + accum + launch
     busy = compute + memory
 
-    # --- tensor parallelism: all-reduces of the block's output, per block ---
+    # --- ZeRO-3 traffic: weights gathered for the forward (again when recomputing) and the
+    #     backward, gradients reduce-scattered, for every micro-batch ---
+    per_layer, _, _, _ = stage_params(k, n)
+    lora = n["lora"]
+    base_tp = n["lora_base_layer"] / tp
+    w_layer = (lora * (base_tp * n["base_bytes"] + (per_layer - base_tp) * n["frozen_bytes"]
+                       + n["lora_layer"] / tp * n["param_bytes"])
+               + (1.0 - lora) * per_layer * n["param_bytes"])
+    g_layer = (lora * n["lora_layer"] / tp + (1.0 - lora) * per_layer) * n["grad_bytes"]
+    gather = (2.0 + w_full) * (layers * w_layer + extra_params * _weight_bytes(n))
+    scatter = (layers * g_layer + (1.0 - lora) * extra_params * n["grad_bytes"])
+    colls = n["rt_zero3_collectives_per_layer"] * layers
+
+    # --- the stage's ring collectives, in one vectorised evaluation: the tensor-parallel
+    #     all-reduce of a block's output, the ZeRO-3 gather (one more, forward and backward,
+    #     for the stage's embedding / head) and reduce-scatter, and the pipeline's re-gather
+    #     of a tensor-parallel-split activation ---
     tp_per, tp_nodes = comm.group_layout(tp, 1.0, per_node)
+    dp_per, dp_nodes = comm.group_layout(dp, tp, per_node)
+    one_ar, gather_coll, scatter_coll, regather_coll = _unstack(comm.ring_collectives_s(
+        _col(act_bytes, gather, scatter, act_bytes), _col(tp, dp, dp, tp),
+        _col(tp_per, dp_per, dp_per, tp_per), _col(tp_nodes, dp_nodes, dp_nodes, tp_nodes), n,
+        count=_col(1.0, colls * (2.0 + w_full) + 2.0, colls + 1.0, 1.0),
+        passes=jnp.asarray([2.0, 1.0, 1.0, 1.0])), 4)
+
+    # --- tensor parallelism: all-reduces of the block's output, per block ---
     ar_per_block = 2.0 * (1.0 - n["mlp"]) + n["mlp"]          # attention + MLP (plain MLP: 1)
-    one_ar = comm.all_reduce_s(act_bytes, tp, tp_per, tp_nodes, n)
     tp_fwd = ar_per_block * (1.0 + w_full) * one_ar
     tp_bwd = ar_per_block * one_ar
     fwd_exp, fwd_hid = comm.overlap(tp_fwd, c["layer_fwd"], n["rt_overlap_tp_fwd"])
@@ -270,26 +303,9 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     moe_exp, moe_hid = comm.overlap(a2a, c["layer"], n["rt_overlap_moe"])
     moe_exposed, moe_hidden = layers * moe_exp, layers * moe_hid
 
-    # --- ZeRO-3: gather weights for the forward (again when recomputing) and the backward,
-    #     reduce-scatter gradients, for every micro-batch ---
-    per_layer, _, _, _ = stage_params(k, n)
-    lora = n["lora"]
-    base_tp = n["lora_base_layer"] / tp
-    w_layer = (lora * (base_tp * n["base_bytes"] + (per_layer - base_tp) * n["frozen_bytes"]
-                       + n["lora_layer"] / tp * n["param_bytes"])
-               + (1.0 - lora) * per_layer * n["param_bytes"])
-    g_layer = (lora * n["lora_layer"] / tp + (1.0 - lora) * per_layer) * n["grad_bytes"]
-    gather = (2.0 + w_full) * (layers * w_layer + extra_params * _weight_bytes(n))
-    scatter = (layers * g_layer + (1.0 - lora) * extra_params * n["grad_bytes"])
-    dp_per, dp_nodes = comm.group_layout(dp, tp, per_node)
-    colls = n["rt_zero3_collectives_per_layer"] * layers
-    # one more gather (forward, backward) and reduce-scatter for the stage's embedding / head
-    gather_s = comm.all_gather_s(gather, dp, dp_per, dp_nodes, n,
-                                 count=colls * (2.0 + w_full) + 2.0)
-    # the framework's own fetch path, in series with the collective it stages
-    gather_s = gather_s + fetch_s(gather, dp, n)
-    z3 = k.zero[3] * (gather_s
-                      + comm.reduce_scatter_s(scatter, dp, dp_per, dp_nodes, n, count=colls + 1.0))
+    # --- ZeRO-3 time: the framework's own fetch path, in series with the gathers it stages ---
+    gather_s = gather_coll + fetch_s(gather, dp, n)
+    z3 = k.zero[3] * (gather_s + scatter_coll)
     zero_exposed, zero_hidden = comm.overlap(z3, busy, n["rt_overlap_zero"])
 
     # --- pipeline: send activations forward and gradients back, once per model chunk ---
@@ -297,8 +313,7 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     split = jnp.maximum(k.sp, n["rt_pp_scatter_gather"])      # each send carries 1/tp of it
     cross = jnp.clip(tp * dp / per_node, 0.0, 1.0)            # stage boundaries between nodes
     send = comm.p2p_s(act_bytes * shard(split, tp), cross, n)
-    regather = (1.0 - k.sp) * n["rt_pp_scatter_gather"] * comm.all_gather_s(
-        act_bytes, tp, tp_per, tp_nodes, n)
+    regather = (1.0 - k.sp) * n["rt_pp_scatter_gather"] * regather_coll
     pp = step_at_least(k.pp, 2.0) * 2.0 * v * (send + regather)
     pp_exposed, pp_hidden = comm.overlap(pp, busy, n["rt_overlap_pp"])
 
@@ -375,9 +390,14 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     trainable = mem["trainable_params"]
     grads = trainable * n["grad_bytes"]
     buckets = jnp.maximum(grads / n["rt_dp_bucket_bytes"], 1.0)
-    allreduce = comm.all_reduce_s(grads, dp, dp_per, dp_nodes, n, count=buckets)
+    params_out = trainable * n["param_bytes"]
+    # the all-reduce (ZeRO 0), the reduce-scatter (ZeRO 1, 2) and the re-gather of the
+    # updated parameters (ZeRO 1, 2) over the data-parallel group, in one evaluation
+    allreduce, scatter, gathered = _unstack(comm.ring_collectives_s(
+        _col(grads, grads, params_out), dp, dp_per, dp_nodes, n,
+        count=_col(buckets, buckets, jnp.maximum(params_out / n["rt_dp_bucket_bytes"], 1.0)),
+        passes=jnp.asarray([2.0, 1.0, 1.0])), 3)
     dp_exposed, dp_hidden = comm.overlap(z[0] * allreduce, st["bwd"], n["rt_overlap_dp"])
-    scatter = comm.reduce_scatter_s(grads, dp, dp_per, dp_nodes, n, count=buckets)
     # ZeRO-1 reduce-scatters the accumulated gradients once per step; ZeRO-2 keeps only its
     # shard of the accumulator, so every micro-batch's gradients are reduce-scattered (the
     # validation step's sharded accumulator; DeepSpeed stage 2 reduces every micro-step)
@@ -385,10 +405,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     rs2_exposed, rs2_hidden = comm.overlap(z[2] * scatter, st["bwd"], n["rt_overlap_dp"])
     rs_exposed = rs1_exposed + m * rs2_exposed
     rs_hidden = rs1_hidden + m * rs2_hidden
-    params_out = trainable * n["param_bytes"]
-    regather = (z[1] + z[2]) * comm.all_gather_s(params_out, dp, dp_per, dp_nodes, n,
-                                                 count=jnp.maximum(params_out /
-                                                                   n["rt_dp_bucket_bytes"], 1.0))
+    regather = (z[1] + z[2]) * gathered
 
     comm_s = {"dp": dp_exposed,
               "zero": m * st["zero"] + rs_exposed + regather,
@@ -433,7 +450,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     # --- throughput ---
     devices = k.dp * k.tp * k.pp
     mf = model_flops(k, n)
-    hf = hardware_flops(k, n)
+    hf = mf + recompute_flops(k, n)           # hardware_flops, model FLOPs counted once
     peak = devices * n["matmul_peak"]
     tps = tokens / step_s
     train = n["train_tokens"]
