@@ -135,32 +135,37 @@ def make_solver(optimizer: optax.GradientTransformation | None = None, steps: in
     """A jitted ``solve(x0, n, bounds) -> SolveResult`` for a batch of starts."""
     opt = optimizer or optax.adam(0.08)
 
-    def solve_one(x0, n, b):
-        state = opt.init(x0)
-        value_and_grad = jax.value_and_grad(_loss_terms, has_aux=True)
+    def solve(x0, n, b):
+        # The starts are vectorised inside the loop (vmap of the loss and of the optimizer
+        # step, each start its own optimizer state), not by batching the whole loop: that
+        # traces the solve in a fraction of the time.
+        value_and_grad = jax.vmap(jax.value_and_grad(_loss_terms, has_aux=True),
+                                  in_axes=(0, None, None, None))
+        update = jax.vmap(opt.update)
+        state = jax.vmap(opt.init)(x0)
 
-        # ``steps`` Adam updates, then one more pass that only evaluates: the final point's
-        # loss, memory excess and objective come from the same (single) traced evaluation of
-        # the cost model and its gradient, not from a second copy of it.
+        # ``steps`` optimizer updates, then one more pass that only evaluates: the final
+        # point's loss, memory excess and objective come from the same (single) traced
+        # evaluation of the cost model and its gradient, not from a second copy of it.
         def body(carry, t):
             x, s, _ = carry
             mu = mu0 * (mu1 / mu0) ** (jnp.minimum(t, steps - 1) / (steps - 1))
             (loss, aux), g = value_and_grad(x, n, b, mu)
             g = jnp.where(jnp.isfinite(g), g, 0.0)
-            upd, s_new = opt.update(g, s, x)
+            upd, s_new = update(g, s, x)
             last = t >= steps
             x = jnp.where(last, x, optax.apply_updates(x, upd))
             s = jax.tree.map(lambda new, old: jnp.where(last, old, new), s_new, s)
             return (x, s, (loss, *aux)), None
 
-        zero = jnp.zeros((), DTYPE)
+        zero = jnp.zeros(x0.shape[:1], DTYPE)
         (x, _, (loss, over, obj)), _ = jax.lax.scan(
             body, (x0, state, (zero, zero, zero)), jnp.arange(steps + 1, dtype=DTYPE))
         sharp = _SHARP
         mult = mu1 * 2 * (jax.nn.softplus(sharp * over) / sharp) * jax.nn.sigmoid(sharp * over)
         return SolveResult(x, loss, over, obj, mult)
 
-    return jax.jit(jax.vmap(solve_one, in_axes=(0, None, None)),
+    return jax.jit(solve,
                    compiler_options=compile_options())
 
 
