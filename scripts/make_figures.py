@@ -10,6 +10,8 @@ Figures:
                         scenario, the Pareto front and the optimiser's choice
   heatmap_tp_pp.png     Llama-3-70B on 64x H100: best throughput per (tp, pp), with the cells
                         where nothing fits shaded
+  xla_gpu_peak_errors.png  predicted vs XLA-measured peak on the calibration and held-out grids,
+                        from benchmarks/results/xla_gpu_calibration.json (no compiling)
 """
 
 from __future__ import annotations
@@ -64,9 +66,16 @@ def heatmap_figure():
     return plots.heatmap(LARGE, x="tp", y="pp")
 
 
+def validation_figure():
+    import json
+    d = json.loads((ROOT / "benchmarks" / "results" / "xla_gpu_calibration.json").read_text())
+    return plots.calibration_errors(d["points"])
+
+
 FIGURES = {"memory": ("memory_breakdown.png", memory_figure),
            "pareto": ("pareto.png", pareto_figure),
-           "heatmap": ("heatmap_tp_pp.png", heatmap_figure)}
+           "heatmap": ("heatmap_tp_pp.png", heatmap_figure),
+           "validation": ("xla_gpu_peak_errors.png", validation_figure)}
 
 
 def main(argv: list[str] | None = None) -> int:
