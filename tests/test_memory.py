@@ -438,3 +438,69 @@ def test_rebuilt_block_peak_is_the_larger_of_its_activations_and_scores_with_gra
     a51 = float(estimate(cfg, sc.replace(runtime=sc.runtime.with_coeffs(
         score_grad_copies=51.0))).memory["activations_bytes"])
     assert a51 - a50 == pytest.approx(per_copy, rel=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# The end stages in one evaluation: the same numbers as one _stage_memory call per stage
+# --------------------------------------------------------------------------------------------
+from capopt.cost.memory import _stage_memory, end_stage_args, end_stage_memory  # noqa: E402
+from capopt.cost import Knobs  # noqa: E402
+
+END_STAGE_SCENARIOS = {
+    "gpt": make_scenario(gpt_like(layers=4), count=64, global_batch=64),
+    "moe": make_scenario(llama_like(layers=4, num_local_experts=4, num_experts_per_tok=2),
+                         count=64, global_batch=64, runtime="pytorch"),
+    "lora": make_scenario(llama_like(layers=4), count=64, global_batch=64,
+                          lora=LoRA(rank=8, base_bits=4)),
+    "xla": make_scenario(llama_like(layers=8), runtime="xla-gpu", count=64, global_batch=64),
+}
+END_STAGE_NUMBERS = {key: numbers_pytree(sc) for key, sc in END_STAGE_SCENARIOS.items()}
+END_STAGE_CONFIGS = [
+    Config(micro_batch=1, grad_accum=8, dp=8, tp=4, pp=2, remat="full"),
+    Config(micro_batch=2, grad_accum=1, dp=32, tp=2, zero_stage=3),
+    Config(micro_batch=1, grad_accum=4, dp=16, tp=2, pp=2, sequence_parallel=True,
+           remat="selective", flash_attention=False),
+    Config(micro_batch=4, grad_accum=2, dp=8, tp=8, offload_optimizer=True),
+    Config(micro_batch=1, grad_accum=2, dp=8, tp=2, pp=4, zero_stage=1),
+    Config(micro_batch=2, grad_accum=4, dp=4, tp=4, pp=4, zero_stage=2, remat="full"),
+]
+RELAXED_KNOBS = Knobs(
+    micro_batch=jnp.float32(1.7), grad_accum=jnp.float32(3.3), dp=jnp.float32(5.5),
+    tp=jnp.float32(2.5), pp=jnp.float32(1.6), ep=jnp.float32(1.5),
+    zero=jnp.asarray([0.4, 0.1, 0.2, 0.3], jnp.float32),
+    remat=jnp.asarray([0.5, 0.3, 0.2], jnp.float32), sp=jnp.float32(0.4),
+    offload=jnp.float32(0.3), flash=jnp.float32(0.6))
+
+
+@jax.jit
+def _end_stages_both_ways(k, n):
+    """(stacked end stages, first stage alone, last stage alone, memory)."""
+    first, last = end_stage_args(k, n)
+    layers = n["L"] / k.pp
+    return (end_stage_memory(k, n), _stage_memory(k, n, layers=layers, **first),
+            _stage_memory(k, n, layers=layers, **last), memory(k, n))
+
+
+def test_end_stage_memory_in_one_evaluation_equals_one_call_per_stage():
+    # memory() evaluates the first and the last pipeline stage as one _stage_memory call over
+    # a leading axis of two (vmap): every term of both equals its own _stage_memory call (with
+    # first_stage a Python bool), to float32 rounding, at integer and at relaxed points; the
+    # breakdown memory() reports is the larger stage's
+    for which in sorted(END_STAGE_SCENARIOS):
+        for k in [knobs_from_config(c) for c in END_STAGE_CONFIGS] + [RELAXED_KNOBS]:
+            both, first, last, out = _end_stages_both_ways(k, END_STAGE_NUMBERS[which])
+            assert set(both) == set(first) == set(last)
+            for key in first:
+                for i, ref in ((0, first), (1, last)):
+                    np.testing.assert_allclose(np.asarray(both[key])[i], np.asarray(ref[key]),
+                                               rtol=F32_RTOL, atol=1e-9,
+                                               err_msg=f"{which} {key} stage {i}")
+            f_tot, l_tot = float(first["total_bytes"]), float(last["total_bytes"])
+            pick = first if f_tot >= l_tot else last
+            close = np.isclose(f_tot, l_tot, rtol=F32_RTOL)
+            for key in first:
+                ok = [np.isclose(float(out[key]), float(st[key]), rtol=F32_RTOL, atol=1e-9)
+                      for st in ((first, last) if close else (pick,))]
+                assert any(ok), (which, key)
+            np.testing.assert_allclose(float(out["first_stage_bytes"]), f_tot, rtol=F32_RTOL)
+            np.testing.assert_allclose(float(out["last_stage_bytes"]), l_tot, rtol=F32_RTOL)

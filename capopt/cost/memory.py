@@ -12,6 +12,7 @@ attention; which of them are live together is the runtime profile's business.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from ._inputs import Knobs
@@ -178,7 +179,11 @@ def largest_module(k: Knobs, n):
 # The breakdown
 # --------------------------------------------------------------------------------------------
 def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, first_stage):
-    """Memory of one device holding ``layers`` blocks plus ``extra_params``."""
+    """Memory of one device holding ``layers`` blocks plus ``extra_params``.
+
+    ``first_stage`` (the stage whose input edge is held for every micro-batch in flight) is
+    a bool, or an array of them when the stage arguments are batched under `jax.vmap`.
+    """
     per_layer, _, _, _ = stage_params(k, n)
     kv_rep, vocab_rep = tp_replication(k, n)
     z = k.zero
@@ -262,8 +267,11 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
     rebuild = jnp.maximum(rebuild, scores_rebuilt + transient)
     rep_div = shard(k.sp, k.tp)
     edge = tokens * (terms["layer_input"] + n["hidden_dropout"] * n["h"]) * rep_div
-    activations_bytes = (stored + rebuild + loop_transient
-                         + edge * (in_flight if first_stage else 1.0))
+    if first_stage is True or first_stage is False:
+        edge_in_flight = in_flight if first_stage else 1.0
+    else:                                   # an array (e.g. under `jax.vmap`): 1 or 0
+        edge_in_flight = jnp.where(first_stage, in_flight, 1.0)
+    activations_bytes = stored + rebuild + loop_transient + edge * edge_in_flight
 
     # --- gradients at the peak ---
     # XLA's static buffer assignment reuses memory across the step: gradients produced late in
@@ -353,21 +361,37 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
     }
 
 
-def memory(k: Knobs, n) -> dict:
-    """Per-device memory of the device that needs the most (first or last pipeline stage)."""
-    per_layer, first_extra, last_extra, multi = stage_params(k, n)
-    layers = n["L"] / k.pp
+def end_stage_args(k: Knobs, n) -> tuple[dict, dict]:
+    """The `_stage_memory` arguments of the first pipeline stage (embedding; 1F1B: it holds
+    min(p, m) micro-batches) and of the last (head and loss); at pp = 1 one stage holds both."""
+    _, first_extra, last_extra, multi = stage_params(k, n)
     single = 1.0 - multi
     in_flight = jnp.minimum(k.pp, k.grad_accum)   # 1F1B: stage 0 holds min(p, m) micro-batches
-    first = _stage_memory(k, n, layers=layers, extra_params=first_extra + single * last_extra,
-                          in_flight=in_flight, logits_mb=single, first_stage=True)
-    last = _stage_memory(k, n, layers=layers, extra_params=last_extra + single * first_extra,
-                         in_flight=1.0, logits_mb=1.0, first_stage=False)
+    first = {"extra_params": first_extra + single * last_extra, "in_flight": in_flight,
+             "logits_mb": single, "first_stage": True}
+    last = {"extra_params": last_extra + single * first_extra, "in_flight": 1.0,
+            "logits_mb": 1.0, "first_stage": False}
+    return first, last
+
+
+def end_stage_memory(k: Knobs, n) -> dict:
+    """`_stage_memory` of the first and the last pipeline stage, stacked on a leading axis of
+    two (first, last): one stage evaluation under `jax.vmap` over the stage arguments, so what
+    the two stages share is computed once."""
+    first, last = end_stage_args(k, n)
+    args = {key: jnp.stack(jnp.broadcast_arrays(first[key], last[key])) for key in first}
+    layers = n["L"] / k.pp
+    return jax.vmap(lambda a: _stage_memory(k, n, layers=layers, **a))(args)
+
+
+def memory(k: Knobs, n) -> dict:
+    """Per-device memory of the device that needs the most (first or last pipeline stage)."""
+    both = end_stage_memory(k, n)
     # Which stage binds: a smooth-free pick (exact), the breakdown of the larger one.
-    take_first = first["total_bytes"] >= last["total_bytes"]
-    out = {key: jnp.where(take_first, first[key], last[key]) for key in first}
-    out["first_stage_bytes"] = first["total_bytes"]
-    out["last_stage_bytes"] = last["total_bytes"]
+    take_first = both["total_bytes"][0] >= both["total_bytes"][1]
+    out = {key: jnp.where(take_first, v[0], v[1]) for key, v in both.items()}
+    out["first_stage_bytes"] = both["total_bytes"][0]
+    out["last_stage_bytes"] = both["total_bytes"][1]
     out["budget_bytes"] = n["usable_bytes"]
     out["vram_bytes"] = n["vram_bytes"]
     out["free_bytes"] = n["usable_bytes"] - out["total_bytes"]
