@@ -39,6 +39,51 @@ def estimate(config, sc: Scenario) -> Estimate:
     return _PLAN_ESTIMATE[0](knobs_from_config(config), numbers_pytree(sc))
 
 
+def _warm(sc: Scenario, space: Space, n, mode, x0, bounds) -> None:
+    """Compile the batch evaluator and the plan estimate for this scenario's shapes by
+    evaluating a config near the starting points (the results are discarded)."""
+    rows = discretise(space, continuous_values(np.asarray(x0), bounds))[:1]
+    if not rows:
+        return
+    lat = space.lattice(rows)
+    evaluate(lat, n, mode)
+    estimate(lat.config(0), sc)
+
+
+def _warm_evaluators(sc: Scenario, space: Space, n, mode, x0, bounds):
+    """Start `_warm` on a worker thread: XLA compiles with the GIL released, so the evaluators
+    compile while the solver compiles and runs; the search's own later calls of the same
+    jitted functions then find them compiled (their results are unchanged)."""
+    if _evaluators_ready():
+        return None
+    return _in_background(_warm, sc, space, n, mode, x0, bounds)
+
+
+def _in_background(fn, *args):
+    """``fn(*args)`` on a worker thread; its future."""
+    from concurrent.futures import ThreadPoolExecutor
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _evaluators_ready() -> bool:
+    from ._evaluate import _JITTED
+    return bool(_JITTED) and bool(_PLAN_ESTIMATE)
+
+
+def _await(future) -> None:
+    """Wait for `_warm` (before the first evaluation, so each evaluator is built once); a
+    failure there leaves the compilation to the first real call."""
+    if future is None:
+        return
+    try:
+        future.result()
+    except Exception:   # noqa: BLE001 - warming is an optimisation only
+        pass
+
+
 def _solver(optimizer, steps):
     key = (id(optimizer) if optimizer is not None else None, steps)
     if key not in _SOLVERS:
@@ -350,7 +395,10 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         small = build_lattice(sc)
     if method == "exhaustive" or small is not None:
         lat = small if small is not None else build_lattice(sc)
+        warm = _in_background(estimate, lat.config(0), sc) if (
+            len(lat) and not _PLAN_ESTIMATE) else None
         res = evaluate(lat, n, mode)
+        _await(warm)
         space_size = len(lat)
         if small is not None:
             method = "exhaustive"
@@ -358,8 +406,10 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     else:
         bounds = scenario_bounds(sc)
         x0 = initial_points(starts, seed)
+        warm = _warm_evaluators(sc, space, n, mode, x0, bounds)
         sol = _solver(optimizer, steps)(x0, n, bounds)
         x = np.asarray(sol.x)
+        _await(warm)
         timings["continuous_s"] = time.perf_counter() - t0
         rows = discretise(space, continuous_values(x, bounds))
         lat = space.lattice(rows)
