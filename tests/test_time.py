@@ -783,3 +783,20 @@ def test_the_relaxed_solve_reports_the_values_at_its_final_point():
         sol.x, n, b, jnp.float32(1e3))
     for got, want in ((sol.loss, loss), (sol.over, over), (sol.objective, obj)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("runtime, costs_time", [("xla-gpu", True), ("pytorch", False)])
+def test_selective_recompute_time_follows_what_the_policy_saves(runtime, costs_time):
+    # With flash attention there are no scores to recompute, so Korthikanti's selective policy
+    # (pytorch: selective_saves_dots = 0) is free; XLA's dots-saveable policy (xla-gpu: 1)
+    # repeats every non-matmul op of the forward, which the memory model already assumes.
+    sc = make_scenario(llama_like(), runtime=runtime)
+    k_none = knobs_from_config(Config(micro_batch=4, flash_attention=True))
+    k_sel = knobs_from_config(Config(micro_batch=4, flash_attention=True, remat="selective"))
+    n = numbers_pytree(sc)
+    none, sel = (float(memory_bound_times(k, n)["layer"]) for k in (k_none, k_sel))
+    if costs_time:
+        # one more forward over fwd + bwd: 1 / (1 + ew_bwd_factor) more; 10% is well below that
+        assert sel > none * 1.1
+    else:
+        assert sel == pytest.approx(none, rel=1e-6)

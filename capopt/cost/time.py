@@ -75,7 +75,8 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
 
     Element counts per token of one block's forward are in the profile (``ew_*``); the backward
     moves ``ew_bwd_factor`` times as much; full recomputation repeats the forward, selective
-    recomputation the softmax and dropout of the attention scores.
+    recomputation what its policy does not save (the softmax and dropout of the attention
+    scores, or with ``selective_saves_dots`` every non-matmul op).
     """
     tp, s, h, ab = k.tp, n["s"], n["h"], n["act_bytes"]
     tokens = k.micro_batch * s
@@ -95,7 +96,11 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     e_s = (tf * (n["rt_ew_score"] + n["attn_dropout"] * n["rt_ew_score_dropout"])
            * n["a"] / tp * s * (1.0 - k.flash))
     fwd = e_h + e_f + e_rope + e_s
-    elems = fwd * (1.0 + w_full + n["rt_ew_bwd_factor"]) + w_sel * e_s
+    # Selective recomputation repeats what its policy does not save, as the memory model has
+    # it (`selective_saves_dots`): 0, the attention core's softmax and dropout (Korthikanti);
+    # 1, every non-matmul op of the forward (XLA's dots_with_no_batch_dims_saveable).
+    c = n["rt_selective_saves_dots"]
+    elems = fwd * (1.0 + w_full + n["rt_ew_bwd_factor"]) + w_sel * (c * fwd + (1.0 - c) * e_s)
     rate = n["mem_bw"] * n["rt_mem_eff"]
     layer = tokens * ab * elems / rate
 
