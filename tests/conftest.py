@@ -6,12 +6,14 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 
 from capopt._hardware import GiB, Hardware  # noqa: E402
 from capopt._model import ModelSpec  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
-from capopt._specs import Budget, KnobDomain, Scenario, Workload  # noqa: E402
+from capopt._specs import Budget, Config, KnobDomain, Scenario, Workload  # noqa: E402
+from capopt.cost import Knobs  # noqa: E402
 
 # An A100-80GB-like device; figures only need to be plausible for property tests.
 TEST_GPU = Hardware(
@@ -57,3 +59,22 @@ def make_scenario(model=None, *, runtime="xla-gpu", count=8, seq_len=512, global
 @pytest.fixture
 def scenario_factory():
     return make_scenario
+
+
+# Layouts with pipeline end stages that differ (embeddings / head), and one relaxed point:
+# used to check that an end-stage computation done in one call equals one call per stage.
+END_STAGE_CONFIGS = [
+    Config(micro_batch=1, grad_accum=8, dp=8, tp=4, pp=2, remat="full"),
+    Config(micro_batch=2, grad_accum=1, dp=32, tp=2, zero_stage=3),
+    Config(micro_batch=1, grad_accum=4, dp=16, tp=2, pp=2, sequence_parallel=True,
+           remat="selective", flash_attention=False),
+    Config(micro_batch=4, grad_accum=2, dp=8, tp=8, offload_optimizer=True),
+    Config(micro_batch=1, grad_accum=2, dp=8, tp=2, pp=4, zero_stage=1),
+    Config(micro_batch=2, grad_accum=4, dp=4, tp=4, pp=4, zero_stage=2, remat="full"),
+]
+RELAXED_KNOBS = Knobs(
+    micro_batch=jnp.float32(1.7), grad_accum=jnp.float32(3.3), dp=jnp.float32(5.5),
+    tp=jnp.float32(2.5), pp=jnp.float32(1.6), ep=jnp.float32(1.5),
+    zero=jnp.asarray([0.4, 0.1, 0.2, 0.3], jnp.float32),
+    remat=jnp.asarray([0.5, 0.3, 0.2], jnp.float32), sp=jnp.float32(0.4),
+    offload=jnp.float32(0.3), flash=jnp.float32(0.6))

@@ -13,7 +13,7 @@ from jax.test_util import check_grads
 from capopt._specs import Config, LoRA
 from capopt.cost import estimate, knobs_from_config, numbers_pytree, scenario_numbers
 from capopt.cost.memory import layer_activation_bytes, memory
-from conftest import gpt_like, llama_like, make_scenario
+from conftest import END_STAGE_CONFIGS, RELAXED_KNOBS, gpt_like, llama_like, make_scenario
 
 # float32 arithmetic on byte counts up to ~1e12 carries ~1e-7 relative error.
 F32_RTOL = 1e-6
@@ -444,7 +444,6 @@ def test_rebuilt_block_peak_is_the_larger_of_its_activations_and_scores_with_gra
 # The end stages in one evaluation: the same numbers as one _stage_memory call per stage
 # --------------------------------------------------------------------------------------------
 from capopt.cost.memory import _stage_memory, end_stage_args, end_stage_memory  # noqa: E402
-from capopt.cost import Knobs  # noqa: E402
 
 END_STAGE_SCENARIOS = {
     "gpt": make_scenario(gpt_like(layers=4), count=64, global_batch=64),
@@ -455,21 +454,6 @@ END_STAGE_SCENARIOS = {
     "xla": make_scenario(llama_like(layers=8), runtime="xla-gpu", count=64, global_batch=64),
 }
 END_STAGE_NUMBERS = {key: numbers_pytree(sc) for key, sc in END_STAGE_SCENARIOS.items()}
-END_STAGE_CONFIGS = [
-    Config(micro_batch=1, grad_accum=8, dp=8, tp=4, pp=2, remat="full"),
-    Config(micro_batch=2, grad_accum=1, dp=32, tp=2, zero_stage=3),
-    Config(micro_batch=1, grad_accum=4, dp=16, tp=2, pp=2, sequence_parallel=True,
-           remat="selective", flash_attention=False),
-    Config(micro_batch=4, grad_accum=2, dp=8, tp=8, offload_optimizer=True),
-    Config(micro_batch=1, grad_accum=2, dp=8, tp=2, pp=4, zero_stage=1),
-    Config(micro_batch=2, grad_accum=4, dp=4, tp=4, pp=4, zero_stage=2, remat="full"),
-]
-RELAXED_KNOBS = Knobs(
-    micro_batch=jnp.float32(1.7), grad_accum=jnp.float32(3.3), dp=jnp.float32(5.5),
-    tp=jnp.float32(2.5), pp=jnp.float32(1.6), ep=jnp.float32(1.5),
-    zero=jnp.asarray([0.4, 0.1, 0.2, 0.3], jnp.float32),
-    remat=jnp.asarray([0.5, 0.3, 0.2], jnp.float32), sp=jnp.float32(0.4),
-    offload=jnp.float32(0.3), flash=jnp.float32(0.6))
 
 
 @jax.jit

@@ -18,7 +18,7 @@ from capopt.cost import (Knobs, estimate, estimate_numbers, knobs_from_config, n
 from capopt.cost import comm
 from capopt.cost.flops import (block_flops, hardware_flops, matmul_efficiency, model_flops,
                                recompute_flops)
-from conftest import gpt_like, llama_like, make_scenario
+from conftest import END_STAGE_CONFIGS, RELAXED_KNOBS, gpt_like, llama_like, make_scenario
 
 # The cost model runs in float32: relative agreement to 1e-5 is float32 round-off over a few
 # dozen operations, not modelling slack. FLOP counts on Python floats are exact integers.
@@ -485,11 +485,7 @@ def test_the_bubble_vanishes_at_one_stage(k, which):
 
 def test_grad_of_step_time_is_finite_at_relaxed_points():
     n = NUMBERS["moe"]
-    k = Knobs(micro_batch=jnp.float32(1.7), grad_accum=jnp.float32(3.3), dp=jnp.float32(5.5),
-              tp=jnp.float32(2.5), pp=jnp.float32(1.6), ep=jnp.float32(1.5),
-              zero=jnp.asarray([0.4, 0.1, 0.2, 0.3], jnp.float32),
-              remat=jnp.asarray([0.5, 0.3, 0.2], jnp.float32), sp=jnp.float32(0.4),
-              offload=jnp.float32(0.3), flash=jnp.float32(0.6))
+    k = RELAXED_KNOBS
     g = jax.grad(lambda kk: estimate_numbers(kk, n).time["step_s"])(k)
     leaves = jax.tree.leaves(g)
     assert all(np.all(np.isfinite(np.asarray(x))) for x in leaves)
@@ -701,21 +697,6 @@ from capopt.cost.flops import compute_times  # noqa: E402
 from capopt.cost.time import (end_stage_extras, end_stages, memory_bound_times,  # noqa: E402
                               stage_time, time_terms)
 
-END_STAGE_CONFIGS = [
-    Config(micro_batch=1, grad_accum=8, dp=8, tp=4, pp=2, remat="full"),
-    Config(micro_batch=2, grad_accum=1, dp=32, tp=2, zero_stage=3),
-    Config(micro_batch=1, grad_accum=4, dp=16, tp=2, pp=2, sequence_parallel=True,
-           remat="selective", flash_attention=False),
-    Config(micro_batch=4, grad_accum=2, dp=8, tp=8, offload_optimizer=True),
-    Config(micro_batch=1, grad_accum=2, dp=8, tp=2, pp=4, zero_stage=1),
-    Config(micro_batch=2, grad_accum=4, dp=4, tp=4, pp=4, zero_stage=2, remat="full"),
-]
-RELAXED_KNOBS = Knobs(
-    micro_batch=jnp.float32(1.7), grad_accum=jnp.float32(3.3), dp=jnp.float32(5.5),
-    tp=jnp.float32(2.5), pp=jnp.float32(1.6), ep=jnp.float32(1.5),
-    zero=jnp.asarray([0.4, 0.1, 0.2, 0.3], jnp.float32),
-    remat=jnp.asarray([0.5, 0.3, 0.2], jnp.float32), sp=jnp.float32(0.4),
-    offload=jnp.float32(0.3), flash=jnp.float32(0.6))
 
 
 def _end_stage_cases():

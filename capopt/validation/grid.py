@@ -53,20 +53,32 @@ FIT_COEFFS = ("weight_copy_fraction", "score_copies", "score_grad_copies", "flas
 PRIOR_WEIGHT = 1e-3
 
 
-def extra_grid_points(points: int = 20, seed: int = 1) -> list[tuple[str, int, str, Config]]:
-    """(model, seq_len, precision, config) of the fitting grid's second part (`GRID_DOC`)."""
+def _draw(models: tuple, seqs: tuple, mbs: tuple, points: int, seed: int,
+          accum_of: int | None) -> list[tuple[str, int, str, Config]]:
+    """``points`` of the product models x seqs x mbs x remat x flash x precision, drawn with
+    ``seed``; ``accum_of`` sets grad_accum to make that many sequences per step."""
     import itertools
-    combos = list(itertools.product(("wide", "mqa"), (256, 1024), (1, 4),
-                                    ("none", "selective", "full"), (True, False),
-                                    ("bf16-mixed", "fp32")))
+    combos = list(itertools.product(models, seqs, mbs, ("none", "selective", "full"),
+                                    (True, False), ("bf16-mixed", "fp32")))
     rng = np.random.default_rng(seed)
     pick = sorted(rng.choice(len(combos), size=min(points, len(combos)), replace=False))
     out = []
     for i in pick:
         model, s, mb, remat, flash, prec = combos[i]
-        out.append((model, s, prec, Config(micro_batch=mb, grad_accum=4 // mb, remat=remat,
-                                           flash_attention=flash)))
+        accum = {"grad_accum": accum_of // mb} if accum_of else {}
+        out.append((model, s, prec, Config(micro_batch=mb, remat=remat, flash_attention=flash,
+                                           **accum)))
     return out
+
+
+def extra_grid_points(points: int = 20, seed: int = 1) -> list[tuple[str, int, str, Config]]:
+    """(model, seq_len, precision, config) of the fitting grid's second part (`GRID_DOC`)."""
+    return _draw(("wide", "mqa"), (256, 1024), (1, 4), points, seed, accum_of=4)
+
+
+def grid_points(points: int = 40, seed: int = 0) -> list[tuple[str, int, str, Config]]:
+    """(model, seq_len, precision, config) for the calibration grid (see `GRID_DOC`)."""
+    return _draw(("gpt", "llama"), (512, 1024), (2, 8), points, seed, accum_of=None)
 
 
 def grid_points(points: int = 40, seed: int = 0) -> list[tuple[str, int, str, Config]]:

@@ -30,7 +30,7 @@ def default_dir() -> Path:
     return Path(sys.prefix) / "capopt-xla-gpu" / f"jax-{jax_version()}"
 
 
-def _has_plugin(folder: Path) -> bool:
+def has_plugin(folder: Path) -> bool:
     return (folder / "jax_plugins").is_dir()
 
 
@@ -41,14 +41,14 @@ def plugin_path() -> str | None:
     if extra:
         return extra
     d = default_dir()
-    return str(d) if _has_plugin(d) else None
+    return str(d) if has_plugin(d) else None
 
 
 def install(target: str | Path | None = None, *, quiet: bool = False) -> Path:
     """Install the plugin matching this JAX into ``target`` (default `default_dir`); a folder
     that already has it is left as it is."""
     folder = Path(target) if target else default_dir()
-    if _has_plugin(folder):
+    if has_plugin(folder):
         return folder
     version = jax_version()
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(folder),
@@ -56,7 +56,7 @@ def install(target: str | Path | None = None, *, quiet: bool = False) -> Path:
     if quiet:
         cmd.insert(4, "-q")
     done = subprocess.run(cmd, capture_output=quiet, text=True)
-    if done.returncode != 0 or not _has_plugin(folder):
+    if done.returncode != 0 or not has_plugin(folder):
         tail = (done.stderr or "").strip().splitlines()[-1:] if quiet else []
         raise CapoptError(
             f"could not install {' and '.join(PACKAGES)} {version} into {folder}"
@@ -65,5 +65,5 @@ def install(target: str | Path | None = None, *, quiet: bool = False) -> Path:
     return folder
 
 
-__all__ = ["PACKAGES", "PLUGIN_PATH_ENV", "default_dir", "install", "jax_version",
-           "plugin_path"]
+__all__ = ["PACKAGES", "PLUGIN_PATH_ENV", "default_dir", "has_plugin", "install",
+           "jax_version", "plugin_path"]

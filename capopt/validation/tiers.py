@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .plugin import PLUGIN_PATH_ENV, plugin_path
+from .plugin import PLUGIN_PATH_ENV, has_plugin, plugin_path
 
 TIERS = ("exact", "xla-gpu", "device")
 # LLVM optimisation level 0 for the exact tier: it halves compile time on CPU and changes no
@@ -41,7 +41,7 @@ def xla_gpu_available() -> tuple[bool, str]:
     """Whether the deviceless GPU compile can be attempted here, and why not."""
     extra = plugin_path()
     if extra:
-        ok = (Path(extra) / "jax_plugins").is_dir()
+        ok = has_plugin(Path(extra))
         return ok, ("" if ok else f"{PLUGIN_PATH_ENV}={extra} has no jax_plugins folder")
     for name in ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13"):
         try:
