@@ -216,6 +216,34 @@ def test_across_nodes_the_network_is_the_bottleneck():
     assert one_per_node == pytest.approx(7 / 8 * S / bw_inter + latency, rel=F32)
 
 
+@pytest.mark.parametrize("comm_s, window_s, fraction, hidden", [
+    (1.0, 10.0, 0.5, 0.5),      # short collective: the part issued ahead hides entirely
+    (10.0, 1.0, 0.5, 1.0),      # long collective: it covers the whole window
+    (10.0, 4.0, 0.5, 4.0),
+    (4.0, 10.0, 1.0, 4.0),
+    (4.0, 10.0, 0.0, 0.0),      # nothing issued ahead hides nothing
+    (4.0, -1.0, 1.0, 0.0)])     # no window
+def test_overlap_hides_its_fraction_of_the_collective_up_to_the_window(comm_s, window_s,
+                                                                        fraction, hidden):
+    exposed, got = (float(x) for x in comm.overlap(comm_s, window_s, fraction))
+    assert got == pytest.approx(hidden, rel=F32)
+    assert exposed == pytest.approx(comm_s - hidden, rel=F32)
+
+
+@given(st.floats(0.0, 1e3), st.floats(-1.0, 1e3), st.floats(0.0, 1.0))
+@settings(max_examples=200, deadline=None)
+def test_overlap_never_hides_more_than_the_window_or_its_fraction(comm_s, window_s, fraction):
+    exposed, hidden = (float(x) for x in comm.overlap(comm_s, window_s, fraction))
+    # float32 arithmetic on values up to 1e3: a few ulps of 1e3
+    tol = 1e-4
+    assert -tol <= hidden <= max(window_s, 0.0) + tol
+    assert hidden <= fraction * comm_s + tol
+    assert exposed >= -tol
+    # the step is never shorter than its longer part: compute + exposed >= max(compute, comm)
+    if window_s >= 0.0:
+        assert window_s + exposed >= max(window_s, comm_s) - tol
+
+
 # ---------------------------------------------------------------------------------------------
 # Time terms
 # ---------------------------------------------------------------------------------------------

@@ -108,8 +108,14 @@ def p2p_s(nbytes, cross_node, n: dict, count=1.0):
 
 
 def overlap(comm_s, window_s, fraction):
-    """(exposed, hidden) seconds when ``fraction`` of ``comm_s`` can hide behind ``window_s``."""
-    hidden = fraction * jnp.minimum(comm_s, jnp.maximum(window_s, 0.0))
+    """(exposed, hidden) seconds when ``fraction`` of ``comm_s`` can hide behind ``window_s``.
+
+    ``fraction`` is the part of the communication that can be issued ahead of the compute that
+    needs it (prefetched, bucketed, on its own stream); compute hides it up to its own length.
+    So a collective far longer than its window hides the whole window (the step tends to
+    max(compute, communication)), and one far shorter hides ``fraction`` of itself.
+    """
+    hidden = jnp.minimum(fraction * comm_s, jnp.maximum(window_s, 0.0))
     return comm_s - hidden, hidden
 
 
