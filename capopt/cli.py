@@ -94,11 +94,7 @@ def cmd_optimize(args) -> int:
     from ._scenario import load_scenario
     from .search import optimize
     sc = load_scenario(args.scenario, overrides=_overrides(args.set))
-    # auto: spaces up to `EXHAUSTIVE_BELOW` configs are scored whole (exact and faster than a
-    # solve); gradient: always the relaxed solve; exhaustive: always the whole lattice.
-    opts = {"exhaustive_below": 0} if args.method == "gradient" else {}
-    res = optimize(sc, top_k=args.top, method="exhaustive" if args.method == "exhaustive"
-                   else "gradient", seed=args.seed, **opts)
+    res = optimize(sc, top_k=args.top, method=args.method, seed=args.seed)
     d = res.to_dict()
     if args.json:
         print(json.dumps(d, indent=2))
@@ -278,9 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("optimize", help="find the fastest config that fits")
     scenario_args(p, optional=True)
     p.add_argument("--top", type=int, default=5, help="candidates to show")
-    p.add_argument("--method", choices=["auto", "gradient", "exhaustive"], default="auto",
-                   help="auto (default): score small spaces whole, solve the relaxation above "
-                        "that; gradient: always the relaxed solve; exhaustive: the reference")
+    p.add_argument("--method", choices=["gradient", "auto", "exhaustive"], default="gradient",
+                   help="gradient (default): solve the continuous relaxation with optax, round "
+                        "and polish; auto: score spaces of up to 500k configs whole, solve "
+                        "above that; exhaustive: score every config (the reference)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_optimize)
 

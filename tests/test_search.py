@@ -89,7 +89,7 @@ def test_jitted_solve_does_not_retrace_across_scenarios_of_the_same_shape():
     x0 = initial_points(4, 0)
     for sc in SCENARIOS[:4]:
         solver(x0, numbers_pytree(sc), scenario_bounds(sc))
-    assert solver._cache_size() == 1
+    assert solver.cache_size() == 1
 
 
 @pytest.mark.parametrize("sc", SCENARIOS[:4])
@@ -263,3 +263,23 @@ def test_layout_estimate_of_the_even_split_is_the_main_estimate():
             for key, v in getattr(a, part).items():
                 np.testing.assert_allclose(float(getattr(b, part)[key]), float(v), rtol=1e-4,
                                            atol=1e-6, err_msg=f"{part}.{key}")
+
+
+def test_a_gpu_list_carries_each_variants_stage_layout_into_the_result():
+    import capopt
+    sc = capopt.load_scenario({
+        "model": {"card": "llama-2-7b"},
+        "hardware": {"gpu": ["a100-sxm-40gb", "l40s-pcie-48gb"], "count": 16},
+        "training": {"global_batch": 64, "seq_len": 4096, "runtime": "pytorch"},
+        "config": {"pipeline_layers": "auto", "stage_recompute": "auto", "pp": [2, 4]}})
+    res = optimize(sc, top_k=3, remedies=False)
+    assert len(res.per_variant) == 2
+    for v in res.per_variant:
+        lay = v["stage_layout"]
+        assert lay is not None and sum(lay["pipeline_layers"]) == sc.model.num_hidden_layers
+    # the result's layout is the winning variant's, with the pipeline depth of its configs
+    assert res.layout is not None
+    winner = next(v for v in res.per_variant if v["gpu"] == res.best.scenario.hardware.name)
+    assert res.layout.to_dict() == winner["stage_layout"]
+    assert "pipeline stages" in res.render()
+    assert res.to_dict()["stage_layout"]["pipeline_layers"] == res.layout.layers

@@ -7,12 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._jaxcache import compile_options
-from ..cost._inputs import Knobs
-from ..cost.estimate import estimate_numbers
+from .._specs import Config
+from ..cost._inputs import Knobs, knobs_from_config
+from ..cost.estimate import Estimate, estimate_numbers
 from ._space import Lattice
 
 SECONDS_PER_HOUR = 3600.0
 CHUNKS = (512, 16384)     # padded batch sizes: two compilations, ever
+SMALL_CALLS = 8           # up to this many calls of the small program before the large one
 
 
 def objective_value(est, n, mode_cost):
@@ -29,19 +31,26 @@ def objective_value(est, n, mode_cost):
 def _eval_batch_impl(k: Knobs, n: dict, mode_cost):
     def one(kk):
         e = estimate_numbers(kk, n)
-        return {"total_bytes": e.memory["total_bytes"], "objective": objective_value(
-            e, n, mode_cost), "tokens_per_s": e.throughput["tokens_per_s"],
-            "step_s": e.time["step_s"]}
+        return e, objective_value(e, n, mode_cost)
     return jax.vmap(one)(k)
 
 
 _JITTED: list = []
+_SIZES: set = set()      # padded batch sizes compiled so far
 
 
 def _eval_batch(k: Knobs, n: dict, mode_cost):
+    """(batched `Estimate`, objective) of every row of ``k``: one compiled program per padded
+    batch size, which both ranks configs and gives the reported plans their terms."""
     if not _JITTED:     # built on first use: the backend decides the compiler options
         _JITTED.append(jax.jit(_eval_batch_impl, compiler_options=compile_options()))
-    return _JITTED[0](k, n, mode_cost)
+    out = _JITTED[0](k, n, mode_cost)
+    _SIZES.add(int(k.dp.shape[0]))
+    return out
+
+
+def compiled_sizes() -> set:
+    return set(_SIZES)
 
 
 def _pad_rows(idx: np.ndarray) -> tuple[np.ndarray, int]:
@@ -51,19 +60,46 @@ def _pad_rows(idx: np.ndarray) -> tuple[np.ndarray, int]:
     return idx, size
 
 
+def _columns(est: Estimate, obj) -> dict:
+    return {"total_bytes": est.memory["total_bytes"], "objective": obj,
+            "tokens_per_s": est.throughput["tokens_per_s"], "step_s": est.time["step_s"]}
+
+
 def evaluate(lat: Lattice, n: dict, mode_cost: float, rows: np.ndarray | None = None
              ) -> dict[str, np.ndarray]:
     """Memory and objective of lattice rows (all rows by default), in fixed-size chunks."""
     rows = np.arange(len(lat)) if rows is None else np.asarray(rows)
     out: dict[str, list] = {}
-    step = CHUNKS[-1]
+    # a few hundred to a few thousand rows (discretisation, polish) go through the small
+    # program, several calls of it, rather than compiling the large one
+    step = CHUNKS[0] if len(rows) <= SMALL_CALLS * CHUNKS[0] else CHUNKS[-1]
     mode = jnp.asarray(mode_cost, jnp.float32)
     for start in range(0, len(rows), step):
         part = rows[start:start + step]
         padded, _ = _pad_rows(part)
-        res = _eval_batch(lat.knobs(padded), n, mode)
-        for key, v in res.items():
+        est, obj = _eval_batch(lat.knobs(padded), n, mode)
+        for key, v in _columns(est, obj).items():
             out.setdefault(key, []).append(np.asarray(v)[:len(part)])
     if not out:
         return {k: np.zeros(0) for k in ("total_bytes", "objective", "tokens_per_s", "step_s")}
     return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def estimates(configs: list[Config], n: dict) -> list[Estimate]:
+    """The full `Estimate` of each config, from the same compiled evaluator that ranks them
+    (so a reported plan shows exactly the figures it was ranked by, and no second program of
+    the cost model is compiled for it)."""
+    if not configs:
+        return []
+    ks = [knobs_from_config(c) for c in configs]
+    k = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *ks)
+    size = next((c for c in CHUNKS if len(configs) <= c), None)
+    if size is None:
+        raise ValueError(f"at most {CHUNKS[-1]} configs at once")
+    if size not in _SIZES:      # reuse a larger program already compiled over compiling one
+        size = min((c for c in _SIZES if c >= len(configs)), default=size)
+    pad = size - len(configs)
+    k = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], pad, 0)]), k)
+    est, _ = _eval_batch(k, n, jnp.asarray(0.0, jnp.float32))
+    est = jax.tree.map(np.asarray, est)
+    return [jax.tree.map(lambda v, i=i: v[i], est) for i in range(len(configs))]

@@ -16,47 +16,32 @@ from .._plan import Plan
 from .._scenario import load_scenario
 from .._specs import Scenario
 from ..cost import numbers_pytree
-from ..cost._inputs import knobs_from_config
-from ..cost.estimate import Estimate, estimate_numbers
-from ._evaluate import evaluate
+from ..cost.estimate import Estimate
+from ._evaluate import compiled_sizes, evaluate
+from ._evaluate import estimates as _estimates
+from ._evaluate import CHUNKS
 from ._space import COLUMNS, Lattice, Space, build_lattice
 from .relax import continuous_values, initial_points, make_solver, scenario_bounds
 
 _SOLVERS: dict[Any, Any] = {}
-EXHAUSTIVE_BELOW = 500_000     # lattices this small are evaluated whole (exact, faster cold)
-
-
-_PLAN_ESTIMATE: list = []
+EXHAUSTIVE_BELOW = 500_000     # method='auto': lattices this small are evaluated whole
 
 
 def estimate(config, sc: Scenario) -> Estimate:
-    """`capopt.cost.estimate` for the plans the search reports, compiled once with the
-    search's (faster-compiling) XLA options."""
-    if not _PLAN_ESTIMATE:
-        import jax
-        _PLAN_ESTIMATE.append(jax.jit(estimate_numbers,
-                                      compiler_options=_jaxcache.compile_options()))
-    return _PLAN_ESTIMATE[0](knobs_from_config(config), numbers_pytree(sc))
+    """The `Estimate` of one config as the search reports it (the batch evaluator's figures)."""
+    return estimates([config], sc)[0]
 
 
-def _warm(sc: Scenario, space: Space, n, mode, x0, bounds) -> None:
-    """Compile the batch evaluator and the plan estimate for this scenario's shapes by
-    evaluating a config near the starting points (the results are discarded)."""
+def estimates(configs: list, sc: Scenario) -> list[Estimate]:
+    return _estimates(configs, numbers_pytree(sc))
+
+
+def _warm(space: Space, n, mode, x0, bounds) -> None:
+    """Compile the batch evaluator for this scenario's shapes by evaluating a config near the
+    starting points (the result is discarded)."""
     rows = discretise(space, continuous_values(np.asarray(x0), bounds))[:1]
-    if not rows:
-        return
-    lat = space.lattice(rows)
-    evaluate(lat, n, mode)
-    estimate(lat.config(0), sc)
-
-
-def _warm_evaluators(sc: Scenario, space: Space, n, mode, x0, bounds):
-    """Start `_warm` on a worker thread: XLA compiles with the GIL released, so the evaluators
-    compile while the solver compiles and runs; the search's own later calls of the same
-    jitted functions then find them compiled (their results are unchanged)."""
-    if _evaluators_ready():
-        return None
-    return _in_background(_warm, sc, space, n, mode, x0, bounds)
+    if rows:
+        evaluate(space.lattice(rows), n, mode)
 
 
 def _in_background(fn, *args):
@@ -66,11 +51,6 @@ def _in_background(fn, *args):
     future = pool.submit(fn, *args)
     pool.shutdown(wait=False)
     return future
-
-
-def _evaluators_ready() -> bool:
-    from ._evaluate import _JITTED
-    return bool(_JITTED) and bool(_PLAN_ESTIMATE)
 
 
 def _await(future) -> None:
@@ -365,19 +345,24 @@ def _shadow_price(res: dict, usable: float, best_obj: float | None) -> dict[str,
 def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
              method: str = "gradient", seed: int = 0, starts: int = 32, steps: int = 300,
              optimizer: optax.GradientTransformation | None = None, polish: bool = True,
-             remedies: bool = True, exhaustive_below: int = EXHAUSTIVE_BELOW
+             remedies: bool = True, exhaustive_below: int | None = None
              ) -> OptimizeResult:
-    """The fastest configs that fit (``method="exhaustive"``: the reference over all of them).
+    """The fastest configs that fit.
 
-    With ``method="gradient"``, a scenario whose whole lattice has at most
-    ``exhaustive_below`` configs is evaluated exactly instead: the vectorised cost model does
-    that in well under a second (and compiles in a fraction of the solver's time), and the
-    answer is then exact. ``exhaustive_below=0`` always runs the relaxed solve.
+    ``method="gradient"`` (the default) solves the continuous relaxation with optax, rounds its
+    answers to real configs and polishes them by exact local search. ``method="exhaustive"``
+    evaluates every config of the lattice: the reference. ``method="auto"`` evaluates the whole
+    lattice when it has at most ``exhaustive_below`` configs (default `EXHAUSTIVE_BELOW`), which
+    is exact and compiles faster, and solves otherwise.
     """
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    if method not in ("gradient", "exhaustive"):
+    if method not in ("gradient", "auto", "exhaustive"):
         raise CapoptError(f"unknown method {method!r}", field="--method",
-                          allowed="gradient, exhaustive")
+                          allowed="gradient, auto, exhaustive")
+    if exhaustive_below is None:
+        exhaustive_below = EXHAUSTIVE_BELOW if method == "auto" else 0
+    if method == "auto":
+        method = "gradient"
     _jaxcache.enable()
     opts = dict(top_k=top_k, method=method, seed=seed, starts=starts, steps=steps,
                 optimizer=optimizer, polish=polish, exhaustive_below=exhaustive_below)
@@ -395,8 +380,10 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         small = build_lattice(sc)
     if method == "exhaustive" or small is not None:
         lat = small if small is not None else build_lattice(sc)
-        warm = _in_background(estimate, lat.config(0), sc) if (
-            len(lat) and not _PLAN_ESTIMATE) else None
+        # the ranked plans are read back through the smallest batch program: compile it on a
+        # worker thread while a large lattice is evaluated
+        warm = (_in_background(evaluate, lat, n, mode, np.zeros(1, int))
+                if len(lat) > CHUNKS[0] and CHUNKS[0] not in compiled_sizes() else None)
         res = evaluate(lat, n, mode)
         _await(warm)
         space_size = len(lat)
@@ -406,8 +393,13 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     else:
         bounds = scenario_bounds(sc)
         x0 = initial_points(starts, seed)
-        warm = _warm_evaluators(sc, space, n, mode, x0, bounds)
-        sol = _solver(optimizer, steps)(x0, n, bounds)
+        # the evaluator compiles on a worker thread once the solver is traced, while XLA
+        # compiles the solver (it releases the GIL; tracing would contend for it)
+        warm = []
+        sol = _solver(optimizer, steps)(x0, n, bounds, on_traced=lambda: warm.append(
+            None if CHUNKS[0] in compiled_sizes()
+            else _in_background(_warm, space, n, mode, x0, bounds)))
+        warm = warm[0] if warm else None
         x = np.asarray(sol.x)
         _await(warm)
         timings["continuous_s"] = time.perf_counter() - t0
@@ -423,7 +415,8 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     best_obj = float(res["objective"][order[0]]) if order else None
     solve_s = time.perf_counter() - t0
     shadow = _shadow_price(res, usable, best_obj)
-    plans = [Plan(sc, lat.config(i), estimate(lat.config(i), sc)) for i in order]
+    configs = [lat.config(i) for i in order]
+    plans = [Plan(sc, c, e) for c, e in zip(configs, _estimates(configs, n))]
     layouts = []
     if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
         t1 = time.perf_counter()
@@ -496,13 +489,19 @@ def _optimize_fleet(sc: Scenario, *, remedies: bool, **opts) -> OptimizeResult:
     if not top and remedies:
         from .remedies import remedies as find_remedies
         rem = find_remedies(sc.variants[0])
+    # stage layouts: the winning variant's; with no winner, every variant's, fitting and
+    # fastest first
+    layouts = (best_res.layouts if best_res is not None and best_res.layouts else sorted(
+        (lay for r in results for lay in r.layouts),
+        key=lambda lay: (not lay.fits, -lay.tokens_per_s)))
     res = OptimizeResult(sc, status, opts["method"], top, time.perf_counter() - t0, evaluated,
                          space, shadow, None if top else smallest, rem,
-                         {"variants": len(sc.variants)})
+                         {"variants": len(sc.variants)}, layouts=list(layouts))
     res.per_variant = [{"gpu": v.hardware.name, "count": v.count, "status": r.status,
                         "best_tokens_per_s": r.best.throughput["tokens_per_s"] if r.best
                         else None,
-                        "best_objective": plan_objective(r.best) if r.best else None}
+                        "best_objective": plan_objective(r.best) if r.best else None,
+                        "stage_layout": r.layout.to_dict() if r.layout else None}
                        for v, r in zip(sc.variants, results)]
     return res
 

@@ -165,8 +165,38 @@ def make_solver(optimizer: optax.GradientTransformation | None = None, steps: in
         mult = mu1 * 2 * (jax.nn.softplus(sharp * over) / sharp) * jax.nn.sigmoid(sharp * over)
         return SolveResult(x, loss, over, obj, mult)
 
-    return jax.jit(solve,
-                   compiler_options=compile_options())
+    return Compiled(jax.jit(solve, compiler_options=compile_options()))
+
+
+class Compiled:
+    """A jitted function compiled ahead of time, once per shape of its arguments.
+
+    ``on_traced`` runs between tracing and XLA's compilation: other Python work started there
+    (another program's tracing) overlaps the compilation, which releases the GIL, instead of
+    contending with the tracing, which holds it.
+    """
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+        self._exe: dict = {}
+
+    def __call__(self, *args, on_traced=None):
+        leaves, tree = jax.tree.flatten(args)
+        key = (tree, tuple((np.shape(x), jnp.result_type(x), getattr(x, "weak_type", False))
+                           for x in leaves))
+        exe = self._exe.get(key)
+        if exe is None:
+            lowered = self.jitted.trace(*args).lower()
+            if on_traced is not None:
+                on_traced()
+            exe = self._exe[key] = lowered.compile()
+        elif on_traced is not None:
+            on_traced()
+        return exe(*args)
+
+    def cache_size(self) -> int:
+        """Programs compiled so far (one per argument shape)."""
+        return len(self._exe)
 
 
 _JITTED: dict = {}
