@@ -244,6 +244,29 @@ def test_overlap_never_hides_more_than_the_window_or_its_fraction(comm_s, window
         assert window_s + exposed >= max(window_s, comm_s) - tol
 
 
+@given(st.lists(st.tuples(st.floats(0.0, 1e3), st.floats(0.0, 1.0)), min_size=1, max_size=3),
+       st.floats(0.0, 1e3))
+@settings(max_examples=200, deadline=None)
+def test_kinds_sharing_a_window_hide_no_more_than_it_together(kinds, window_s):
+    comms = [jnp.float32(c) for c, _ in kinds]
+    out = comm.overlap_shared(comms, jnp.float32(window_s), [f for _, f in kinds])
+    hidden = [float(h) for _, h in out]
+    tol = 1e-3       # float32 sums of values up to 1e3
+    assert sum(hidden) <= window_s + tol
+    for (c, f), (e, h) in zip(kinds, out):
+        assert -tol <= float(h) <= f * c + tol and float(e) >= -tol
+    # one kind alone is `overlap`
+    if len(kinds) == 1:
+        assert hidden[0] == pytest.approx(float(comm.overlap(comms[0], window_s, kinds[0][1])[1]),
+                                          rel=1e-5, abs=tol)
+
+
+def test_shared_overlap_has_finite_gradients_where_nothing_communicates():
+    g = jax.grad(lambda a, b: sum(e for e, _ in comm.overlap_shared([a, b], 2.0, [0.5, 0.5])),
+                 argnums=(0, 1))(0.0, 0.0)
+    assert all(np.isfinite(float(x)) for x in g)
+
+
 # ---------------------------------------------------------------------------------------------
 # Time terms
 # ---------------------------------------------------------------------------------------------

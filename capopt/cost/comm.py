@@ -119,5 +119,18 @@ def overlap(comm_s, window_s, fraction):
     return comm_s - hidden, hidden
 
 
-__all__ = ["all_gather_s", "all_reduce_s", "all_to_all_s", "group_layout", "overlap", "p2p_s",
+def overlap_shared(comms, window_s, fractions):
+    """`overlap` for several kinds of communication hiding behind the same compute: together
+    they hide no more than the window, each in proportion to the part it can issue ahead.
+    Returns a list of (exposed, hidden), one per kind."""
+    ahead = [f * c for c, f in zip(comms, fractions)]
+    total = sum(ahead)
+    hidden = jnp.minimum(total, jnp.maximum(window_s, 0.0))
+    some = total > 0.0
+    share = jnp.where(some, hidden / jnp.where(some, total, 1.0), 0.0)   # no 0/0 in grads
+    return [(c - a * share, a * share) for c, a in zip(comms, ahead)]
+
+
+__all__ = ["all_gather_s", "all_reduce_s", "all_to_all_s", "group_layout", "overlap",
+           "overlap_shared", "p2p_s",
            "reduce_scatter_s", "ring_collectives_s"]

@@ -311,7 +311,6 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     # --- ZeRO-3 time: the framework's own fetch path, in series with the gathers it stages ---
     gather_s = gather_coll + fetch_s(gather, dp, n)
     z3 = k.zero[3] * (gather_s + scatter_coll)
-    zero_exposed, zero_hidden = comm.overlap(z3, busy, n["rt_overlap_zero"])
 
     # --- pipeline: send activations forward and gradients back, once per model chunk ---
     v = n["rt_pp_virtual_stages"]
@@ -320,7 +319,9 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     send = comm.p2p_s(act_bytes * shard(split, tp), cross, n)
     regather = (1.0 - k.sp) * n["rt_pp_scatter_gather"] * regather_coll
     pp = step_at_least(k.pp, 2.0) * 2.0 * v * (send + regather)
-    pp_exposed, pp_hidden = comm.overlap(pp, busy, n["rt_overlap_pp"])
+    # both hide behind the stage's own compute, together no more than all of it
+    (zero_exposed, zero_hidden), (pp_exposed, pp_hidden) = comm.overlap_shared(
+        [z3, pp], busy, [n["rt_overlap_zero"], n["rt_overlap_pp"]])
 
     exposed = {"tp": tp_exposed, "moe": moe_exposed, "zero": zero_exposed, "pp": pp_exposed}
     hidden = tp_hidden + moe_hidden + zero_hidden + pp_hidden
