@@ -32,6 +32,43 @@ def _config_line(cfg: dict) -> str:
     return " ".join(parts)
 
 
+# (key, label, indent): the terms that add up to the step, each followed by its named parts
+TIME_LABELS = [("compute_s", "compute (matmuls, attention)", 0),
+               ("memory_bound_s", "memory-bound ops", 0),
+               ("grad_accum_s", "of which gradient accumulation", 1),
+               ("comm_exposed_s", "communication, exposed", 0),
+               *[(f"comm_{k}_s", f"{label}", 1) for k, label in (
+                   ("dp", "data-parallel gradients"), ("zero", "ZeRO collectives"),
+                   ("tp", "tensor-parallel"), ("pp", "pipeline sends"),
+                   ("moe", "MoE all-to-all"))],
+               ("bubble_s", "pipeline bubble", 0),
+               ("optimizer_s", "optimizer update", 0),
+               ("offload_s", "optimizer offload (host link)", 0)]
+
+
+def _time_rows(tm: dict) -> list[tuple]:
+    """The step's time terms as rows: what adds up to the step, its named parts indented, then
+    what is not in the sum (hidden communication, kernel launches spread over the terms, a
+    slower input pipeline)."""
+    step = tm["step_s"]
+    rows = []
+    for key, label, indent in TIME_LABELS:
+        v = tm.get(key, 0.0)
+        if v > 0:
+            rows.append(("  " * indent + label, seconds(v),
+                         f"{100 * v / step:5.1f}%" if indent == 0 else ""))
+    rows.append(("step", seconds(step), "100.0%"))
+    if tm.get("launch_s", 0.0) > 0:
+        rows.append(("kernel launch overhead (in the terms above)", seconds(tm["launch_s"]),
+                     ""))
+    if tm.get("comm_hidden_s", 0.0) > 0:
+        rows.append(("communication hidden behind compute", seconds(tm["comm_hidden_s"]), ""))
+    if tm.get("input_s", 0.0) > 0:
+        bound = " (data-bound: the step waits for it)" if tm["input_s"] >= step else ""
+        rows.append((f"input pipeline{bound}", seconds(tm["input_s"]), ""))
+    return rows
+
+
 def render_plan(p: dict, title: str | None = None) -> str:
     mem, tm, thr = p["memory"], p["time"], p["throughput"]
     total = mem["total_bytes"]
@@ -48,11 +85,8 @@ def render_plan(p: dict, title: str | None = None) -> str:
     lines.append(f"budget {gib(budget)} GiB usable of {gib(mem['vram_bytes'])} GiB: {verdict} "
                  f"({gib(abs(budget - total))} GiB {'free' if p['fits'] else 'over'})")
     if tm:
-        trows = [(k[:-2].replace("_", " "), seconds(v)) for k, v in tm.items()
-                 if k.endswith("_s") and k != "step_s" and v > 0]
-        trows.append(("step", seconds(tm["step_s"])))
         lines.append("")
-        lines.append(table(trows, ["step time", ""], "lr"))
+        lines.append(table(_time_rows(tm), ["step time", "", "share"], "lrr"))
         bits = [f"{si(thr['tokens_per_s'], 'tok/s')}"]
         if "tokens_per_s_per_device" in thr:
             bits.append(f"{si(thr['tokens_per_s_per_device'], 'tok/s')} per device")
