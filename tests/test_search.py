@@ -167,6 +167,20 @@ def test_even_split_equals_the_main_model():
         np.testing.assert_allclose(float(step), float(e.time["step_s"]), rtol=1e-4)
 
 
+def test_the_layout_search_reads_the_per_step_rest_from_its_compiled_evaluators():
+    from capopt.cost._inputs import knobs_from_config
+    from capopt.cost.stages import per_step_rest
+    from capopt.search.stages import LayoutProblem
+    sc = _pp_scenario()
+    n = numbers_pytree(sc)
+    for cfg in _pp_configs(sc, limit=8):
+        lp = LayoutProblem(sc, cfg, n, True, True)
+        rest, inp = per_step_rest(knobs_from_config(cfg), n, cfg.pp)
+        # the same float32 terms through a vmapped and a plain program, summed in another order
+        np.testing.assert_allclose(float(lp.rest), float(rest), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(float(lp.inp), float(inp), rtol=1e-6)
+
+
 def test_layer_rounding_sums_to_the_layer_count():
     from capopt.search.stages import round_layers, round_recompute
     rng = np.random.default_rng(0)

@@ -87,15 +87,19 @@ def _pace(k: Knobs, n: dict, p: int):
 
 def per_step_rest(k: Knobs, n: dict, p: int):
     """(once-per-step seconds outside the pipeline, input seconds) from the even split."""
-    est = estimate_numbers(k, n)
-    t = est.time
+    el, er = even_layout(k, n, p)
+    t_even = jnp.max(stage_terms(k, n, el, er)["t_mb"])
+    return rest_from_terms(estimate_numbers(k, n).time, t_even, k, n, p)
+
+
+def rest_from_terms(t: dict, t_even_mb, k: Knobs, n: dict, p: int):
+    """`per_step_rest` from the even split's time terms ``t`` and its slowest stage's
+    micro-batch seconds (numpy or jax values alike)."""
     # The step before the input-pipeline floor: the step itself unless input-bound.
     summed = (t["compute_s"] + t["memory_bound_s"] + t["comm_exposed_s"] + t["bubble_s"]
               + t["optimizer_s"] + t["offload_s"])
     busy = jnp.where(t["step_s"] > t["input_s"], t["step_s"], summed)
-    el, er = even_layout(k, n, p)
-    t_even = jnp.max(stage_terms(k, n, el, er)["t_mb"])
-    return busy - _pace(k, n, p) * t_even, t["input_s"]
+    return busy - _pace(k, n, p) * t_even_mb, t["input_s"]
 
 
 def layout_step(k: Knobs, n: dict, layers, recompute, rest, input_s, smooth: float = 0.0,

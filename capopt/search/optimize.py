@@ -21,6 +21,7 @@ from ._evaluate import compiled_sizes, evaluate
 from ._evaluate import estimates as _estimates
 from ._evaluate import CHUNKS
 from ._space import COLUMNS, Lattice, Space, build_lattice
+from ._space import factorizations
 from .relax import continuous_values, initial_points, make_solver, scenario_bounds
 
 _SOLVERS: dict[Any, Any] = {}
@@ -44,13 +45,34 @@ def _warm(space: Space, n, mode, x0, bounds) -> None:
         evaluate(space.lattice(rows), n, mode)
 
 
+_POOL: list = []
+
+
 def _in_background(fn, *args):
-    """``fn(*args)`` on a worker thread; its future."""
+    """``fn(*args)`` on one of the search's two worker threads; its future."""
     from concurrent.futures import ThreadPoolExecutor
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(fn, *args)
-    pool.shutdown(wait=False)
-    return future
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="capopt-warm"))
+    return _POOL[0].submit(fn, *args)
+
+
+def _warm_jobs(sc: Scenario, space: Space, n, mode, x0, bounds) -> list[tuple]:
+    """What to compile on the worker thread while the solver compiles: the batch evaluator
+    (unless compiled), then, for uneven stage layouts, the layout programs of the pipeline
+    depth when the scenario allows just one (they are compiled per depth)."""
+    jobs = [] if CHUNKS[0] in compiled_sizes() else [(_warm, space, n, mode, x0, bounds)]
+    if not jobs:
+        jobs.append((lambda: None,))
+    if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
+        from .stages import warm as warm_layouts
+        pps = sorted({f[2] for f in factorizations(sc)} - {1})
+        if len(pps) == 1:
+            lat = space.lattice(discretise(space, continuous_values(np.asarray(x0), bounds)))
+            cfg = next((lat.config(i) for i in range(len(lat))
+                        if lat.cols["pp"][i] == pps[0]), None)
+            if cfg is not None:
+                jobs.append((warm_layouts, sc, n, cfg))
+    return jobs
 
 
 def _await(future) -> None:
@@ -378,6 +400,7 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     small = None
     if method == "gradient" and exhaustive_below > 0 and space.size() <= exhaustive_below:
         small = build_lattice(sc)
+    layout_warm = None
     if method == "exhaustive" or small is not None:
         lat = small if small is not None else build_lattice(sc)
         # the ranked plans are read back through the smallest batch program: compile it on a
@@ -396,10 +419,9 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         # the evaluator compiles on a worker thread once the solver is traced, while XLA
         # compiles the solver (it releases the GIL; tracing would contend for it)
         warm = []
-        sol = _solver(optimizer, steps)(x0, n, bounds, on_traced=lambda: warm.append(
-            None if CHUNKS[0] in compiled_sizes()
-            else _in_background(_warm, space, n, mode, x0, bounds)))
-        warm = warm[0] if warm else None
+        sol = _solver(optimizer, steps)(x0, n, bounds, on_traced=lambda: warm.extend(
+            _in_background(*jobs) for jobs in _warm_jobs(sc, space, n, mode, x0, bounds)))
+        warm, layout_warm = (warm + [None, None])[:2]
         x = np.asarray(sol.x)
         _await(warm)
         timings["continuous_s"] = time.perf_counter() - t0
@@ -420,6 +442,7 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     layouts = []
     if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
         t1 = time.perf_counter()
+        _await(layout_warm)
         layouts = _layouts(sc, lat, res, n, usable, seed)
         # An uneven layout that fits and beats the best even-split plan leads the ranking
         # (its plan carries the stage layout).

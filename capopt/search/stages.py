@@ -25,7 +25,8 @@ from .._jaxcache import compile_options
 from .._plan import Plan
 from .._specs import Config, Scenario
 from ..cost._inputs import DTYPE, Knobs, knobs_from_config, numbers_pytree
-from ..cost.stages import assemble_estimate, layout_step, layout_tokens_per_s, per_step_rest
+from ..cost.stages import (assemble_estimate, layout_step, layout_tokens_per_s,
+                           rest_from_terms)
 
 STEPS = 200
 STARTS = 16
@@ -144,13 +145,6 @@ def _evaluator():
     return _CACHE["eval"]
 
 
-def _prep(k: Knobs, n: dict, p: int):
-    if ("rest", p) not in _CACHE:
-        _CACHE[("rest", p)] = jax.jit(lambda k, n: per_step_rest(k, n, p),
-                                      compiler_options=compile_options())
-    return _CACHE[("rest", p)](k, n)
-
-
 # --------------------------------------------------------------------------------------------
 def round_layers(real: np.ndarray, L: int) -> np.ndarray:
     """Integers >= 1 summing to ``L`` nearest to ``real`` (largest remainder)."""
@@ -178,8 +172,21 @@ class LayoutProblem:
         self.k = knobs_from_config(config)
         self.layers_on, self.rec_on = layers_on, rec_on
         self.base_full = float(self.k.remat[2])
-        self.rest, self.inp = _prep(self.k, n, self.p)
+        self.rest, self.inp = self._rest()
         self.usable = float(n["usable_bytes"])
+
+    def _rest(self):
+        """`per_step_rest` from the programs the search has compiled anyway: the batch
+        evaluator's time terms of the even split and the layout evaluator's stage times."""
+        from ._evaluate import estimates
+        t = estimates([self.config], self.n)[0].time
+        p = self.p
+        layers = np.full(p, self.L / p, np.float32)
+        zero = jnp.zeros((), DTYPE)
+        self.rest, self.inp = zero, zero                # stage times do not depend on them
+        _, _, t_mb = self.evaluate(layers, layers * float(self.k.remat[2]))
+        rest, inp = rest_from_terms(t, float(t_mb[0].max()), self.k, self.n, p)
+        return jnp.asarray(rest, DTYPE), jnp.asarray(inp, DTYPE)
 
     def size(self) -> int:
         """How many integer layouts there are (layer compositions x recompute choices)."""
@@ -304,6 +311,19 @@ class LayoutProblem:
         out.solve_s = time.perf_counter() - t0
         out.timings = {"relaxed_s": t_relax, "polish_moves": moves}
         return out
+
+
+def warm(sc: Scenario, n: dict, config: Config) -> None:
+    """Compile the layout programs for ``config``'s pipeline depth, the evaluator and the
+    solver, by running them once on placeholder inputs (they depend on the shapes only). Runs
+    on a worker thread while the main solve compiles."""
+    p, L = int(config.pp), float(sc.model.num_hidden_layers)
+    k = knobs_from_config(config)
+    zero = jnp.zeros((), DTYPE)
+    layers = jnp.full((128, p), L / p, DTYPE)
+    jax.block_until_ready(_evaluator()(layers, layers * 0.0, k, n, zero, zero))
+    jax.block_until_ready(_solver(p)(jnp.zeros((STARTS, 2 * p), DTYPE), k, n, zero, zero,
+                                     jnp.asarray(L, DTYPE), jnp.ones(2, DTYPE)))
 
 
 def best_layouts(sc: Scenario, n: dict, configs: list[Config], seed: int = 0) -> list[Layout]:
