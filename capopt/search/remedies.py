@@ -75,9 +75,9 @@ class Remedy:
                 **({"error": self.error} if self.error else {})}
 
 
-def remedies(sc: Scenario, *, starts: int = 8) -> list[Remedy]:
+def remedies(sc: Scenario, *, starts: int = 32) -> list[Remedy]:
     """Each change with whether it fits, its memory and its throughput; fitting ones first,
-    fastest first."""
+    fastest first. ``starts`` is the main solve's (the same shapes: no second compilation)."""
     from .optimize import optimize
     out = []
     for desc, changed in candidate_changes(sc):
