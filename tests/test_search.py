@@ -297,3 +297,16 @@ def test_a_gpu_list_carries_each_variants_stage_layout_into_the_result():
     assert res.layout.to_dict() == winner["stage_layout"]
     assert "pipeline stages" in res.render()
     assert res.to_dict()["stage_layout"]["pipeline_layers"] == res.layout.layers
+
+
+@pytest.mark.parametrize("sc", SCENARIOS[:2])
+def test_reported_plans_carry_the_cost_models_own_terms(sc):
+    from capopt.cost import estimate
+    res = optimize(sc, top_k=3, remedies=False)
+    for p in res.candidates or [res.smallest]:
+        e = estimate(p.config, sc).to_dict()
+        for part in ("memory", "time", "throughput"):
+            for key, v in e[part].items():
+                # the batch evaluator is the same float32 model under vmap: rounding only
+                np.testing.assert_allclose(getattr(p, part)[key], v, rtol=1e-5, atol=1e-9,
+                                           err_msg=f"{part}.{key}")
