@@ -178,7 +178,7 @@ def largest_module(k: Knobs, n):
 # --------------------------------------------------------------------------------------------
 # The breakdown
 # --------------------------------------------------------------------------------------------
-def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, first_stage):
+def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, first_stage):
     """Memory of one device holding ``layers`` blocks plus ``extra_params``.
 
     ``first_stage`` (the stage whose input edge is held for every micro-batch in flight) is
@@ -362,7 +362,7 @@ def _stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fi
 
 
 def end_stage_args(k: Knobs, n) -> tuple[dict, dict]:
-    """The `_stage_memory` arguments of the first pipeline stage (embedding; 1F1B: it holds
+    """The `stage_memory` arguments of the first pipeline stage (embedding; 1F1B: it holds
     min(p, m) micro-batches) and of the last (head and loss); at pp = 1 one stage holds both."""
     _, first_extra, last_extra, multi = stage_params(k, n)
     single = 1.0 - multi
@@ -375,13 +375,13 @@ def end_stage_args(k: Knobs, n) -> tuple[dict, dict]:
 
 
 def end_stage_memory(k: Knobs, n) -> dict:
-    """`_stage_memory` of the first and the last pipeline stage, stacked on a leading axis of
+    """`stage_memory` of the first and the last pipeline stage, stacked on a leading axis of
     two (first, last): one stage evaluation under `jax.vmap` over the stage arguments, so what
     the two stages share is computed once."""
     first, last = end_stage_args(k, n)
     args = {key: jnp.stack(jnp.broadcast_arrays(first[key], last[key])) for key in first}
     layers = n["L"] / k.pp
-    return jax.vmap(lambda a: _stage_memory(k, n, layers=layers, **a))(args)
+    return jax.vmap(lambda a: stage_memory(k, n, layers=layers, **a))(args)
 
 
 def memory(k: Knobs, n) -> dict:

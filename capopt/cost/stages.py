@@ -5,7 +5,7 @@ recomputation policy everywhere. Here stage ``i`` holds ``layers[i]`` blocks and
 recomputes ``recompute[i]`` of them (the others keep the config's base policy, none or
 selective), built from the same per-stage terms the main model uses:
 
-- memory of stage ``i``: `memory._stage_memory` with its own layers and recompute mixture,
+- memory of stage ``i``: `memory.stage_memory` with its own layers and recompute mixture,
   ``min(p - i, m)`` micro-batches in flight under 1F1B (``m`` = grad_accum), the embedding on
   the first stage and the final norm, head and loss (and logits) on the last;
 - time of stage ``i`` per micro-batch: `time._stage` with its own compute and memory-bound
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from ._inputs import Knobs
 from .estimate import Estimate, estimate_numbers
 from .flops import compute_times, step_tokens
-from .memory import _stage_memory, stage_params
+from .memory import stage_memory, stage_params
 from .time import _stage, memory_bound_times
 
 
@@ -65,8 +65,8 @@ def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
     def one(L, w, xp, inf, lg, is_first, is_last):
         ki = k.replace(remat=w)
         kw = dict(layers=L, extra_params=xp, in_flight=inf, logits_mb=lg)
-        m_first = _stage_memory(ki, n, first_stage=True, **kw)
-        m_other = _stage_memory(ki, n, first_stage=False, **kw)
+        m_first = stage_memory(ki, n, first_stage=True, **kw)
+        m_other = stage_memory(ki, n, first_stage=False, **kw)
         mem = {key: jnp.where(is_first > 0.5, m_first[key], m_other[key]) for key in m_first}
         c = compute_times(ki, n)
         mb = memory_bound_times(ki, n)
