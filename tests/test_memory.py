@@ -441,9 +441,9 @@ def test_rebuilt_block_peak_is_the_larger_of_its_activations_and_scores_with_gra
 
 
 # --------------------------------------------------------------------------------------------
-# The end stages in one evaluation: the same numbers as one _stage_memory call per stage
+# The end stages in one evaluation: the same numbers as one stage_memory call per stage
 # --------------------------------------------------------------------------------------------
-from capopt.cost.memory import _stage_memory, end_stage_args, end_stage_memory  # noqa: E402
+from capopt.cost.memory import stage_memory, end_stage_args, end_stage_memory  # noqa: E402
 
 END_STAGE_SCENARIOS = {
     "gpt": make_scenario(gpt_like(layers=4), count=64, global_batch=64),
@@ -461,13 +461,13 @@ def _end_stages_both_ways(k, n):
     """(stacked end stages, first stage alone, last stage alone, memory)."""
     first, last = end_stage_args(k, n)
     layers = n["L"] / k.pp
-    return (end_stage_memory(k, n), _stage_memory(k, n, layers=layers, **first),
-            _stage_memory(k, n, layers=layers, **last), memory(k, n))
+    return (end_stage_memory(k, n), stage_memory(k, n, layers=layers, **first),
+            stage_memory(k, n, layers=layers, **last), memory(k, n))
 
 
 def test_end_stage_memory_in_one_evaluation_equals_one_call_per_stage():
-    # memory() evaluates the first and the last pipeline stage as one _stage_memory call over
-    # a leading axis of two (vmap): every term of both equals its own _stage_memory call (with
+    # memory() evaluates the first and the last pipeline stage as one stage_memory call over
+    # a leading axis of two (vmap): every term of both equals its own stage_memory call (with
     # first_stage a Python bool), to float32 rounding, at integer and at relaxed points; the
     # breakdown memory() reports is the larger stage's
     for which in sorted(END_STAGE_SCENARIOS):
