@@ -17,11 +17,9 @@ from .._scenario import load_scenario
 from .._specs import Scenario
 from ..cost import numbers_pytree
 from ..cost.estimate import Estimate
-from ._evaluate import compiled_sizes, evaluate
+from ._evaluate import CHUNKS, compiled_sizes, evaluate
 from ._evaluate import estimates as _estimates
-from ._evaluate import CHUNKS
-from ._space import COLUMNS, Lattice, Space, build_lattice
-from ._space import factorizations
+from ._space import COLUMNS, Lattice, Space, build_lattice, factorizations
 from .relax import continuous_values, initial_points, make_solver, scenario_bounds
 
 _SOLVERS: dict[Any, Any] = {}
@@ -56,13 +54,13 @@ def _in_background(fn, *args):
     return _POOL[0].submit(fn, *args)
 
 
-def _warm_jobs(sc: Scenario, space: Space, n, mode, x0, bounds) -> list[tuple]:
-    """What to compile on the worker thread while the solver compiles: the batch evaluator
-    (unless compiled), then, for uneven stage layouts, the layout programs of the pipeline
-    depth when the scenario allows just one (they are compiled per depth)."""
-    jobs = [] if CHUNKS[0] in compiled_sizes() else [(_warm, space, n, mode, x0, bounds)]
-    if not jobs:
-        jobs.append((lambda: None,))
+def _warm_jobs(sc: Scenario, space: Space, n, mode, x0, bounds) -> dict[str, tuple]:
+    """What to compile on the worker threads while the solver compiles: the batch evaluator
+    (unless compiled) and, for uneven stage layouts, the layout programs of the pipeline depth
+    when the scenario allows just one (they are compiled per depth)."""
+    jobs = {}
+    if CHUNKS[0] not in compiled_sizes():
+        jobs["evaluator"] = (_warm, space, n, mode, x0, bounds)
     if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
         from .stages import warm as warm_layouts
         pps = sorted({f[2] for f in factorizations(sc)} - {1})
@@ -71,7 +69,7 @@ def _warm_jobs(sc: Scenario, space: Space, n, mode, x0, bounds) -> list[tuple]:
             cfg = next((lat.config(i) for i in range(len(lat))
                         if lat.cols["pp"][i] == pps[0]), None)
             if cfg is not None:
-                jobs.append((warm_layouts, sc, n, cfg))
+                jobs["layouts"] = (warm_layouts, sc, n, cfg)
     return jobs
 
 
@@ -418,10 +416,11 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         x0 = initial_points(starts, seed)
         # the evaluator compiles on a worker thread once the solver is traced, while XLA
         # compiles the solver (it releases the GIL; tracing would contend for it)
-        warm = []
-        sol = _solver(optimizer, steps)(x0, n, bounds, on_traced=lambda: warm.extend(
-            _in_background(*jobs) for jobs in _warm_jobs(sc, space, n, mode, x0, bounds)))
-        warm, layout_warm = (warm + [None, None])[:2]
+        started: dict = {}
+        sol = _solver(optimizer, steps)(x0, n, bounds, on_traced=lambda: started.update(
+            {name: _in_background(*job)
+             for name, job in _warm_jobs(sc, space, n, mode, x0, bounds).items()}))
+        warm, layout_warm = started.get("evaluator"), started.get("layouts")
         x = np.asarray(sol.x)
         _await(warm)
         timings["continuous_s"] = time.perf_counter() - t0
