@@ -133,43 +133,34 @@ def heldout_points() -> list[tuple[str, int, int, str, int, Config]]:
     ]
 
 
+# The block styles of the grid's cards: GPT-2 (biases, learned positions, GELU MLP) and Llama
+# (rotary, RMSNorm, gated SiLU MLP, grouped KV heads)
+_GPT = dict(family="decoder", tie_word_embeddings=False, attention_bias=True,
+            attention_out_bias=True, mlp_bias=True)
+_LLAMA = dict(family="decoder", position_embedding="rotary", norm_type="rmsnorm",
+              mlp_type="gated", hidden_act="silu")
+# kind: (style, name, hidden, layers, heads, kv heads, intermediate, vocab, extra fields)
+_CARDS = {
+    "wide-gpt": (_GPT, "heldout-gpt", 768, 3, 12, None, 3072, 16000,
+                 dict(max_position_embeddings=2048)),
+    "wide": (_GPT, "calib-wide", 1024, 2, 16, None, 4096, 4096,
+             dict(max_position_embeddings=1024)),
+    "gpt": (_GPT, "calib-gpt", 512, 4, 8, None, 2048, 8192,
+            dict(max_position_embeddings=1024, tie_word_embeddings=True, hidden_dropout=0.1,
+                 attention_dropout=0.1)),
+    "mqa": (_LLAMA, "calib-mqa", 256, 8, 4, 1, 704, 16384, {}),
+    "deep-llama": (_LLAMA, "heldout-llama", 384, 6, 6, 2, 1024, 32000, {}),
+    "llama": (_LLAMA, "calib-llama", 512, 4, 8, 2, 1376, 8192, {}),
+}
+
+
 def grid_model(kind: str):
     from .._model import ModelSpec
-    if kind == "wide-gpt":
-        return ModelSpec(name="heldout-gpt", family="decoder", hidden_size=768,
-                         num_hidden_layers=3, num_attention_heads=12, intermediate_size=3072,
-                         vocab_size=16000, max_position_embeddings=2048,
-                         tie_word_embeddings=False, attention_bias=True,
-                         attention_out_bias=True, mlp_bias=True)
-    if kind == "wide":
-        return ModelSpec(name="calib-wide", family="decoder", hidden_size=1024,
-                         num_hidden_layers=2, num_attention_heads=16, intermediate_size=4096,
-                         vocab_size=4096, max_position_embeddings=1024,
-                         tie_word_embeddings=False, attention_bias=True,
-                         attention_out_bias=True, mlp_bias=True)
-    if kind == "mqa":
-        return ModelSpec(name="calib-mqa", family="decoder", hidden_size=256,
-                         num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=1,
-                         intermediate_size=704, vocab_size=16384,
-                         position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated",
-                         hidden_act="silu")
-    if kind == "deep-llama":
-        return ModelSpec(name="heldout-llama", family="decoder", hidden_size=384,
-                         num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
-                         intermediate_size=1024, vocab_size=32000,
-                         position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated",
-                         hidden_act="silu")
-    if kind == "gpt":
-        return ModelSpec(name="calib-gpt", family="decoder", hidden_size=512,
-                         num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048,
-                         vocab_size=8192, max_position_embeddings=1024,
-                         tie_word_embeddings=True, attention_bias=True,
-                         attention_out_bias=True, mlp_bias=True, hidden_dropout=0.1,
-                         attention_dropout=0.1)
-    return ModelSpec(name="calib-llama", family="decoder", hidden_size=512, num_hidden_layers=4,
-                     num_attention_heads=8, num_key_value_heads=2, intermediate_size=1376,
-                     vocab_size=8192, position_embedding="rotary", norm_type="rmsnorm",
-                     mlp_type="gated", hidden_act="silu")
+    style, name, hidden, layers, heads, kv, ffn, vocab, extra = _CARDS.get(kind, _CARDS["llama"])
+    kv_heads = {} if kv is None else {"num_key_value_heads": kv}
+    return ModelSpec(**{**style, "name": name, "hidden_size": hidden,
+                        "num_hidden_layers": layers, "num_attention_heads": heads, **kv_heads,
+                        "intermediate_size": ffn, "vocab_size": vocab, **extra})
 
 
 def _scenario(name, model, seq, batch, prec, count, hw, runtime) -> Scenario:
