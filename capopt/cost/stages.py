@@ -8,7 +8,7 @@ selective), built from the same per-stage terms the main model uses:
 - memory of stage ``i``: `memory.stage_memory` with its own layers and recompute mixture,
   ``min(p - i, m)`` micro-batches in flight under 1F1B (``m`` = grad_accum), the embedding on
   the first stage and the final norm, head and loss (and logits) on the last;
-- time of stage ``i`` per micro-batch: `time._stage` with its own compute and memory-bound
+- time of stage ``i`` per micro-batch: `time.stage_time` with its own compute and memory-bound
   terms (recomputation adds forward work);
 - step: the slowest stage sets the pace of the steady state and of the bubble,
   ``(m + (p - 1) / v) * max_i t_i``, plus the once-per-step terms of the even split
@@ -28,7 +28,7 @@ from ._inputs import Knobs
 from .estimate import Estimate, estimate_numbers
 from .flops import compute_times, step_tokens
 from .memory import stage_memory, stage_params
-from .time import _stage, memory_bound_times
+from .time import memory_bound_times, stage_extras, stage_time
 
 
 def stage_remat(k: Knobs, layers, recompute):
@@ -47,37 +47,29 @@ def even_layout(k: Knobs, n: dict, p: int):
     return layers, layers * k.remat[2]
 
 
-def _extras(k: Knobs, n: dict, p: int):
+def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
+    """Per-stage ``total_bytes`` (p,) and per-micro-batch seconds ``t_mb`` (p,), p >= 2."""
+    p = layers.shape[0]
     _, first_p, last_p, _ = stage_params(k, n)
     i = jnp.arange(p)
     first = (i == 0).astype(jnp.float32)
     last = (i == p - 1).astype(jnp.float32)
-    return i, first, last, first * first_p + last * last_p
-
-
-def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
-    """Per-stage ``total_bytes`` (p,) and per-micro-batch seconds ``t_mb`` (p,), p >= 2."""
-    p = layers.shape[0]
-    i, first, last, extra_params = _extras(k, n, p)
     remat = stage_remat(k, layers, recompute)
     in_flight = jnp.minimum(p - i.astype(jnp.float32), k.grad_accum)
 
-    def one(L, w, xp, inf, lg, is_first, is_last):
+    def one(L, w, inf, lg, is_first, is_last):
         ki = k.replace(remat=w)
-        kw = dict(layers=L, extra_params=xp, in_flight=inf, logits_mb=lg)
+        c = compute_times(ki, n)
+        mb = memory_bound_times(ki, n)
+        extras = stage_extras(n, c, mb, first_p, last_p, is_first, is_last)
+        kw = dict(layers=L, extra_params=extras["extra_params"], in_flight=inf, logits_mb=lg)
         m_first = stage_memory(ki, n, first_stage=True, **kw)
         m_other = stage_memory(ki, n, first_stage=False, **kw)
         mem = {key: jnp.where(is_first > 0.5, m_first[key], m_other[key]) for key in m_first}
-        c = compute_times(ki, n)
-        mb = memory_bound_times(ki, n)
-        t = _stage(ki, n, layers=L, c=c, mb=mb,
-                   extra_compute=is_first * c["first"] + is_last * c["last"],
-                   extra_memory=is_first * mb["first"] + is_last * mb["last"],
-                   extra_params=xp,
-                   tp_extra_ar=is_first * n["embed_vocab"] + is_last * n["logit_tp"])
+        t = stage_time(ki, n, layers=L, c=c, mb=mb, **extras)
         return mem, t["total"]
 
-    mem, t = jax.vmap(one)(layers, remat, extra_params, in_flight, last, first, last)
+    mem, t = jax.vmap(one)(layers, remat, in_flight, last, first, last)
     return {"total_bytes": mem["total_bytes"], "t_mb": t, "memory": mem}
 
 

@@ -330,7 +330,15 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
             "bwd": layers * c["layer_bwd"], "accum": accum, "launch": launch, **exposed}
 
 
-_stage = stage_time     # the former name
+def stage_extras(n: dict, c: dict, mb: dict, first_p, last_p, is_first, is_last) -> dict:
+    """The `stage_time` extras of a stage holding the embedding (``is_first``) and / or the
+    final norm, head and loss (``is_last``), each a weight in [0, 1]: their compute, memory-
+    bound work and parameters, and one tensor-parallel all-reduce each (the vocabulary-
+    parallel embedding's output; the head's input gradient)."""
+    return {"extra_compute": is_first * c["first"] + is_last * c["last"],
+            "extra_memory": is_first * mb["first"] + is_last * mb["last"],
+            "extra_params": is_first * first_p + is_last * last_p,
+            "tp_extra_ar": is_first * n["embed_vocab"] + is_last * n["logit_tp"]}
 
 
 def end_stage_extras(k: Knobs, n: dict, c: dict, mb: dict) -> tuple[dict, dict]:
@@ -338,17 +346,8 @@ def end_stage_extras(k: Knobs, n: dict, c: dict, mb: dict) -> tuple[dict, dict]:
     and loss); at pp = 1 one stage holds both, and the two are the same."""
     _, first_p, last_p, multi = stage_params(k, n)
     single = 1.0 - multi
-    first_tp_ar = n["embed_vocab"]            # vocabulary-parallel embedding: one all-reduce
-    last_tp_ar = n["logit_tp"]                # the head's input gradient: one all-reduce
-    first = {"extra_compute": c["first"] + single * c["last"],
-             "extra_memory": mb["first"] + single * mb["last"],
-             "extra_params": first_p + single * last_p,
-             "tp_extra_ar": first_tp_ar + single * last_tp_ar}
-    last = {"extra_compute": c["last"] + single * c["first"],
-            "extra_memory": mb["last"] + single * mb["first"],
-            "extra_params": last_p + single * first_p,
-            "tp_extra_ar": last_tp_ar + single * first_tp_ar}
-    return first, last
+    return (stage_extras(n, c, mb, first_p, last_p, 1.0, single),
+            stage_extras(n, c, mb, first_p, last_p, single, 1.0))
 
 
 def end_stages(k: Knobs, n: dict, c: dict, mb: dict) -> dict:
