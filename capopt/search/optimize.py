@@ -73,15 +73,31 @@ def _warm_jobs(sc: Scenario, space: Space, n, mode, x0, bounds) -> dict[str, tup
     return jobs
 
 
-def _await(future) -> None:
-    """Wait for `_warm` (before the first evaluation, so each evaluator is built once); a
-    failure there leaves the compilation to the first real call."""
+def _warm_up(sc: Scenario, space: Space, n, mode, x0, bounds):
+    """On a worker thread, while the solver compiles: decide what to warm (`_warm_jobs`), start
+    the layout programs on the other worker and compile the batch evaluator here. Returns the
+    layout job's future (or None). Deciding runs here too, so the main thread goes straight
+    from tracing the solver to compiling it."""
+    jobs = _warm_jobs(sc, space, n, mode, x0, bounds)
+    layouts = _in_background(*jobs["layouts"]) if "layouts" in jobs else None
+    if "evaluator" in jobs:
+        fn, *args = jobs["evaluator"]
+        try:
+            fn(*args)
+        except Exception:   # noqa: BLE001 - warming is an optimisation only
+            pass
+    return layouts
+
+
+def _await(future):
+    """Wait for a warm-up job (before the first evaluation, so each evaluator is built once)
+    and return its result; a failure there leaves the compilation to the first real call."""
     if future is None:
-        return
+        return None
     try:
-        future.result()
+        return future.result()
     except Exception:   # noqa: BLE001 - warming is an optimisation only
-        pass
+        return None
 
 
 def _solver(optimizer, steps):
@@ -416,13 +432,11 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         x0 = initial_points(starts, seed)
         # the evaluator compiles on a worker thread once the solver is traced, while XLA
         # compiles the solver (it releases the GIL; tracing would contend for it)
-        started: dict = {}
-        sol = _solver(optimizer, steps)(x0, n, bounds, on_traced=lambda: started.update(
-            {name: _in_background(*job)
-             for name, job in _warm_jobs(sc, space, n, mode, x0, bounds).items()}))
-        warm, layout_warm = started.get("evaluator"), started.get("layouts")
+        started: list = []
+        sol = _solver(optimizer, steps)(x0, n, bounds, on_traced=lambda: started.append(
+            _in_background(_warm_up, sc, space, n, mode, x0, bounds)))
         x = np.asarray(sol.x)
-        _await(warm)
+        layout_warm = _await(started[0] if started else None)
         timings["continuous_s"] = time.perf_counter() - t0
         rows = discretise(space, continuous_values(x, bounds))
         lat = space.lattice(rows)
