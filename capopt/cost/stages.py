@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._inputs import Knobs
 from .estimate import Estimate, estimate_numbers
@@ -90,7 +91,9 @@ def rest_from_terms(t: dict, t_even_mb, k: Knobs, n: dict, p: int):
     # The step before the input-pipeline floor: the step itself unless input-bound.
     summed = (t["compute_s"] + t["memory_bound_s"] + t["comm_exposed_s"] + t["bubble_s"]
               + t["optimizer_s"] + t["offload_s"])
-    busy = jnp.where(t["step_s"] > t["input_s"], t["step_s"], summed)
+    input_bound = t["step_s"] > t["input_s"]
+    where = np.where if isinstance(input_bound, (np.ndarray, np.generic)) else jnp.where
+    busy = where(input_bound, t["step_s"], summed)
     return busy - _pace(k, n, p) * t_even_mb, t["input_s"]
 
 

@@ -111,27 +111,30 @@ _CACHE: dict = {}
 
 
 def _solver(p: int):
-    """jit(vmap over starts) of the Adam solve for ``p`` stages (one compilation per p)."""
+    """jit of the Adam solve for ``p`` stages over a batch of starts (one compilation per p).
+    The starts are vectorised inside the loop (vmap of the gradient and of the optimizer
+    step), not by batching the whole loop, which traces in a fraction of the time."""
     if ("solve", p) in _CACHE:
         return _CACHE[("solve", p)]
     opt = optax.adam(0.1)
 
-    def solve_one(z0, k, n, rest, inp, L, flags):
-        grad = jax.grad(_loss)
+    def solve(z0, k, n, rest, inp, L, flags):
+        grad = jax.vmap(jax.grad(_loss), in_axes=(0,) + (None,) * 8)
+        update = jax.vmap(opt.update)
 
         def body(carry, t):
             z, s = carry
             mu = 1.0 * (1e4 / 1.0) ** (t / (STEPS - 1))
             g = grad(z, k, n, rest, inp, L, flags, mu, p)
             g = jnp.where(jnp.isfinite(g), g, 0.0)
-            upd, s = opt.update(g, s, z)
+            upd, s = update(g, s, z)
             return (optax.apply_updates(z, upd), s), None
 
-        (z, _), _ = jax.lax.scan(body, (z0, opt.init(z0)), jnp.arange(STEPS, dtype=DTYPE))
-        return _decode(z, k, L, p, flags)
+        (z, _), _ = jax.lax.scan(body, (z0, jax.vmap(opt.init)(z0)),
+                                 jnp.arange(STEPS, dtype=DTYPE))
+        return jax.vmap(_decode, in_axes=(0, None, None, None, None))(z, k, L, p, flags)
 
-    f = jax.jit(jax.vmap(solve_one, in_axes=(0, None, None, None, None, None, None)),
-                compiler_options=compile_options())
+    f = jax.jit(solve, compiler_options=compile_options())
     _CACHE[("solve", p)] = f
     return f
 
@@ -170,8 +173,12 @@ class LayoutProblem:
         self.p = int(config.pp)
         self.L = int(sc.model.num_hidden_layers)
         self.k = knobs_from_config(config)
+        # numpy copies for the few host-side sums (tokens per step, the per-step rest): on jax
+        # values each operation would compile a program of its own in a fresh process
+        self.k_host = jax.tree.map(np.asarray, self.k)
+        self.n_host = jax.tree.map(np.asarray, n)
         self.layers_on, self.rec_on = layers_on, rec_on
-        self.base_full = float(self.k.remat[2])
+        self.base_full = float(self.k_host.remat[2])
         self.rest, self.inp = self._rest()
         self.usable = float(n["usable_bytes"])
 
@@ -184,8 +191,8 @@ class LayoutProblem:
         layers = np.full(p, self.L / p, np.float32)
         zero = jnp.zeros((), DTYPE)
         self.rest, self.inp = zero, zero                # stage times do not depend on them
-        _, _, t_mb = self.evaluate(layers, layers * float(self.k.remat[2]))
-        rest, inp = rest_from_terms(t, float(t_mb[0].max()), self.k, self.n, p)
+        _, _, t_mb = self.evaluate(layers, layers * self.base_full)
+        rest, inp = rest_from_terms(t, float(t_mb[0].max()), self.k_host, self.n_host, p)
         return jnp.asarray(rest, DTYPE), jnp.asarray(inp, DTYPE)
 
     def size(self) -> int:
@@ -267,7 +274,7 @@ class LayoutProblem:
 
     def layout(self, layers, rec, even_tps: float, even_fits: bool) -> Layout:
         step, mem, t = self.evaluate(layers, rec)
-        tps = float(layout_tokens_per_s(self.k, self.n, step[0]))
+        tps = float(layout_tokens_per_s(self.k_host, self.n_host, step[0]))
         return Layout(self.config, [int(v) for v in layers], [int(v) for v in rec],
                       [float(v) for v in mem[0]], [float(v) for v in t[0]], float(step[0]), tps,
                       bool(mem[0].max() <= self.usable), self.usable, even_tps, even_fits)
@@ -306,7 +313,7 @@ class LayoutProblem:
         moves = 0
         if polish:
             layers, rec, moves = self.climb(layers, rec)
-        even_tps = float(layout_tokens_per_s(self.k, self.n, step[-1]))
+        even_tps = float(layout_tokens_per_s(self.k_host, self.n_host, step[-1]))
         out = self.layout(layers, rec, even_tps, bool(mem[-1].max() <= self.usable))
         out.solve_s = time.perf_counter() - t0
         out.timings = {"relaxed_s": t_relax, "polish_moves": moves}
