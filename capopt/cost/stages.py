@@ -64,9 +64,7 @@ def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
         mb = memory_bound_times(ki, n)
         extras = stage_extras(n, c, mb, first_p, last_p, is_first, is_last)
         kw = dict(layers=L, extra_params=extras["extra_params"], in_flight=inf, logits_mb=lg)
-        m_first = stage_memory(ki, n, first_stage=True, **kw)
-        m_other = stage_memory(ki, n, first_stage=False, **kw)
-        mem = {key: jnp.where(is_first > 0.5, m_first[key], m_other[key]) for key in m_first}
+        mem = stage_memory(ki, n, first_stage=is_first > 0.5, **kw)
         t = stage_time(ki, n, layers=L, c=c, mb=mb, **extras)
         return mem, t["total"]
 
