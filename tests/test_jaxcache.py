@@ -1,0 +1,106 @@
+"""The on-disk ahead-of-time cache of compiled programs (`capopt._jaxcache`)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from capopt import _jaxcache
+from capopt.cost import numbers_pytree
+from capopt.search.relax import Compiled, initial_points, make_solver, scenario_bounds
+
+from conftest import llama_like, make_scenario
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPOPT_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _program(name="test-program"):
+    return Compiled(jax.jit(lambda x, d: {"y": x * d["a"] + d["b"]}), name=name)
+
+
+def _args():
+    return jnp.arange(4.0), {"a": jnp.float32(2.0), "b": jnp.float32(1.0)}
+
+
+def _no_tracing(program):
+    def refuse(*_):
+        raise AssertionError("traced although the executable was on disk")
+    program.jitted = type("NoTrace", (), {"trace": staticmethod(refuse)})()
+    return program
+
+
+def test_a_named_program_is_loaded_from_disk_without_tracing(cache_dir):
+    first = _program()
+    want = first(*_args())["y"]
+    _jaxcache.wait_for_writes()
+    assert len(list((cache_dir / "aot").glob("test-program-*.pkl"))) == 1
+    second = _no_tracing(_program())
+    got = second(*_args())["y"]
+    assert second.loaded_from_disk == 1
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))   # same executable
+
+
+def test_the_solver_loaded_from_disk_gives_the_same_solution(cache_dir):
+    sc = make_scenario(llama_like(), count=8)
+    args = (initial_points(4, 0), numbers_pytree(sc), scenario_bounds(sc))
+    want = make_solver(steps=20)(*args)
+    _jaxcache.wait_for_writes()
+    loaded = _no_tracing(make_solver(steps=20))
+    got = loaded(*args)
+    assert loaded.loaded_from_disk == 1
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_other_shapes_names_or_code_miss(cache_dir, monkeypatch):
+    _program()(*_args())
+    _jaxcache.wait_for_writes()
+    longer = _program()
+    longer(jnp.arange(5.0), _args()[1])                 # another argument shape
+    other = _program(name="another-program")
+    other(*_args())
+    monkeypatch.setattr(_jaxcache, "_FINGERPRINT", ["different source or versions"])
+    changed = _program()
+    changed(*_args())
+    assert (longer.loaded_from_disk, other.loaded_from_disk, changed.loaded_from_disk) == (
+        0, 0, 0)
+
+
+def test_an_unreadable_entry_is_compiled_again(cache_dir):
+    _program()(*_args())
+    _jaxcache.wait_for_writes()
+    (entry,) = (cache_dir / "aot").glob("test-program-*.pkl")
+    entry.write_bytes(b"not an executable")
+    again = _program()
+    np.testing.assert_array_equal(np.asarray(again(*_args())["y"]), [1.0, 3.0, 5.0, 7.0])
+    assert again.loaded_from_disk == 0
+    _jaxcache.wait_for_writes()
+    assert _program()(*_args()) is not None and _jaxcache.load_program(
+        "test-program", repr(Compiled.signature(_args()))) is not None   # rewritten
+
+
+def test_an_empty_cache_dir_setting_turns_the_cache_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("CAPOPT_CACHE_DIR", "")
+    monkeypatch.chdir(tmp_path)
+    _program()(*_args())
+    _jaxcache.wait_for_writes()
+    assert _jaxcache.program_path("test-program", "x") is None
+    assert not list(tmp_path.rglob("*.pkl"))
+
+
+def test_old_entries_of_a_program_are_pruned(cache_dir, monkeypatch):
+    monkeypatch.setattr(_jaxcache, "KEEP_PER_NAME", 2)
+    for i in range(4):                       # four versions of the code, one entry each
+        monkeypatch.setattr(_jaxcache, "_FINGERPRINT", [f"version {i}"])
+        _program()(*_args())
+        _jaxcache.wait_for_writes()
+    assert len(list((cache_dir / "aot").glob("test-program-*.pkl"))) == 2
+    newest = _program()
+    newest(*_args())
+    assert newest.loaded_from_disk == 1          # the newest is still there
