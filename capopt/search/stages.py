@@ -27,6 +27,7 @@ from .._specs import Config, Scenario
 from ..cost._inputs import DTYPE, Knobs, knobs_from_config, numbers_pytree
 from ..cost.stages import (assemble_estimate, layout_step, layout_tokens_per_s,
                            rest_from_terms)
+from .relax import Compiled
 
 STEPS = 200
 STARTS = 16
@@ -134,7 +135,7 @@ def _solver(p: int):
                                  jnp.arange(STEPS, dtype=DTYPE))
         return jax.vmap(_decode, in_axes=(0, None, None, None, None))(z, k, L, p, flags)
 
-    f = jax.jit(solve, compiler_options=compile_options())
+    f = Compiled(jax.jit(solve, compiler_options=compile_options()), name=f"layout-solver-{p}")
     _CACHE[("solve", p)] = f
     return f
 
@@ -144,7 +145,8 @@ def _evaluator():
         def ev(layers, rec, k, n, rest, inp):
             return jax.vmap(lambda a, b: layout_step(k, n, a, b, rest, inp, breakdown=True))(
                 layers, rec)
-        _CACHE["eval"] = jax.jit(ev, compiler_options=compile_options())
+        _CACHE["eval"] = Compiled(jax.jit(ev, compiler_options=compile_options()),
+                                  name="layout-evaluator")
     return _CACHE["eval"]
 
 
