@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,7 @@ from .._jaxcache import compile_options
 from .._specs import Config
 from ..cost._inputs import Knobs, knobs_from_config
 from ..cost.estimate import Estimate, estimate_numbers
+from ._compiled import Compiled
 from ._space import Lattice
 
 SECONDS_PER_HOUR = 3600.0
@@ -38,7 +41,7 @@ def _eval_batch_impl(k: Knobs, n: dict, mode_cost, full: bool):
     return jax.vmap(one)(k)
 
 
-_JITTED: list = []
+_PROGRAMS: dict = {}
 _SIZES: set = set()      # padded batch sizes compiled so far
 
 
@@ -46,11 +49,14 @@ def _eval_batch(k: Knobs, n: dict, mode_cost):
     """(columns or batched `Estimate`, objective) of every row of ``k``: one compiled program
     per padded batch size. The small batch returns every term, so one program both ranks
     configs and gives the reported plans their terms; the large one only the columns."""
-    if not _JITTED:     # built on first use: the backend decides the compiler options
-        _JITTED.append(jax.jit(_eval_batch_impl, compiler_options=compile_options(),
-                               static_argnums=3))
     size = int(k.dp.shape[0])
-    out = _JITTED[0](k, n, mode_cost, size <= CHUNKS[0])
+    full = size <= CHUNKS[0]
+    if full not in _PROGRAMS:     # built on first use: the backend decides the options
+        _PROGRAMS[full] = Compiled(
+            jax.jit(functools.partial(_eval_batch_impl, full=full),
+                    compiler_options=compile_options()),
+            name="evaluator-" + ("terms" if full else "columns"))
+    out = _PROGRAMS[full](k, n, mode_cost)
     _SIZES.add(size)
     return out
 

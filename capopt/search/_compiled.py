@@ -1,0 +1,67 @@
+"""`Compiled`: a jitted program compiled ahead of time per argument shape, optionally cached
+whole on disk (`capopt._jaxcache`)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _jaxcache
+
+
+class Compiled:
+    """A jitted function compiled ahead of time, once per shape of its arguments.
+
+    ``on_traced`` runs between tracing and XLA's compilation: other Python work started there
+    (another program's tracing) overlaps the compilation, which releases the GIL, instead of
+    contending with the tracing, which holds it. A ``name`` puts the executables in the
+    on-disk ahead-of-time cache (`capopt._jaxcache.load_program`): a later process with the
+    same code and argument shapes loads one without tracing.
+    """
+
+    def __init__(self, jitted, name: str | None = None):
+        self.jitted = jitted
+        self.name = name
+        self._exe: dict = {}
+        self.loaded_from_disk = 0        # how many executables came from the disk cache
+
+    @staticmethod
+    def signature(args) -> tuple:
+        """What one compiled program is specialised to: the arguments' tree, shapes, dtypes
+        and weak types."""
+        leaves, tree = jax.tree.flatten(args)
+        return (tree, tuple((np.shape(x), jnp.result_type(x), getattr(x, "weak_type", False))
+                            for x in leaves))
+
+    def __call__(self, *args, on_traced=None):
+        key = self.signature(args)
+        exe = self._exe.get(key)
+        if exe is None and self.name is not None and _jaxcache.has_program(self.name,
+                                                                           repr(key)):
+            if on_traced is not None:      # loading overlaps the other work too
+                on_traced()
+                on_traced = None
+            exe = _jaxcache.load_program(self.name, repr(key))
+            if exe is not None:
+                self._exe[key] = exe
+                self.loaded_from_disk += 1
+        if exe is None:
+            lowered = self.jitted.trace(*args).lower()
+            if on_traced is not None:
+                on_traced()
+                on_traced = None
+            if self.name is None:
+                exe = lowered.compile()
+            else:
+                with _jaxcache.without_jax_cache_writes():     # cached whole instead
+                    exe = lowered.compile()
+                _jaxcache.store_program(self.name, repr(key), exe)
+            self._exe[key] = exe
+        elif on_traced is not None:
+            on_traced()
+        return exe(*args)
+
+    def cache_size(self) -> int:
+        """Programs compiled or loaded so far (one per argument shape)."""
+        return len(self._exe)
