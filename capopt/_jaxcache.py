@@ -210,15 +210,46 @@ def wait_for_writes() -> None:
         _WRITERS.pop().join()
 
 
-def without_jax_cache_writes():
-    """A context in which this thread's compilations skip JAX's own persistent-cache write
-    (for programs that `store_program` caches whole); a no-op context where JAX offers none."""
+def discard_program(name: str, signature: str) -> None:
+    path = program_path(name, signature)
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+_TLS = threading.local()
+_LISTENING: list[bool] = []
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+def _on_event(event: str, **_) -> None:
+    if event == CACHE_HIT_EVENT and getattr(_TLS, "watching", False):
+        _TLS.hit = True
+
+
+def compile_for_cache(lowered):
+    """Compile ``lowered`` for `store_program`: (executable, fresh). ``fresh`` is False when
+    JAX's own persistent cache supplied the executable: XLA:CPU cannot serialise one that was
+    itself deserialised (its kernels are missing when it is loaded again), so such an
+    executable is used but not stored. JAX's cache does not write these programs either (they
+    are cached whole), where JAX lets a thread say so."""
     import contextlib
+
+    import jax
+    if not _LISTENING:
+        jax.monitoring.register_event_listener(_on_event)
+        _LISTENING.append(True)
     try:
         from jax._src import config as jax_config
-        return jax_config.persistent_cache_min_compile_time_secs(float("inf"))
+        no_writes = jax_config.persistent_cache_min_compile_time_secs(float("inf"))
     except (ImportError, AttributeError, TypeError):
-        return contextlib.nullcontext()
+        no_writes = contextlib.nullcontext()
+    _TLS.watching, _TLS.hit = True, False
+    try:
+        with no_writes:
+            exe = lowered.compile()
+    finally:
+        _TLS.watching = False
+    return exe, not _TLS.hit
 
 
 def compile_options() -> dict | None:

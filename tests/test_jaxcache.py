@@ -104,3 +104,35 @@ def test_old_entries_of_a_program_are_pruned(cache_dir, monkeypatch):
     newest = _program()
     newest(*_args())
     assert newest.loaded_from_disk == 1          # the newest is still there
+
+
+def test_an_executable_from_jaxs_own_cache_is_used_but_not_stored(cache_dir):
+    # XLA:CPU cannot serialise an executable that was itself deserialised: stored again, it
+    # would lack its kernels. A compilation during which JAX reports a cache hit is not stored.
+    real = jax.jit(lambda x: x + 1.0).trace(jnp.arange(3.0)).lower()
+
+    class FromJaxsCache:
+        def compile(self):
+            jax.monitoring.record_event(_jaxcache.CACHE_HIT_EVENT)
+            return real.compile()
+
+    exe, fresh = _jaxcache.compile_for_cache(FromJaxsCache())
+    assert not fresh
+    np.testing.assert_array_equal(np.asarray(exe(jnp.arange(3.0))), [1.0, 2.0, 3.0])
+    exe, fresh = _jaxcache.compile_for_cache(real)
+    assert fresh
+
+
+def test_an_entry_that_fails_to_run_is_discarded_and_compiled(cache_dir, monkeypatch):
+    _program()(*_args())
+    _jaxcache.wait_for_writes()
+
+    def broken(*_):
+        raise RuntimeError("NOT_FOUND: Function fusion not found")
+    monkeypatch.setattr(_jaxcache, "load_program", lambda *_: broken)
+    again = _program()
+    np.testing.assert_array_equal(np.asarray(again(*_args())["y"]), [1.0, 3.0, 5.0, 7.0])
+    assert again.loaded_from_disk == 0
+    assert not list((cache_dir / "aot").glob("test-program-*.pkl"))     # discarded
+    _jaxcache.wait_for_writes()
+    assert len(list((cache_dir / "aot").glob("test-program-*.pkl"))) == 1   # compiled afresh

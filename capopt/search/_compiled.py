@@ -37,29 +37,35 @@ class Compiled:
     def __call__(self, *args, on_traced=None):
         key = self.signature(args)
         exe = self._exe.get(key)
-        if exe is None and self.name is not None and _jaxcache.has_program(self.name,
-                                                                           repr(key)):
+        if exe is not None:
+            if on_traced is not None:
+                on_traced()
+            return exe(*args)
+        signature = repr(key)
+        if self.name is not None and _jaxcache.has_program(self.name, signature):
             if on_traced is not None:      # loading overlaps the other work too
                 on_traced()
                 on_traced = None
-            exe = _jaxcache.load_program(self.name, repr(key))
+            exe = _jaxcache.load_program(self.name, signature)
             if exe is not None:
-                self._exe[key] = exe
-                self.loaded_from_disk += 1
-        if exe is None:
-            lowered = self.jitted.trace(*args).lower()
-            if on_traced is not None:
-                on_traced()
-                on_traced = None
-            if self.name is None:
-                exe = lowered.compile()
-            else:
-                with _jaxcache.without_jax_cache_writes():     # cached whole instead
-                    exe = lowered.compile()
-                _jaxcache.store_program(self.name, repr(key), exe)
-            self._exe[key] = exe
-        elif on_traced is not None:
+                try:    # a broken entry fails on its first run, loudly: then it is compiled
+                    out = jax.block_until_ready(exe(*args))
+                except Exception:   # noqa: BLE001
+                    _jaxcache.discard_program(self.name, signature)
+                else:
+                    self._exe[key] = exe
+                    self.loaded_from_disk += 1
+                    return out
+        lowered = self.jitted.trace(*args).lower()
+        if on_traced is not None:
             on_traced()
+        if self.name is None:
+            exe = lowered.compile()
+        else:
+            exe, fresh = _jaxcache.compile_for_cache(lowered)
+            if fresh:
+                _jaxcache.store_program(self.name, signature, exe)
+        self._exe[key] = exe
         return exe(*args)
 
     def cache_size(self) -> int:
