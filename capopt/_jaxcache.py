@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import logging
 import os
 import pickle
 import sys
@@ -39,7 +40,7 @@ def cache_root() -> Path | None:
     path = Path(target) if target else Path(os.environ.get(
         "XDG_CACHE_HOME", Path.home() / ".cache")) / "capopt" / "xla"
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:
         return None
     return path
@@ -60,12 +61,43 @@ def enable() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
 
 
+def compile_options() -> dict | None:
+    """XLA options for capopt's own small programs on the CPU backend.
+
+    The solver is a few thousand scalar operations inside a scan; XLA:CPU's fusion emitters
+    and full LLVM optimisation spend seconds on it for no measurable run-time gain (the warm
+    solve stays well under a second). Dropping them cuts compilation about threefold. Other
+    backends keep their defaults.
+    """
+    import jax
+    if jax.default_backend() != "cpu" or os.environ.get("CAPOPT_XLA_DEFAULTS"):
+        return None
+    return {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+
+
 # --------------------------------------------------------------------------------------------
 # Ahead-of-time executables
 # --------------------------------------------------------------------------------------------
-AOT_FORMAT = 1          # bump when the entry layout changes
-_FINGERPRINT: list[str] = []
+AOT_FORMAT = 2          # bump when the entry layout or the key changes
+_FIXED: list[str] = []
+_SOURCE: list[str] = []
 _WRITERS: list[threading.Thread] = []
+_log = logging.getLogger("capopt")
+
+
+def source_hash() -> str:
+    """A hash of capopt's source files as they are on disk now."""
+    h = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+# Taken when capopt is imported, i.e. of the code this process runs: a file edited while it
+# runs must not label this process's programs (`_write` checks the hash again).
+_SOURCE.append(source_hash())
 
 
 def _cpu_flags() -> str:
@@ -80,33 +112,40 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def _fixed_part() -> str:
+    """What cannot change while a process runs: source, versions, backend, host."""
+    if not _FIXED:
+        import platform
+
+        import jax
+        import jaxlib
+        import optax
+        devices = jax.devices()
+        parts = [f"format {AOT_FORMAT}", _SOURCE[0], jax.__version__, jaxlib.__version__,
+                 optax.__version__, sys.version, platform.machine(), _cpu_flags(),
+                 jax.default_backend(), getattr(devices[0].client, "platform_version", ""),
+                 repr(sorted({d.device_kind for d in devices})), repr(len(devices)),
+                 repr(compile_options()), os.environ.get("XLA_FLAGS", "")]
+        _FIXED.append(hashlib.sha256("\n".join(parts).encode()).hexdigest())
+    return _FIXED[0]
+
+
 def fingerprint() -> str:
     """A hash of everything besides a program's name and argument shapes that its compiled
-    executable depends on (computed once per process)."""
-    if _FINGERPRINT:
-        return _FINGERPRINT[0]
-    import platform
-
+    executable depends on: capopt's source as imported, the JAX, jaxlib, optax and Python
+    versions, the backend and its devices, the host CPU, compiler options, ``XLA_FLAGS``, and
+    JAX's configuration as it is now (less its cache settings, which change no program)."""
     import jax
-    import jaxlib
-    h = hashlib.sha256()
-    package = Path(__file__).resolve().parent
-    for path in sorted(package.rglob("*.py")):
-        h.update(str(path.relative_to(package)).encode())
-        h.update(path.read_bytes())
-    devices = jax.devices()
-    parts = [f"format {AOT_FORMAT}", jax.__version__, jaxlib.__version__, sys.version,
-             platform.machine(), _cpu_flags(), jax.default_backend(),
-             getattr(devices[0].client, "platform_version", ""),
-             repr(sorted({d.device_kind for d in devices})), repr(len(devices)),
-             repr(compile_options()), os.environ.get("XLA_FLAGS", ""),
-             # JAX's configuration, less the cache settings (they change no program)
-             repr(sorted((k, repr(v)) for k, v in jax.config.values.items()
-                         if "cache" not in k))]
-    for part in parts:
-        h.update(part.encode())
-    _FINGERPRINT.append(h.hexdigest())
-    return _FINGERPRINT[0]
+    config = repr(sorted((k, repr(v)) for k, v in jax.config.values.items()
+                         if "cache" not in k))
+    return hashlib.sha256(f"{_fixed_part()}\n{config}".encode()).hexdigest()
+
+
+def program_label(name: str) -> str:
+    """The name a cached program is compiled under (its HLO module name): it carries the
+    fixed part of the fingerprint, so JAX's own persistent cache, whose key starts with the
+    module name, never holds an entry for it from other code (see `compile_for_cache`)."""
+    return f"capopt_{name.replace('-', '_')}_{_fixed_part()[:12]}"
 
 
 def program_path(name: str, signature: str) -> Path | None:
@@ -139,21 +178,35 @@ def load_program(name: str, signature: str):
         return None
 
 
+def discard_program(name: str, signature: str, why: str) -> None:
+    """Remove an entry that loaded but failed to run (and say so: it should not happen)."""
+    path = program_path(name, signature)
+    if path is not None:
+        path.unlink(missing_ok=True)
+        _log.warning("capopt: discarded the cached program %s (%s); compiling it again",
+                     path.name, why.splitlines()[0] if why else "failed to run")
+
+
 def store_program(name: str, signature: str, compiled) -> None:
     """Queue ``compiled`` for the cache. Serialising the solver takes 0.2 s and holds the GIL,
     which would stall the search that is waiting for its answer, so entries are written at
-    exit (after the answer is printed) or when a long-lived process calls `flush_writes`."""
+    exit (after the answer is printed) or when a long-lived process calls `flush_writes`.
+    A program queued twice is written once."""
     path = program_path(name, signature)
-    if path is not None:
-        with _LOCK:
-            _PENDING.append((name, path, compiled))
+    if path is None:
+        return
+    with _LOCK:
+        if not _AT_EXIT:        # registered after JAX's own exit handler: runs before it
+            atexit.register(_write_at_exit)
+            _AT_EXIT.append(True)
+        _PENDING[path] = (name, compiled)
 
 
 def flush_writes() -> None:
     """Write the queued entries on a background thread (Python joins it at exit, so a
     short-lived process still finishes them)."""
     with _LOCK:
-        jobs = list(_PENDING)
+        jobs = list(_PENDING.items())
         _PENDING.clear()
     if jobs:
         thread = threading.Thread(target=_write, args=(jobs,), name="capopt-cache-write",
@@ -162,33 +215,38 @@ def flush_writes() -> None:
         _WRITERS.append(thread)
 
 
-def _write(jobs: list[tuple]) -> None:
-    """Each entry to a temporary file, then renamed: readers never see part of one."""
+def _write(jobs: list) -> None:
+    """Each entry to a temporary file, then renamed: readers never see part of one. Nothing
+    is written if capopt's source changed on disk since this process imported it."""
+    if not jobs or source_hash() != _SOURCE[0]:
+        return
     from jax.experimental.serialize_executable import serialize
-    for name, path, compiled in jobs:
+    for path, (name, compiled) in jobs:
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             blob = pickle.dumps(serialize(compiled))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp.write_bytes(blob)
             os.replace(tmp, path)
             _prune(path.parent, name)
         except Exception:   # noqa: BLE001 - caching is an optimisation only
             pass
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def _write_at_exit() -> None:
     """What is still queued at exit is written here, on the exiting thread (no new threads
     may start while the interpreter shuts down)."""
     with _LOCK:
-        jobs = list(_PENDING)
+        jobs = list(_PENDING.items())
         _PENDING.clear()
     _write(jobs)
 
 
 _LOCK = threading.Lock()
-_PENDING: list[tuple] = []
-atexit.register(_write_at_exit)
+_PENDING: dict = {}
+_AT_EXIT: list[bool] = []
 
 
 KEEP_PER_NAME = 8      # entries kept per program name, most recently used first
@@ -197,7 +255,7 @@ KEEP_PER_NAME = 8      # entries kept per program name, most recently used first
 def _prune(folder: Path, name: str) -> None:
     """Drop all but the `KEEP_PER_NAME` most recently used entries of ``name``: every change
     to capopt's source or to JAX makes new ones (about 4 MB each for the solver)."""
-    entries = sorted(folder.glob(f"{name}-*.pkl"), key=lambda p: p.stat().st_mtime,
+    entries = sorted(folder.glob(f"{name}-*.pkl"), key=lambda p: p.stat().st_mtime_ns,
                      reverse=True)
     for old in entries[KEEP_PER_NAME:]:
         old.unlink(missing_ok=True)
@@ -208,12 +266,6 @@ def wait_for_writes() -> None:
     flush_writes()
     while _WRITERS:
         _WRITERS.pop().join()
-
-
-def discard_program(name: str, signature: str) -> None:
-    path = program_path(name, signature)
-    if path is not None:
-        path.unlink(missing_ok=True)
 
 
 _TLS = threading.local()
@@ -230,14 +282,16 @@ def compile_for_cache(lowered):
     """Compile ``lowered`` for `store_program`: (executable, fresh). ``fresh`` is False when
     JAX's own persistent cache supplied the executable: XLA:CPU cannot serialise one that was
     itself deserialised (its kernels are missing when it is loaded again), so such an
-    executable is used but not stored. JAX's cache does not write these programs either (they
-    are cached whole), where JAX lets a thread say so."""
+    executable is used but not stored. (`program_label` keeps JAX's cache from holding these
+    programs in the first place; this is the safety net.) JAX's cache does not write them
+    either, where JAX lets a thread say so."""
     import contextlib
 
     import jax
-    if not _LISTENING:
-        jax.monitoring.register_event_listener(_on_event)
-        _LISTENING.append(True)
+    with _LOCK:
+        if not _LISTENING:
+            jax.monitoring.register_event_listener(_on_event)
+            _LISTENING.append(True)
     try:
         from jax._src import config as jax_config
         no_writes = jax_config.persistent_cache_min_compile_time_secs(float("inf"))
@@ -250,17 +304,3 @@ def compile_for_cache(lowered):
     finally:
         _TLS.watching = False
     return exe, not _TLS.hit
-
-
-def compile_options() -> dict | None:
-    """XLA options for capopt's own small programs on the CPU backend.
-
-    The solver is a few thousand scalar operations inside a scan; XLA:CPU's fusion emitters
-    and full LLVM optimisation spend seconds on it for no measurable run-time gain (the warm
-    solve stays well under a second). Dropping them cuts compilation about threefold. Other
-    backends keep their defaults.
-    """
-    import jax
-    if jax.default_backend() != "cpu" or os.environ.get("CAPOPT_XLA_DEFAULTS"):
-        return None
-    return {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}

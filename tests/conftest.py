@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# compiled programs go to a cache of this session's own: results never depend on what an
+# earlier run left in ~/.cache/capopt
+os.environ.setdefault("CAPOPT_CACHE_DIR", tempfile.mkdtemp(prefix="capopt-test-cache-"))
 
 import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402

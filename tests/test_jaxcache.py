@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +25,7 @@ def cache_dir(tmp_path, monkeypatch):
 
 
 def _program(name="test-program"):
-    return Compiled(jax.jit(lambda x, d: {"y": x * d["a"] + d["b"]}), name=name)
+    return Compiled(lambda x, d: {"y": x * d["a"] + d["b"]}, name=name)
 
 
 def _args():
@@ -61,15 +65,21 @@ def test_the_solver_loaded_from_disk_gives_the_same_solution(cache_dir):
 def test_other_shapes_names_or_code_miss(cache_dir, monkeypatch):
     _program()(*_args())
     _jaxcache.wait_for_writes()
+    same = _program()
+    same(*_args())
     longer = _program()
     longer(jnp.arange(5.0), _args()[1])                 # another argument shape
     other = _program(name="another-program")
     other(*_args())
-    monkeypatch.setattr(_jaxcache, "_FINGERPRINT", ["different source or versions"])
+    monkeypatch.setattr(_jaxcache, "_FIXED", ["different source or versions"])
     changed = _program()
     changed(*_args())
-    assert (longer.loaded_from_disk, other.loaded_from_disk, changed.loaded_from_disk) == (
-        0, 0, 0)
+    with jax.default_matmul_precision("highest"):       # another JAX configuration
+        configured = _program()
+        configured(*_args())
+    assert same.loaded_from_disk == 1
+    assert (longer.loaded_from_disk, other.loaded_from_disk, changed.loaded_from_disk,
+            configured.loaded_from_disk) == (0, 0, 0, 0)
 
 
 def test_an_unreadable_entry_is_compiled_again(cache_dir):
@@ -97,9 +107,12 @@ def test_an_empty_cache_dir_setting_turns_the_cache_off(monkeypatch, tmp_path):
 def test_old_entries_of_a_program_are_pruned(cache_dir, monkeypatch):
     monkeypatch.setattr(_jaxcache, "KEEP_PER_NAME", 2)
     for i in range(4):                       # four versions of the code, one entry each
-        monkeypatch.setattr(_jaxcache, "_FINGERPRINT", [f"version {i}"])
+        monkeypatch.setattr(_jaxcache, "_FIXED", [f"version {i}"])
         _program()(*_args())
         _jaxcache.wait_for_writes()
+        for entry in (cache_dir / "aot").glob("test-program-*.pkl"):   # older: used earlier
+            st = entry.stat()
+            os.utime(entry, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))
     assert len(list((cache_dir / "aot").glob("test-program-*.pkl"))) == 2
     newest = _program()
     newest(*_args())
@@ -128,7 +141,7 @@ def test_an_entry_that_fails_to_run_is_discarded_and_compiled(cache_dir, monkeyp
     _jaxcache.wait_for_writes()
 
     def broken(*_):
-        raise RuntimeError("NOT_FOUND: Function fusion not found")
+        raise jax.errors.JaxRuntimeError("NOT_FOUND: Function fusion not found")
     monkeypatch.setattr(_jaxcache, "load_program", lambda *_: broken)
     again = _program()
     np.testing.assert_array_equal(np.asarray(again(*_args())["y"]), [1.0, 3.0, 5.0, 7.0])
@@ -136,3 +149,32 @@ def test_an_entry_that_fails_to_run_is_discarded_and_compiled(cache_dir, monkeyp
     assert not list((cache_dir / "aot").glob("test-program-*.pkl"))     # discarded
     _jaxcache.wait_for_writes()
     assert len(list((cache_dir / "aot").glob("test-program-*.pkl"))) == 1   # compiled afresh
+
+
+CHILD = """
+import jax
+import jax.numpy as jnp
+from capopt import _jaxcache
+from capopt.search._compiled import Compiled
+_jaxcache.enable()
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)   # JAX caches all
+def plain_control(x):
+    return jnp.cos(x) + 1.0
+jax.jit(plain_control)(jnp.arange(4.0)).block_until_ready()       # JAX's cache writes this
+program = Compiled(lambda x: jnp.sin(x) * 2.0, name="child-program")
+print(float(program(jnp.arange(4.0)).sum()), program.loaded_from_disk)
+"""
+
+
+def test_a_program_written_at_exit_is_loaded_by_the_next_process(tmp_path):
+    """The real path: the first process compiles and writes at exit (not before); the next
+    loads the executable; JAX's own cache holds no copy of the program."""
+    env = dict(os.environ, CAPOPT_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    runs = [subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                           text=True, check=True).stdout.split() for _ in range(2)]
+    assert runs[0][0] == runs[1][0]                       # the same result
+    assert (runs[0][1], runs[1][1]) == ("0", "1")         # compiled, then loaded
+    assert len(list((tmp_path / "aot").glob("child-program-*.pkl"))) == 1
+    jax_entries = [p.name for p in tmp_path.iterdir() if p.is_file()]
+    assert any("plain_control" in name for name in jax_entries)          # the control
+    assert not any("child_program" in name for name in jax_entries)

@@ -1,7 +1,9 @@
-"""`Compiled`: a jitted program compiled ahead of time per argument shape, optionally cached
-whole on disk (`capopt._jaxcache`)."""
+"""`Compiled`: a function jitted and compiled ahead of time per argument shape, optionally
+cached whole on disk (`capopt._jaxcache`)."""
 
 from __future__ import annotations
+
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -11,19 +13,29 @@ from .. import _jaxcache
 
 
 class Compiled:
-    """A jitted function compiled ahead of time, once per shape of its arguments.
+    """``fn`` under `jax.jit` (with ``jit_options``), compiled ahead of time, once per shape of
+    its arguments.
 
     ``on_traced`` runs between tracing and XLA's compilation: other Python work started there
     (another program's tracing) overlaps the compilation, which releases the GIL, instead of
     contending with the tracing, which holds it. A ``name`` puts the executables in the
     on-disk ahead-of-time cache (`capopt._jaxcache.load_program`): a later process with the
-    same code and argument shapes loads one without tracing.
+    same code and argument shapes loads one without tracing. Threads calling one `Compiled`
+    with new shapes take turns: each program is built once.
     """
 
-    def __init__(self, jitted, name: str | None = None):
-        self.jitted = jitted
+    def __init__(self, fn, name: str | None = None, **jit_options):
+        if name is not None:
+            body = fn
+
+            def fn(*args):
+                return body(*args)
+            # the program's (HLO module's) name: see `capopt._jaxcache.program_label`
+            fn.__name__ = fn.__qualname__ = _jaxcache.program_label(name)
+        self.jitted = jax.jit(fn, **jit_options)
         self.name = name
         self._exe: dict = {}
+        self._lock = threading.RLock()
         self.loaded_from_disk = 0        # how many executables came from the disk cache
 
     @staticmethod
@@ -37,10 +49,22 @@ class Compiled:
     def __call__(self, *args, on_traced=None):
         key = self.signature(args)
         exe = self._exe.get(key)
-        if exe is not None:
-            if on_traced is not None:
-                on_traced()
-            return exe(*args)
+        if exe is None:
+            with self._lock:
+                exe = self._exe.get(key)
+                if exe is None:
+                    exe, out = self._build(key, args, on_traced)
+                    self._exe[key] = exe
+                    if out is not None:
+                        return out
+                    on_traced = None        # `_build` called it
+        if on_traced is not None:
+            on_traced()
+        return exe(*args)
+
+    def _build(self, key, args, on_traced):
+        """(executable, its result on ``args`` or None): loaded from disk when the cache has
+        it, else traced and compiled. Calls ``on_traced`` exactly once."""
         signature = repr(key)
         if self.name is not None and _jaxcache.has_program(self.name, signature):
             if on_traced is not None:      # loading overlaps the other work too
@@ -50,23 +74,20 @@ class Compiled:
             if exe is not None:
                 try:    # a broken entry fails on its first run, loudly: then it is compiled
                     out = jax.block_until_ready(exe(*args))
-                except Exception:   # noqa: BLE001
-                    _jaxcache.discard_program(self.name, signature)
+                except jax.errors.JaxRuntimeError as e:
+                    _jaxcache.discard_program(self.name, signature, str(e))
                 else:
-                    self._exe[key] = exe
                     self.loaded_from_disk += 1
-                    return out
+                    return exe, out
         lowered = self.jitted.trace(*args).lower()
         if on_traced is not None:
             on_traced()
         if self.name is None:
-            exe = lowered.compile()
-        else:
-            exe, fresh = _jaxcache.compile_for_cache(lowered)
-            if fresh:
-                _jaxcache.store_program(self.name, signature, exe)
-        self._exe[key] = exe
-        return exe(*args)
+            return lowered.compile(), None
+        exe, fresh = _jaxcache.compile_for_cache(lowered)
+        if fresh:
+            _jaxcache.store_program(self.name, signature, exe)
+        return exe, None
 
     def cache_size(self) -> int:
         """Programs compiled or loaded so far (one per argument shape)."""

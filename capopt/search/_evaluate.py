@@ -52,10 +52,10 @@ def _eval_batch(k: Knobs, n: dict, mode_cost):
     size = int(k.dp.shape[0])
     full = size <= CHUNKS[0]
     if full not in _PROGRAMS:     # built on first use: the backend decides the options
-        _PROGRAMS[full] = Compiled(
-            jax.jit(functools.partial(_eval_batch_impl, full=full),
-                    compiler_options=compile_options()),
-            name="evaluator-" + ("terms" if full else "columns"))
+        _PROGRAMS.setdefault(full, Compiled(
+            functools.partial(_eval_batch_impl, full=full),
+            name="evaluator-" + ("terms" if full else "columns"),
+            compiler_options=compile_options()))
     out = _PROGRAMS[full](k, n, mode_cost)
     _SIZES.add(size)
     return out

@@ -167,8 +167,9 @@ def make_solver(optimizer: optax.GradientTransformation | None = None, steps: in
         return SolveResult(x, loss, over, obj, mult)
 
     # the default optimizer is part of the source: its programs can be cached whole on disk
-    name = f"solver-{steps}-{mu0:g}-{mu1:g}" if optimizer is None else None
-    return Compiled(jax.jit(solve, compiler_options=compile_options()), name=name)
+    name = (f"solver-{steps}-{float(mu0)!r}-{float(mu1)!r}".replace(".", "p")
+            if optimizer is None else None)
+    return Compiled(solve, name=name, compiler_options=compile_options())
 
 
 _JITTED: dict = {}

@@ -135,7 +135,7 @@ def _solver(p: int):
                                  jnp.arange(STEPS, dtype=DTYPE))
         return jax.vmap(_decode, in_axes=(0, None, None, None, None))(z, k, L, p, flags)
 
-    f = Compiled(jax.jit(solve, compiler_options=compile_options()), name=f"layout-solver-{p}")
+    f = Compiled(solve, name=f"layout-solver-{p}", compiler_options=compile_options())
     _CACHE[("solve", p)] = f
     return f
 
@@ -145,8 +145,8 @@ def _evaluator():
         def ev(layers, rec, k, n, rest, inp):
             return jax.vmap(lambda a, b: layout_step(k, n, a, b, rest, inp, breakdown=True))(
                 layers, rec)
-        _CACHE["eval"] = Compiled(jax.jit(ev, compiler_options=compile_options()),
-                                  name="layout-evaluator")
+        _CACHE["eval"] = Compiled(ev, name="layout-evaluator",
+                                  compiler_options=compile_options())
     return _CACHE["eval"]
 
 
