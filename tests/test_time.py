@@ -832,3 +832,36 @@ def test_selective_recompute_time_follows_what_the_policy_saves(runtime, costs_t
         assert sel > none * 1.1
     else:
         assert sel == pytest.approx(none, rel=1e-6)
+
+
+def test_the_step_terms_add_up_to_the_step():
+    # STEP_TERMS is what `why_lost` compares and what the plan table sums: their sum is the
+    # step unless the input pipeline is slower. float32 sums of up to ten terms in another
+    # order than the model's: relative error up to ~10 ulp, so rtol 1e-5.
+    from capopt._plan import plan
+    from capopt.cost.time import STEP_TERMS
+    sc = "scenarios/llama3-8b-8xh100.toml"
+    for knobs in (dict(micro_batch=2, dp=4, tp=2, zero_stage=2, remat="selective"),
+                  dict(micro_batch=1, dp=8, tp=1, zero_stage=3, remat="none"),
+                  dict(micro_batch=1, dp=2, tp=2, pp=2, zero_stage=1, remat="full")):
+        t = plan(sc, **knobs).time
+        busy = sum(t[k] for k in STEP_TERMS)
+        assert max(busy, t["input_s"]) == pytest.approx(t["step_s"], rel=1e-5)
+
+
+def test_why_the_runner_up_lost_names_only_terms_of_the_step():
+    # The default scenario's first two: the runner-up hides more communication than the best,
+    # which is not why it is slower; only terms that add up to the step may be named.
+    from capopt._plan import plan
+    from capopt.cost.time import STEP_TERMS
+    from capopt.search.optimize import why_lost
+    sc = "scenarios/llama3-8b-8xh100.toml"
+    best = plan(sc, micro_batch=2, dp=4, tp=2, zero_stage=2, sequence_parallel=True,
+                remat="selective")
+    other = plan(sc, micro_batch=1, dp=8, tp=1, zero_stage=3, sequence_parallel=False,
+                 remat="none")
+    assert other.time["comm_hidden_s"] > best.time["comm_hidden_s"]
+    text = why_lost(best, other)
+    named = [part.split(" +")[0] for part in text.split("(", 1)[1].rstrip(")").split("; ")]
+    allowed = {k[:-2].replace("_", " ") for k in STEP_TERMS}
+    assert named and set(named) <= allowed, text

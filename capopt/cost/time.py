@@ -63,6 +63,11 @@ from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import expert_layer_params, shard, stage_params, step_at_least
 
 KINDS = ("dp", "zero", "tp", "pp", "moe")
+# The time terms that add up to the step (unless a slower input pipeline sets it): exposed
+# communication by kind; hidden communication, gradient accumulation and kernel launches are
+# not among them (the first costs nothing, the others are parts of memory_bound_s).
+STEP_TERMS = ("compute_s", "memory_bound_s", *(f"comm_{k}_s" for k in KINDS), "bubble_s",
+              "optimizer_s", "offload_s")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,7 +481,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     return time, throughput
 
 
-__all__ = ["KINDS", "accum_adds", "accum_bytes_per_param", "end_stage_extras", "end_stages",
+__all__ = ["KINDS", "STEP_TERMS", "accum_adds", "accum_bytes_per_param", "end_stage_extras", "end_stages",
            "launch_exposed",
            "memory_bound_times", "smooth_max", "stage_grad_elems", "stage_kernels", "stage_time",
            "time_terms"]

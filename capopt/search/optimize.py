@@ -17,6 +17,7 @@ from .._scenario import load_scenario
 from .._specs import Scenario
 from ..cost import numbers_pytree
 from ..cost.estimate import Estimate
+from ..cost.time import STEP_TERMS
 from ._evaluate import CHUNKS, compiled_sizes, evaluate
 from ._evaluate import estimates as _estimates
 from ._space import COLUMNS, Lattice, Space, build_lattice, factorizations
@@ -332,8 +333,7 @@ def why_lost(best: Plan, other: Plan) -> str:
     a, b = best.config.to_dict(), other.config.to_dict()
     diff = ", ".join(f"{k} {a[k]}->{b[k]}" for k in a if a[k] != b[k])
     ta, tb = best.time, other.time
-    deltas = sorted(((tb[k] - ta[k], k) for k in ta if k.endswith("_s") and k != "step_s"),
-                    reverse=True)
+    deltas = sorted(((tb[k] - ta[k], k) for k in STEP_TERMS), reverse=True)
     grew = [f"{k[:-2].replace('_', ' ')} +{seconds(d)}" for d, k in deltas[:2] if d > 0]
     slower = 100 * (1 - other.throughput["tokens_per_s"] / best.throughput["tokens_per_s"])
     return (f"{diff or 'same knobs'}: {slower:.1f}% slower"
