@@ -55,36 +55,21 @@ def _in_background(fn, *args):
     return _POOL[0].submit(fn, *args)
 
 
-def _warm_jobs(sc: Scenario, space: Space, n, mode, x0, bounds) -> dict[str, tuple]:
-    """What to compile on the worker threads while the solver compiles: the batch evaluator
-    (unless compiled) and, for uneven stage layouts, the layout programs of the pipeline depth
-    when the scenario allows just one (they are compiled per depth)."""
-    jobs = {}
-    if CHUNKS[0] not in compiled_sizes():
-        jobs["evaluator"] = (_warm, space, n, mode, x0, bounds)
+def _warm_up(sc: Scenario, space: Space, n, mode, x0, bounds):
+    """On a worker thread, while the solver compiles: start the layout programs of the
+    pipeline depth (when the scenario asks for uneven stages and allows one depth >= 2; they
+    are compiled per depth) on the other worker, and compile the batch evaluator here unless it
+    is. Returns the layout job's future (or None). Deciding runs here too, so the main thread
+    goes straight from tracing the solver to compiling it."""
+    layouts = None
     if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
-        from .stages import warm as warm_layouts
         pps = sorted({f[2] for f in factorizations(sc)} - {1})
         if len(pps) == 1:
-            lat = space.lattice(discretise(space, continuous_values(np.asarray(x0), bounds)))
-            cfg = next((lat.config(i) for i in range(len(lat))
-                        if lat.cols["pp"][i] == pps[0]), None)
-            if cfg is not None:
-                jobs["layouts"] = (warm_layouts, sc, n, cfg)
-    return jobs
-
-
-def _warm_up(sc: Scenario, space: Space, n, mode, x0, bounds):
-    """On a worker thread, while the solver compiles: decide what to warm (`_warm_jobs`), start
-    the layout programs on the other worker and compile the batch evaluator here. Returns the
-    layout job's future (or None). Deciding runs here too, so the main thread goes straight
-    from tracing the solver to compiling it."""
-    jobs = _warm_jobs(sc, space, n, mode, x0, bounds)
-    layouts = _in_background(*jobs["layouts"]) if "layouts" in jobs else None
-    if "evaluator" in jobs:
-        fn, *args = jobs["evaluator"]
+            from .stages import warm as warm_layouts
+            layouts = _in_background(warm_layouts, sc, n, pps[0])
+    if CHUNKS[0] not in compiled_sizes():
         try:
-            fn(*args)
+            _warm(space, n, mode, x0, bounds)
         except Exception:   # noqa: BLE001 - warming is an optimisation only
             pass
     return layouts

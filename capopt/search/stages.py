@@ -322,12 +322,12 @@ class LayoutProblem:
         return out
 
 
-def warm(sc: Scenario, n: dict, config: Config) -> None:
-    """Compile the layout programs for ``config``'s pipeline depth, the evaluator and the
-    solver, by running them once on placeholder inputs (they depend on the shapes only). Runs
-    on a worker thread while the main solve compiles."""
-    p, L = int(config.pp), float(sc.model.num_hidden_layers)
-    k = knobs_from_config(config)
+def warm(sc: Scenario, n: dict, p: int) -> None:
+    """Compile the layout programs of pipeline depth ``p``, the evaluator and the solver, by
+    running them once on placeholder inputs (they depend on the shapes only: any config of
+    that depth will do). Runs on a worker thread while the main solve compiles."""
+    L = float(sc.model.num_hidden_layers)
+    k = knobs_from_config(Config(micro_batch=1, grad_accum=1, dp=1, tp=1, pp=p))
     zero = jnp.zeros((), DTYPE)
     layers = jnp.full((128, p), L / p, DTYPE)
     jax.block_until_ready(_evaluator()(layers, layers * 0.0, k, n, zero, zero))
