@@ -11,7 +11,7 @@ so one compilation serves every later run. Two caches keep it:
   fingerprint of everything that could change the program (capopt's source files, the JAX,
   jaxlib and Python versions, the backend and its devices, the host CPU, compiler options,
   ``XLA_FLAGS`` and JAX's configuration), so a hit skips tracing as well. Entries are written
-  on a background thread after the program is compiled.
+  when the process exits.
 
 Both live under ``$XDG_CACHE_HOME/capopt/xla`` (``~/.cache/capopt/xla``). Set
 ``CAPOPT_CACHE_DIR`` to move them, or to an empty string to turn them off. Like JAX's cache,
@@ -81,7 +81,6 @@ def compile_options() -> dict | None:
 AOT_FORMAT = 2          # bump when the entry layout or the key changes
 _FIXED: list[str] = []
 _SOURCE: list[str] = []
-_WRITERS: list[threading.Thread] = []
 _log = logging.getLogger("capopt")
 
 
@@ -157,16 +156,10 @@ def program_path(name: str, signature: str) -> Path | None:
     return root / "aot" / f"{name}-{key[:40]}.pkl"
 
 
-def has_program(name: str, signature: str) -> bool:
-    path = program_path(name, signature)
-    return path is not None and path.exists()
-
-
-def load_program(name: str, signature: str):
-    """The cached executable (a `jax.stages.Compiled`), or None. An unreadable entry (a
-    partial write, another JAX) counts as a miss."""
-    path = program_path(name, signature)
-    if path is None or not path.exists():
+def load_program(path: Path):
+    """The executable cached at ``path`` (a `jax.stages.Compiled`), or None: missing, or
+    unreadable (a partial write, another JAX), which counts as a miss."""
+    if not path.exists():
         return None
     try:
         from jax.experimental.serialize_executable import deserialize_and_load
@@ -178,46 +171,32 @@ def load_program(name: str, signature: str):
         return None
 
 
-def discard_program(name: str, signature: str, why: str) -> None:
+def discard_program(path: Path, why: str) -> None:
     """Remove an entry that loaded but failed to run (and say so: it should not happen)."""
-    path = program_path(name, signature)
-    if path is not None:
-        path.unlink(missing_ok=True)
-        _log.warning("capopt: discarded the cached program %s (%s); compiling it again",
-                     path.name, why.splitlines()[0] if why else "failed to run")
+    path.unlink(missing_ok=True)
+    _log.warning("capopt: discarded the cached program %s (%s); compiling it again",
+                 path.name, why.splitlines()[0] if why else "failed to run")
 
 
-def store_program(name: str, signature: str, compiled) -> None:
-    """Queue ``compiled`` for the cache. Serialising the solver takes 0.2 s and holds the GIL,
-    which would stall the search that is waiting for its answer, so entries are written at
-    exit (after the answer is printed) or when a long-lived process calls `flush_writes`.
-    A program queued twice is written once."""
-    path = program_path(name, signature)
-    if path is None:
-        return
+def store_program(path: Path, name: str, compiled) -> None:
+    """Queue ``compiled`` (program ``name``) for ``path``. Serialising the solver takes 0.2 s
+    and holds the GIL, which would stall the search that is waiting for its answer, so entries
+    are written at exit (after the answer is printed) or when a long-lived process calls
+    `flush_writes`. A program queued twice is written once."""
     with _LOCK:
         if not _AT_EXIT:        # registered after JAX's own exit handler: runs before it
-            atexit.register(_write_at_exit)
+            atexit.register(flush_writes)
             _AT_EXIT.append(True)
         _PENDING[path] = (name, compiled)
 
 
 def flush_writes() -> None:
-    """Write the queued entries on a background thread (Python joins it at exit, so a
-    short-lived process still finishes them)."""
+    """Write the queued entries now, each to a temporary file that is then renamed (readers
+    never see part of one). Nothing is written if capopt's source changed on disk since this
+    process imported it. Runs at exit."""
     with _LOCK:
         jobs = list(_PENDING.items())
         _PENDING.clear()
-    if jobs:
-        thread = threading.Thread(target=_write, args=(jobs,), name="capopt-cache-write",
-                                  daemon=False)
-        thread.start()
-        _WRITERS.append(thread)
-
-
-def _write(jobs: list) -> None:
-    """Each entry to a temporary file, then renamed: readers never see part of one. Nothing
-    is written if capopt's source changed on disk since this process imported it."""
     if not jobs or source_hash() != _SOURCE[0]:
         return
     from jax.experimental.serialize_executable import serialize
@@ -235,15 +214,6 @@ def _write(jobs: list) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def _write_at_exit() -> None:
-    """What is still queued at exit is written here, on the exiting thread (no new threads
-    may start while the interpreter shuts down)."""
-    with _LOCK:
-        jobs = list(_PENDING.items())
-        _PENDING.clear()
-    _write(jobs)
-
-
 _LOCK = threading.Lock()
 _PENDING: dict = {}
 _AT_EXIT: list[bool] = []
@@ -259,13 +229,6 @@ def _prune(folder: Path, name: str) -> None:
                      reverse=True)
     for old in entries[KEEP_PER_NAME:]:
         old.unlink(missing_ok=True)
-
-
-def wait_for_writes() -> None:
-    """Write what is queued and block until every cache write has finished."""
-    flush_writes()
-    while _WRITERS:
-        _WRITERS.pop().join()
 
 
 _TLS = threading.local()

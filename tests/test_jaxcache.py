@@ -42,7 +42,7 @@ def _no_tracing(program):
 def test_a_named_program_is_loaded_from_disk_without_tracing(cache_dir):
     first = _program()
     want = first(*_args())["y"]
-    _jaxcache.wait_for_writes()
+    _jaxcache.flush_writes()
     assert len(list((cache_dir / "aot").glob("test-program-*.pkl"))) == 1
     second = _no_tracing(_program())
     got = second(*_args())["y"]
@@ -54,7 +54,7 @@ def test_the_solver_loaded_from_disk_gives_the_same_solution(cache_dir):
     sc = make_scenario(llama_like(), count=8)
     args = (initial_points(4, 0), numbers_pytree(sc), scenario_bounds(sc))
     want = make_solver(steps=20)(*args)
-    _jaxcache.wait_for_writes()
+    _jaxcache.flush_writes()
     loaded = _no_tracing(make_solver(steps=20))
     got = loaded(*args)
     assert loaded.loaded_from_disk == 1
@@ -64,7 +64,7 @@ def test_the_solver_loaded_from_disk_gives_the_same_solution(cache_dir):
 
 def test_other_shapes_names_or_code_miss(cache_dir, monkeypatch):
     _program()(*_args())
-    _jaxcache.wait_for_writes()
+    _jaxcache.flush_writes()
     same = _program()
     same(*_args())
     longer = _program()
@@ -84,22 +84,23 @@ def test_other_shapes_names_or_code_miss(cache_dir, monkeypatch):
 
 def test_an_unreadable_entry_is_compiled_again(cache_dir):
     _program()(*_args())
-    _jaxcache.wait_for_writes()
+    _jaxcache.flush_writes()
     (entry,) = (cache_dir / "aot").glob("test-program-*.pkl")
     entry.write_bytes(b"not an executable")
     again = _program()
     np.testing.assert_array_equal(np.asarray(again(*_args())["y"]), [1.0, 3.0, 5.0, 7.0])
     assert again.loaded_from_disk == 0
-    _jaxcache.wait_for_writes()
+    _jaxcache.flush_writes()
     assert _program()(*_args()) is not None and _jaxcache.load_program(
-        "test-program", repr(Compiled.signature(_args()))) is not None   # rewritten
+        _jaxcache.program_path("test-program", repr(Compiled.signature(_args())))
+    ) is not None   # rewritten
 
 
 def test_an_empty_cache_dir_setting_turns_the_cache_off(monkeypatch, tmp_path):
     monkeypatch.setenv("CAPOPT_CACHE_DIR", "")
     monkeypatch.chdir(tmp_path)
     _program()(*_args())
-    _jaxcache.wait_for_writes()
+    _jaxcache.flush_writes()
     assert _jaxcache.program_path("test-program", "x") is None
     assert not list(tmp_path.rglob("*.pkl"))
 
@@ -109,7 +110,7 @@ def test_old_entries_of_a_program_are_pruned(cache_dir, monkeypatch):
     for i in range(4):                       # four versions of the code, one entry each
         monkeypatch.setattr(_jaxcache, "_FIXED", [f"version {i}"])
         _program()(*_args())
-        _jaxcache.wait_for_writes()
+        _jaxcache.flush_writes()
         for entry in (cache_dir / "aot").glob("test-program-*.pkl"):   # older: used earlier
             st = entry.stat()
             os.utime(entry, ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))
@@ -138,7 +139,7 @@ def test_an_executable_from_jaxs_own_cache_is_used_but_not_stored(cache_dir):
 
 def test_an_entry_that_fails_to_run_is_discarded_and_compiled(cache_dir, monkeypatch):
     _program()(*_args())
-    _jaxcache.wait_for_writes()
+    _jaxcache.flush_writes()
 
     def broken(*_):
         raise jax.errors.JaxRuntimeError("NOT_FOUND: Function fusion not found")
@@ -147,7 +148,7 @@ def test_an_entry_that_fails_to_run_is_discarded_and_compiled(cache_dir, monkeyp
     np.testing.assert_array_equal(np.asarray(again(*_args())["y"]), [1.0, 3.0, 5.0, 7.0])
     assert again.loaded_from_disk == 0
     assert not list((cache_dir / "aot").glob("test-program-*.pkl"))     # discarded
-    _jaxcache.wait_for_writes()
+    _jaxcache.flush_writes()
     assert len(list((cache_dir / "aot").glob("test-program-*.pkl"))) == 1   # compiled afresh
 
 

@@ -65,17 +65,18 @@ class Compiled:
     def _build(self, key, args, on_traced):
         """(executable, its result on ``args`` or None): loaded from disk when the cache has
         it, else traced and compiled. Calls ``on_traced`` exactly once."""
-        signature = repr(key)
-        if self.name is not None and _jaxcache.has_program(self.name, signature):
+        path = (_jaxcache.program_path(self.name, repr(key)) if self.name is not None
+                else None)
+        if path is not None and path.exists():
             if on_traced is not None:      # loading overlaps the other work too
                 on_traced()
                 on_traced = None
-            exe = _jaxcache.load_program(self.name, signature)
+            exe = _jaxcache.load_program(path)
             if exe is not None:
                 try:    # a broken entry fails on its first run, loudly: then it is compiled
                     out = jax.block_until_ready(exe(*args))
                 except jax.errors.JaxRuntimeError as e:
-                    _jaxcache.discard_program(self.name, signature, str(e))
+                    _jaxcache.discard_program(path, str(e))
                 else:
                     self.loaded_from_disk += 1
                     return exe, out
@@ -85,8 +86,8 @@ class Compiled:
         if self.name is None:
             return lowered.compile(), None
         exe, fresh = _jaxcache.compile_for_cache(lowered)
-        if fresh:
-            _jaxcache.store_program(self.name, signature, exe)
+        if fresh and path is not None:
+            _jaxcache.store_program(path, self.name, exe)
         return exe, None
 
     def cache_size(self) -> int:
