@@ -481,7 +481,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     return time, throughput
 
 
-__all__ = ["KINDS", "STEP_TERMS", "accum_adds", "accum_bytes_per_param", "end_stage_extras", "end_stages",
-           "launch_exposed",
+__all__ = ["KINDS", "STEP_TERMS", "accum_adds", "accum_bytes_per_param", "end_stage_extras",
+           "end_stages", "launch_exposed",
            "memory_bound_times", "smooth_max", "stage_grad_elems", "stage_kernels", "stage_time",
            "time_terms"]

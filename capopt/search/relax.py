@@ -184,7 +184,6 @@ def _jitted(name, fn, **kw):
     return _JITTED[name]
 
 
-
 def initial_points(starts: int, seed: int) -> np.ndarray:
     """``starts`` starting points, normal with scale 1.5 around the centre of the box (a
     uniform share of the devices to each axis, even mixtures): deterministic in ``seed``.
