@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from . import _inventory
 from ._errors import CapoptError
 
 FAMILIES = ("decoder", "encoder", "vit", "mlp")
@@ -155,204 +156,41 @@ class ModelSpec:
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
 
-    # ---- parameters ------------------------------------------------------------------------
-    def norm_params(self) -> int:
-        """One norm: weight (rmsnorm) or weight and bias (layernorm)."""
-        return self.hidden_size * (2 if self.norm_type == "layernorm" else 1)
-
-    def layer_norm_params(self) -> int:
-        """All norms inside one block (``norms_per_layer`` of them; none in an "mlp" stack)."""
-        if self.family == "mlp":
-            return 0
-        return self.norms_per_layer * self.norm_params()
-
-    def attention_params(self) -> int:
-        h, hd = self.hidden_size, self.head_size
-        q = self.num_attention_heads * hd
-        kv = self.kv_heads * hd
-        n = h * q + 2 * h * kv + q * h
-        if self.attention_bias:
-            n += q + 2 * kv
-        if self.attention_out_bias:
-            n += h
-        return n
-
-    def expert_params(self) -> int:
-        """One MLP (one expert of an MoE layer)."""
-        h, f = self.hidden_size, self.intermediate_size
-        mats = 3 if self.mlp_type == "gated" else 2
-        n = mats * h * f
-        if self.mlp_bias:
-            n += (mats - 1) * f + h
-        return n
-
-    def router_params(self) -> int:
-        if not self.is_moe:
-            return 0
-        return self.hidden_size * self.num_local_experts + (
-            self.num_local_experts if self.router_bias else 0)
-
-    def layer_params(self) -> int:
-        """All parameters of one block (experts included)."""
-        if self.family == "mlp":
-            return self.hidden_size * self.hidden_size + self.hidden_size
-        return (self.attention_params() + self.num_local_experts * self.expert_params()
-                + self.router_params() + self.layer_norm_params())
-
-    def layer_dense_params(self) -> int:
-        """One block without its experts (attention, norms, router; the MLP if dense)."""
-        if self.is_moe:
-            return self.layer_params() - self.num_local_experts * self.expert_params()
-        return self.layer_params()
-
-    def embedding_params(self) -> int:
-        h = self.hidden_size
-        if self.family == "mlp":
-            return 0
-        if self.family == "vit":
-            patch = self.num_channels * self.patch_size ** 2 * h + h
-            return patch + h + (self.num_patches + 1) * h   # projection, cls token, positions
-        n = self.vocab_size * h
-        if self.position_embedding == "learned":
-            n += self.max_position_embeddings * h
-        n += self.type_vocab_size * h
-        if self.embedding_norm:
-            n += self.norm_params()
-        return n
-
-    def head_params(self) -> int:
-        """Everything after the last block: final norm, pooler, LM/MLM/classifier head."""
-        h = self.hidden_size
-        n = 0
-        if self.family in ("decoder", "vit"):
-            n += self.norm_params()          # final norm
-        if self.family == "decoder":
-            if not self.tie_word_embeddings:
-                n += self.vocab_size * h
-            if self.lm_head_bias:
-                n += self.vocab_size
-        if self.pooler:
-            n += h * h + h
-        if self.mlm_head:
-            n += h * h + h + self.norm_params() + self.vocab_size
-            if not self.tie_word_embeddings:
-                n += self.vocab_size * h
-        if self.num_labels:
-            n += h * self.num_labels + self.num_labels
-        return n
+    # ---- parameters: sums over the tensor inventory (`capopt._inventory`) -------------------
+    def tensors(self):
+        """Every parameter tensor, once (`capopt._inventory.model_tensors`)."""
+        return _inventory.model_tensors(self)
 
     def param_breakdown(self) -> dict[str, int]:
-        L = self.num_hidden_layers
-        return {
-            "embedding": self.embedding_params(),
-            "attention": L * (self.attention_params() if self.family != "mlp" else 0),
-            "mlp": L * (self.num_local_experts * self.expert_params()
-                        if self.family != "mlp" else self.layer_params()),
-            "router": L * self.router_params(),
-            "norms": L * self.layer_norm_params(),
-            "head": self.head_params(),
-        }
+        """Parameters by group: embedding, attention, mlp (experts included), router, norms
+        (inside the blocks), head (everything after the last block)."""
+        out = dict.fromkeys(("embedding", "attention", "mlp", "router", "norms", "head"), 0)
+        for t in self.tensors():
+            if t.where == "embed":
+                key = "embedding"
+            elif t.where == "head":
+                key = "head"
+            elif ".norm" in t.name:
+                key = "norms"
+            elif "router" in t.name:
+                key = "router"
+            elif ".attn." in t.name:
+                key = "attention"
+            else:
+                key = "mlp"
+            out[key] += t.elements
+        return out
 
     def num_params(self) -> int:
-        return sum(self.param_breakdown().values())
+        return sum(t.elements for t in self.tensors())
 
     def active_params(self) -> int:
         """Parameters touched per token (MoE: top-k experts)."""
-        inactive = (self.num_local_experts - self.num_experts_per_tok) * self.expert_params()
-        return self.num_params() - self.num_hidden_layers * inactive
+        idle = 1.0 - self.num_experts_per_tok / self.num_local_experts
+        return self.num_params() - round(sum(t.elements * idle for t in self.tensors()
+                                             if t.expert))
 
     def param_shapes(self) -> list[tuple[tuple[int, ...], int]]:
-        """(shape, count) of every parameter tensor, as the validation models build them
-        (``capopt.validation.models``: kernels (in, out), MoE experts stacked on a leading
-        axis); the element counts sum to `num_params`. Per-tensor optimizer state (Adafactor's
-        factored moments, 8-bit Adam's blocks) is counted from these."""
-        h, f, hd, L = self.hidden_size, self.intermediate_size, self.head_size, \
-            self.num_hidden_layers
-        out: list[tuple[tuple[int, ...], int]] = []
-
-        def add(shape, count=1):
-            if count and all(d > 0 for d in shape):
-                out.append((tuple(shape), count))
-
-        def norm(count):
-            add((h,), count * (2 if self.norm_type == "layernorm" else 1))
-
-        if self.family == "mlp":
-            add((h, h), L)
-            add((h,), L)
-            return out
-        # embeddings
-        if self.family == "vit":
-            add((self.num_channels * self.patch_size ** 2, h))
-            add((h,))                                   # patch bias
-            add((h,))                                   # class token
-            add((self.num_patches + 1, h))              # positions
-        else:
-            add((self.vocab_size, h))
-            if self.position_embedding == "learned":
-                add((self.max_position_embeddings, h))
-            if self.type_vocab_size:
-                add((self.type_vocab_size, h))
-            if self.embedding_norm:
-                norm(1)
-        # blocks
-        q, kv = self.num_attention_heads * hd, self.kv_heads * hd
-        norm(self.norms_per_layer * L)
-        add((h, q), L)
-        add((h, kv), 2 * L)
-        add((q, h), L)
-        if self.attention_bias:
-            add((q,), L)
-            add((kv,), 2 * L)
-        if self.attention_out_bias:
-            add((h,), L)
-        gated = self.mlp_type == "gated"
-        if self.is_moe:
-            E = self.num_local_experts
-            add((h, E), L)
-            if self.router_bias:
-                add((E,), L)
-            add((E, h, f), (2 if gated else 1) * L)
-            add((E, f, h), L)
-            if self.mlp_bias:
-                add((E, f), (2 if gated else 1) * L)
-                add((E, h), L)
-        else:
-            add((h, f), (2 if gated else 1) * L)
-            add((f, h), L)
-            if self.mlp_bias:
-                add((f,), (2 if gated else 1) * L)
-                add((h,), L)
-        # heads
-        if self.family in ("decoder", "vit"):
-            norm(1)
-        if self.family == "decoder":
-            if not self.tie_word_embeddings:
-                add((h, self.vocab_size))
-            if self.lm_head_bias:
-                add((self.vocab_size,))
-        if self.pooler:
-            add((h, h))
-            add((h,))
-        if self.mlm_head:
-            add((h, h))
-            add((h,))
-            norm(1)
-            if not self.tie_word_embeddings:
-                add((h, self.vocab_size))
-            add((self.vocab_size,))
-        if self.num_labels:
-            add((h, self.num_labels))
-            add((self.num_labels,))
-        return out
-
-    def matrix_shapes(self) -> list[tuple[int, int, int]]:
-        """(rows, cols, count) for every 2-D weight tensor (embeddings, positions, patch,
-        pooler and classifier matrices included); MoE experts count once per expert."""
-        mats = []
-        for shape, count in self.param_shapes():
-            if len(shape) == 2:
-                mats.append((shape[0], shape[1], count))
-            elif len(shape) == 3:
-                mats.append((shape[1], shape[2], count * shape[0]))
-        return mats
+        """(shape, count) of every parameter tensor (the inventory's, kernels ``(in, out)``,
+        MoE experts stacked on a leading axis)."""
+        return [(t.shape, t.count) for t in self.tensors()]

@@ -8,6 +8,8 @@ efficiencies. The cost model reads only numbers from here; ``calibrate`` rewrite
 from __future__ import annotations
 
 import functools
+import json
+import math
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -24,6 +26,11 @@ ADAM8BIT_MIN_SIZE = 4096       # smaller tensors keep float32 moments (bitsandby
 ADAM8BIT_ABSMAX_BYTES = 4      # one float32 absmax per block
 ADAFACTOR_MIN_DIM = 128        # optax.adafactor's min_dim_size_to_factor (its default)
 INT8_SCALE_BYTES = 4           # 8-bit frozen base: one float32 scale per output column
+# QLoRA's NF4 base (Dettmers et al. 2023): two 4-bit codes per byte, one 8-bit absmax per
+# block of NF4_BLOCK weights, one float32 second-level scale per NF4_BLOCK2 absmax codes
+NF4_BLOCK = 64
+NF4_BLOCK2 = 256
+NF4_BYTES_PER_WEIGHT = 0.5 + 1.0 / NF4_BLOCK + 4.0 / (NF4_BLOCK * NF4_BLOCK2)   # 0.51660...
 
 
 def adam8bit_moment_bytes(size: int) -> int:
@@ -58,6 +65,138 @@ PRECISION_FIELDS = ("param_bytes", "grad_bytes", "master_bytes", "act_bytes",
                     "weight_copy_bytes", "state_bytes", "matmul_dtype")
 
 
+# --------------------------------------------------------------------------------------------
+# The profile schema: every coefficient a profile may set, its default and what it means.
+# A profile file lists only what differs from the defaults, each with its source; a key not
+# listed here, a value that is not a finite number, or a negative one is an error naming the
+# file and the key.
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Coeff:
+    default: float
+    doc: str
+
+
+def _c(default: float, doc: str) -> Coeff:
+    return Coeff(float(default), doc)
+
+
+SCHEMA: dict[str, Coeff] = {
+    # --- memory outside the step's buffers ---
+    "context_bytes": _c(0, "CUDA context, loaded kernels and runtime, bytes"),
+    "workspace_bytes": _c(0, "library scratch (cuBLAS / cuDNN workspaces), bytes"),
+    "fragmentation": _c(0, "allocator slack, as a share of the step's dynamic buffers"),
+    "comm_bucket_bytes": _c(0, "data-parallel gradient buckets in flight, bytes"),
+    # --- ZeRO-3 / FSDP ---
+    "zero3_prefetch_layers": _c(2, "blocks gathered at once: the one in use and the prefetched"),
+    "zero3_max_live_params": _c(1e15, "gathered parameters resident at most, elements "
+                                      "(DeepSpeed stage3_max_live_parameters)"),
+    "zero3_keeps_stored_gathered": _c(0, "1: a block that is not recomputed keeps its gathered "
+                                         "(compute-dtype) weights for its backward pass"),
+    # --- which buffers are live together (the phase walk, capopt.cost.memory) ---
+    "grads_fused": _c(0, "1: each update is applied as its gradient is produced, unless "
+                         "clipping or accumulation needs every gradient"),
+    "accum_buffer": _c(1, "gradient accumulation keeps one accumulator of every gradient"),
+    "embed_grad_early": _c(0, "1: the embedding gradient's dense buffer is created before the "
+                              "backward pass and live through it"),
+    "rebuild_fraction": _c(1, "share of a recomputed block's activations live while it is "
+                              "rebuilt"),
+    "selective_saves_dots": _c(0, "selective recomputation: 0 Korthikanti et al. (all but the "
+                                  "attention core), 1 dots_with_no_batch_dims_saveable"),
+    # --- one block's saved activations (capopt.cost.activations) ---
+    "resid_saved": _c(4, "h-wide residual-stream tensors saved per block"),
+    "norm_stats": _c(0, "float32 statistics saved per norm and token"),
+    "mlp_gelu_saved": _c(2, "f-wide tensors a GELU MLP saves"),
+    "mlp_gelu_lowp_saved": _c(0, "extra f-wide tensors a GELU MLP saves in 16-bit"),
+    "mlp_gated_saved": _c(4, "f-wide tensors a gated MLP saves"),
+    "score_copies": _c(1, "score-sized tensors saved per materialised attention, compute dtype"),
+    "score_fp32_copies": _c(0, "score-sized tensors saved per materialised attention, float32"),
+    "softmax_stats": _c(0, "float32 softmax statistics saved per head and token (materialised)"),
+    "attn_dropout_out_saved": _c(1, "attention dropout's output kept for the backward pass"),
+    "attn_lse_bytes": _c(4, "blockwise attention: bytes of softmax statistics per head and token"),
+    "attn_chunk_queries": _c(0, "queries per block of the runtime's blockwise attention (0: a "
+                                "fused kernel that tiles any sequence)"),
+    "score_grad_copies": _c(0, "float32 score gradients live in one block's backward, per head"),
+    "mlp_grad_saved": _c(0, "compute-dtype MLP input gradients live in one block's backward, "
+                            "per f-wide projection"),
+    # --- the loss ---
+    "logits_act_copies": _c(1, "compute-dtype logits-sized buffers at the loss (16-bit)"),
+    "logits_fp32_copies": _c(2, "float32 logits-sized buffers at the loss"),
+    "logits_pad_copies": _c(0, "compute-dtype logits copies added when the vocabulary is not "
+                               "a multiple of 16 (padded for the head's backward GEMM)"),
+    "grad_combine_bytes": _c(0, "gradient bytes one combined data-parallel collective carries "
+                                "(kept live until it runs)"),
+    "grad_combine_copy": _c(0, "1: a combined collective copies its gradients into one flat "
+                               "buffer"),
+    "logits_follow_sp": _c(0, "1: under sequence parallelism the head runs on the device's "
+                              "slice of the sequence (logits split over tp)"),
+    # --- weights ---
+    "weight_copy_fraction": _c(0, "share of the compute-dtype weight casts kept live"),
+    "moe_capacity_factor": _c(1, "expert slots per routed token (1: dropless)"),
+    "base_bytes_8bit": _c(1, "bytes per weight of an 8-bit frozen base"),
+    # --- time: kernels ---
+    "gemm_eff_max": _c(0.8, "large GEMMs' share of the dtype's dense peak"),
+    "gemm_half_scale": _c(1, "GEMM half-efficiency dimension, in roofline ridge points"),
+    "flash_eff": _c(0.5, "fused attention's share of the dtype's peak, forward + backward"),
+    "mem_eff": _c(0.8, "streaming element-wise kernels' share of HBM bandwidth"),
+    "ew_h": _c(10, "h-wide elements read + written per token by a block's element-wise ops"),
+    "ew_dropout_h": _c(1, "dropout masks per block, in activation-element units"),
+    "ew_score": _c(2, "materialised softmax traffic per head and key"),
+    "ew_score_dropout": _c(2.5, "attention dropout traffic per head and key"),
+    "ew_bwd_factor": _c(2, "backward element-wise traffic per forward element"),
+    # --- time: communication ---
+    "nvlink_eff": _c(0.78, "NCCL bus bandwidth / NVLink bandwidth"),
+    "net_eff": _c(0.9, "NCCL bus bandwidth / NIC line rate"),
+    "alpha_base_s": _c(8.4e-6, "ring collective base latency, s"),
+    "alpha_intra_s": _c(3.4e-6, "latency per ring step over NVLink, s"),
+    "alpha_inter_s": _c(14e-6, "latency per ring step over the network, s"),
+    "host_eff": _c(0.8, "host<->device copies' share of the PCIe link"),
+    "dp_bucket_bytes": _c(25 * 2**20, "bytes per data-parallel all-reduce"),
+    "zero3_collectives_per_layer": _c(1, "ZeRO-3 gathers per block"),
+    "zero3_fetch_s_per_gb": _c(0, "ZeRO-3 fetch path cost per GB received, s"),
+    "overlap_dp": _c(0, "share of data-parallel communication hidden behind compute"),
+    "overlap_zero": _c(0, "share of ZeRO-3 communication hidden behind compute"),
+    "overlap_tp_fwd": _c(0, "share of forward tensor-parallel communication hidden"),
+    "overlap_tp_bwd": _c(0, "share of backward tensor-parallel communication hidden"),
+    "overlap_pp": _c(0, "share of pipeline sends hidden"),
+    "overlap_moe": _c(0, "share of MoE all-to-all hidden"),
+    "overlap_offload": _c(0, "share of host transfers hidden"),
+    "pp_virtual_stages": _c(1, "model chunks per pipeline device (1: plain 1F1B)"),
+    "pp_scatter_gather": _c(0, "1: inter-stage sends carry a tp-th of the activation"),
+    # --- time: kernel launches ---
+    "kernel_launch_s": _c(0, "host time to issue one kernel, s"),
+    "kernel_gap_s": _c(0, "device-side cost per kernel that queueing cannot hide, s"),
+    "kernels_per_layer": _c(0, "kernels of one block's forward + backward"),
+    "kernels_per_attn_chunk": _c(0, "kernels per query chunk of blockwise attention, per block"),
+    "kernels_per_micro_batch": _c(0, "embedding, head and loss kernels per micro-batch"),
+    "accum_kernels_per_layer": _c(0, "accumulation kernels per block per micro-batch"),
+    "optimizer_kernels_per_layer": _c(0, "optimizer kernels per block, once a step"),
+    "accum_from_zero": _c(0, "1: accumulation starts from a zeroed buffer (a scan)"),
+    "accum_bytes": _c(0, "bytes per accumulator element when wider than the gradient"),
+}
+
+
+def _check_coeff(key: str, value, file: str | None) -> float:
+    if key not in SCHEMA:
+        raise CapoptError(f"unknown coefficient {key!r}", file=file, field=f"coeffs.{key}",
+                          allowed="the keys of capopt._runtime.SCHEMA")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CapoptError(f"must be a number, got {value!r}", file=file, field=f"coeffs.{key}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise CapoptError(f"must be a finite number >= 0, got {value!r}", file=file,
+                          field=f"coeffs.{key}")
+    return v
+
+
+def complete_coeffs(given: dict, file: str | None = None) -> dict[str, float]:
+    """Every schema coefficient: ``given`` (checked) over the defaults."""
+    out = {k: c.default for k, c in SCHEMA.items()}
+    for k, v in given.items():
+        out[k] = _check_coeff(k, v, file)
+    return out
+
+
 @dataclass(frozen=True)
 class RuntimeProfile:
     name: str
@@ -85,17 +224,14 @@ class RuntimeProfile:
 
     def with_coeffs(self, **updates: float) -> "RuntimeProfile":
         d = self.coeff_dict()
-        unknown = set(updates) - set(d)
-        if unknown:
-            raise CapoptError(f"unknown coefficients {sorted(unknown)}", field="runtime")
-        d.update({k: float(v) for k, v in updates.items()})
+        d.update({k: _check_coeff(k, v, None) for k, v in updates.items()})
         return RuntimeProfile(self.name, self.source, tuple(sorted(d.items())),
                               self.precisions, self.notes)
 
     def to_toml(self) -> str:
         """Serialise to the same TOML the loader reads."""
-        lines = [f"name = {self.name!r}".replace("'", '"'),
-                 f"source = {self.source!r}".replace("'", '"'), "", "[coeffs]"]
+        lines = [f"name = {json.dumps(self.name)}", f"source = {json.dumps(self.source)}", "",
+                 "[coeffs]"]
         notes = dict(self.notes)
         for k, v in self.coeffs:
             note = notes.get(k)
@@ -114,7 +250,9 @@ def _parse(data: dict, file: str) -> RuntimeProfile:
         raise CapoptError(f"unknown key {sorted(unknown)[0]!r}", file=file, field="profile",
                           allowed=", ".join(sorted(allowed)))
     try:
-        coeffs = {k: float(v) for k, v in data["coeffs"].items()}
+        if not isinstance(data["coeffs"], dict):
+            raise CapoptError("must be a table of numbers", file=file, field="coeffs")
+        coeffs = complete_coeffs(data["coeffs"], file)
         precisions = []
         for pname, fields in data["precision"].items():
             missing = set(PRECISION_FIELDS) - set(fields)

@@ -807,45 +807,43 @@ def predicted_vs_measured(results, keys: Sequence[str] = MEASURED_BYTES, *,
     return fig
 
 
-def calibration_errors(points: Sequence[Mapping], *, title: str | None = None) -> Figure:
-    """Error of the predicted peak against the measured one, point by point, before and after
-    calibration, for the fitting grid and the held-out grid.
+def peak_errors(points: Sequence[Mapping], *, title: str | None = None) -> Figure:
+    """Error of the predicted peak against XLA's, case by case, per split.
 
     Args:
-      points: the ``points`` of a calibration results file (`capopt.validation.grid`), each
-        with ``set`` (``fit`` or ``heldout``), ``measured_peak_bytes``, ``peak_error_before``
-        and ``peak_error_after`` (predicted / measured - 1).
+      points: the ``points`` of ``benchmarks/results/memory_random.json``, each with
+        ``split`` (``fit``, ``heldout`` or ``full-size``), ``measured_peak_bytes`` and
+        ``error`` (predicted / measured - 1).
 
     Returns:
-      A `Figure`: error (%) against measured peak (MiB, log), one series per set and stage
-      (``gid="err:<set>:<before|after>"``), bands at 3% and 10%, and each series' median and
-      worst |error| in the legend.
+      A `Figure`: error (%) against measured peak (MiB, log), one series per split
+      (``gid="err:<split>"``), bands at 2%, 5% and 8%, and each series' median, 90th
+      percentile and worst |error| in the legend.
     """
     fig = _figure(8.5, 5.0)
     ax = fig.add_subplot()
-    ax.axhspan(-10, 10, color="0.92", gid="band10", label="within 10%")
-    ax.axhspan(-3, 3, color="0.82", gid="band3", label="within 3%")
+    for band, shade in ((8, "0.94"), (5, "0.88"), (2, "0.80")):
+        ax.axhspan(-band, band, color=shade, gid=f"band{band}", label=f"within {band}%")
     ax.axhline(0, color="0.3", lw=0.8)
-    style = {("fit", "before"): ("o", "C0", "none"), ("fit", "after"): ("o", "C0", "C0"),
-             ("heldout", "before"): ("s", "C3", "none"), ("heldout", "after"): ("s", "C3", "C3")}
-    names = {"fit": "fitting grid", "heldout": "held-out grid", "before": "priors",
-             "after": "calibrated"}
-    for (group, stage), (marker, edge, face) in style.items():
-        sel = [p for p in points if p.get("set") == group
-               and p.get(f"peak_error_{stage}") is not None]
+    style = {"fit": ("o", "C0"), "heldout": ("s", "C3"), "full-size": ("D", "C2")}
+    names = {"fit": "fitting split", "heldout": "held-out split",
+             "full-size": "full-size cards"}
+    for group, (marker, colour) in style.items():
+        sel = [p for p in points if p.get("split") == group and p.get("error") is not None]
         if not sel:
             continue
         x = [p["measured_peak_bytes"] / 2**20 for p in sel]
-        y = [100 * p[f"peak_error_{stage}"] for p in sel]
+        y = [100 * p["error"] for p in sel]
         a = np.abs(y)
-        ax.scatter(x, y, marker=marker, facecolors=face, edgecolors=edge, s=34, lw=1.0,
-                   gid=f"err:{group}:{stage}",
-                   label=f"{names[group]}, {names[stage]}: median {np.median(a):.1f}%, "
-                         f"worst {a.max():.1f}% (n={len(sel)})")
+        ax.scatter(x, y, marker=marker, facecolors="none" if group == "fit" else colour,
+                   edgecolors=colour, s=30, lw=1.0, gid=f"err:{group}",
+                   label=f"{names[group]}: median {np.median(a):.1f}%, "
+                         f"p90 {np.percentile(a, 90):.1f}%, worst {a.max():.1f}% (n={len(sel)})")
     ax.set_xscale("log")
     ax.set_xlabel("measured peak per device (MiB)")
     ax.set_ylabel("predicted / measured - 1 (%)")
-    ax.set_title(title or "peak memory: cost model against XLA's GPU buffer assignment")
+    ax.set_title(title or "peak memory on random configs: cost model against XLA's GPU "
+                          "buffer assignment")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower left")
     return fig

@@ -10,8 +10,9 @@ Figures:
                         scenario, the Pareto front and the optimiser's choice
   heatmap_tp_pp.png     Llama-3-70B on 64x H100: best throughput per (tp, pp), with the cells
                         where nothing fits shaded
-  xla_gpu_peak_errors.png  predicted vs XLA-measured peak on the calibration and held-out grids,
-                        from benchmarks/results/xla_gpu_calibration.json (no compiling)
+  xla_gpu_peak_errors.png  predicted vs XLA-measured peak on random configs (fitting and
+                        held-out splits, full-size cards), from
+                        benchmarks/results/memory_random.json (no compiling)
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ def heatmap_figure():
 
 def validation_figure():
     import json
-    d = json.loads((ROOT / "benchmarks" / "results" / "xla_gpu_calibration.json").read_text())
-    return plots.calibration_errors(d["points"])
+    d = json.loads((ROOT / "benchmarks" / "results" / "memory_random.json").read_text())
+    return plots.peak_errors(d["points"])
 
 
 FIGURES = {"memory": ("memory_breakdown.png", memory_figure),

@@ -23,7 +23,7 @@ MEASURED = str(FIX / "tiny-llama-h100-xla-gpu.jsonl")
 def test_calibrate_fits_and_writes_a_profile_that_plans(tmp_path, capsys):
     out = tmp_path / "fitted.toml"
     rc = main(["calibrate", SCENARIO, "--measurements", MEASURED, "--coeffs",
-               "act_scale,logits_fp32_copies", "--holdout", "0", "--json",
+               "resid_saved,logits_fp32_copies", "--holdout", "0", "--json",
                "--profile-out", str(out)])
     assert rc == 0
     fit = json.loads(capsys.readouterr().out)
@@ -31,7 +31,7 @@ def test_calibrate_fits_and_writes_a_profile_that_plans(tmp_path, capsys):
     # The fit may only lower the training error it minimises (it starts at the priors).
     assert fit["train_error"]["after"] < fit["train_error"]["before"]
     prof = get_profile(str(out))
-    assert prof.coeff("act_scale") == pytest.approx(fit["coeffs"]["act_scale"], rel=1e-6)
+    assert prof.coeff("resid_saved") == pytest.approx(fit["coeffs"]["resid_saved"], rel=1e-6)
     sc = load_scenario(SCENARIO).replace(runtime=prof)
     from capopt._plan import plan
     assert plan(sc, micro_batch=8).memory["total_bytes"] > 0
@@ -41,7 +41,7 @@ def test_calibrate_fits_and_writes_a_profile_that_plans(tmp_path, capsys):
     (["calibrate", SCENARIO], ["--measurements", "--grid"]),
     (["calibrate", SCENARIO, "--measurements", "nowhere.jsonl"], ["nowhere.jsonl", "no such"]),
     (["calibrate", SCENARIO, "--measurements", MEASURED, "--coeffs", "bogus"],
-     ["--coeffs", "bogus", "allowed", "act_scale"]),
+     ["--coeffs", "bogus", "allowed", "resid_saved"]),
     (["calibrate", SCENARIO, "--measurements", MEASURED, "--tier", "device"],
      ["0 usable device", "at least 2"]),
 ])

@@ -292,21 +292,16 @@ def test_cli_plot_flags(tmp_path):
     assert p1.stat().st_size > 10_000 and p2.stat().st_size > 10_000
 
 
-def test_calibration_errors_draws_every_point_at_its_error():
-    pts = [{"set": "fit", "measured_peak_bytes": 2**30, "peak_error_before": 0.12,
-            "peak_error_after": -0.02},
-           {"set": "fit", "measured_peak_bytes": 2**31, "peak_error_before": -0.05,
-            "peak_error_after": 0.01},
-           {"set": "heldout", "measured_peak_bytes": 2**29, "peak_error_before": 0.2,
-            "peak_error_after": None}]
-    fig = plots.calibration_errors(pts)
-    (before,) = by_gid(fig, "err:fit:before")
-    ys = sorted(float(y) for _, y in before.get_offsets())
-    assert ys == pytest.approx([-5.0, 12.0])
-    xs = sorted(float(x) for x, _ in before.get_offsets())
-    assert xs == pytest.approx([1024.0, 2048.0])
-    (held,) = by_gid(fig, "err:heldout:before")
-    assert len(held.get_offsets()) == 1
-    # A stage without numbers is left out, not drawn as zero.
-    assert not by_gid(fig, "err:heldout:after")
-    assert by_gid(fig, "band3") and by_gid(fig, "band10")
+def test_peak_errors_draws_every_point_at_its_error():
+    pts = [{"split": "fit", "measured_peak_bytes": 2**30, "error": 0.12},
+           {"split": "fit", "measured_peak_bytes": 2**31, "error": -0.05},
+           {"split": "heldout", "measured_peak_bytes": 2**29, "error": 0.2},
+           {"split": "heldout", "measured_peak_bytes": 2**28, "error": None}]
+    fig = plots.peak_errors(pts)
+    (fit,) = by_gid(fig, "err:fit")
+    assert sorted(float(y) for _, y in fit.get_offsets()) == pytest.approx([-5.0, 12.0])
+    assert sorted(float(x) for x, _ in fit.get_offsets()) == pytest.approx([1024.0, 2048.0])
+    (held,) = by_gid(fig, "err:heldout")
+    assert len(held.get_offsets()) == 1       # a point without a number is left out
+    assert not by_gid(fig, "err:full-size")
+    assert by_gid(fig, "band2") and by_gid(fig, "band5") and by_gid(fig, "band8")

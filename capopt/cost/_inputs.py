@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._runtime import INT8_SCALE_BYTES, adafactor_state_elems, adam8bit_moment_bytes
+from .._runtime import (INT8_SCALE_BYTES, NF4_BYTES_PER_WEIGHT, adafactor_state_elems,
+                        adam8bit_moment_bytes)
+from .._inventory import inventory, trainable
 from .._specs import Config, Scenario
 
 DTYPE = jnp.float32
@@ -52,6 +54,13 @@ jax.tree_util.register_dataclass(
     Knobs, data_fields=[f.name for f in dataclasses.fields(Knobs)], meta_fields=[])
 
 
+def runtime_knobs(k: Knobs, n: dict) -> Knobs:
+    """The knobs as the runtime applies them: blockwise attention only where its kernel tiles
+    the sequence (``flash_ok``, `scenario_numbers`); elsewhere the scores are materialised
+    whatever ``flash_attention`` says."""
+    return k.replace(flash=k.flash * n["flash_ok"])
+
+
 def knobs_from_config(cfg: Config) -> Knobs:
     zero = np.zeros(4, np.float32)
     zero[cfg.zero_stage] = 1.0
@@ -78,58 +87,68 @@ OPT_STATES = {  # optimizer-state elements per trainable parameter
 }
 
 
-def _lora_params_per_layer(model, rank: int, targets) -> float:
-    h, f, hd = model.hidden_size, model.intermediate_size, model.head_size
-    q, kv = model.num_attention_heads * hd, model.kv_heads * hd
-    n = 0
-    if "attn" in targets:
-        n += rank * ((h + q) + 2 * (h + kv) + (q + h))
-    if "mlp" in targets:
-        mats = 2 if model.mlp_type == "gated" else 1
-        n += model.num_local_experts * rank * (mats * (h + f) + (f + h))
-    return float(n)
+def parameter_groups(tensors) -> dict[str, float]:
+    """Parameters by how tensor parallelism splits them, from the inventory's roles:
+
+    ``P_layer_tp``   one block's column- and row-parallel tensors (q/k/v/gate/up kernels and
+                     biases, o/down kernels; the plain MLP stack: every layer): split by tp;
+    ``P_layer_kv``   the k/v part of ``P_layer_tp``: replicated when tp exceeds the KV heads;
+    ``P_layer_rep``  one block's replicated tensors (norms, router, row-parallel biases);
+    ``P_expert``     one expert of one block; ``P_expert_rep`` its replicated part (down bias);
+    ``P_embed_tp`` / ``P_head_tp``  vocabulary-parallel tables, heads and logit biases;
+    ``P_embed_rep`` / ``P_head_rep``  the rest of the embeddings / of the head.
+    ``W_*``: one block's GEMM weight elements applied to every token (top-k experts), for the
+    matmul FLOPs (`capopt.cost.flops`).
+    """
+    g = dict.fromkeys(("P_layer_tp", "P_layer_kv", "P_layer_rep", "P_expert", "P_expert_rep",
+                       "P_embed_tp", "P_embed_rep", "P_head_tp", "P_head_rep"), 0.0)
+    w = dict.fromkeys(("W_qkv", "W_out", "W_in", "W_down", "W_router", "W_dense"), 0.0)
+    for t in tensors:
+        if t.lora == "adapter":
+            continue
+        if t.where == "block":
+            per = t.elements / t.count
+            if t.expert:
+                experts = t.shape[0]
+                g["P_expert"] += per / experts
+                if t.tp == "rep":
+                    g["P_expert_rep"] += per / experts
+            elif t.tp == "rep":
+                g["P_layer_rep"] += per
+            else:
+                g["P_layer_tp"] += per
+                if t.tp == "kv":
+                    g["P_layer_kv"] += per
+            key = {"q": "W_qkv", "k": "W_qkv", "v": "W_qkv", "o": "W_out", "gate": "W_in",
+                   "up": "W_in", "down": "W_down", "router": "W_router",
+                   "dense": "W_dense"}.get(t.matmul)
+            if key:
+                w[key] += per / (t.shape[0] if t.expert else 1)
+        else:
+            part = "embed" if t.where == "embed" else "head"
+            g[f"P_{part}_{'tp' if t.tp == 'vocab' else 'rep'}"] += t.elements
+    return {**g, **w}
 
 
-def _lora_wrapped(model, targets) -> list[tuple[int, int, int, str]]:
-    """(in, out, count, role) of the matrices LoRA wraps in one block (role: col | row | kv)."""
-    h, f, hd = model.hidden_size, model.intermediate_size, model.head_size
-    q, kv = model.num_attention_heads * hd, model.kv_heads * hd
-    out = []
-    if "attn" in targets:
-        out += [(h, q, 1, "col"), (h, kv, 2, "kv"), (q, h, 1, "row")]
-    if "mlp" in targets:
-        E = model.num_local_experts
-        out += [(h, f, (2 if model.mlp_type == "gated" else 1) * E, "col"), (f, h, E, "row")]
-    return out
-
-
-def _lora_adapter_shapes(model, rank: int, targets) -> list[tuple[tuple[int, ...], int]]:
-    """(shape, count) of every LoRA adapter tensor in the model (A (in, r), B (r, out))."""
-    L = model.num_hidden_layers
-    shapes = []
-    for din, dout, cnt, _ in _lora_wrapped(model, targets):
-        shapes += [((din, rank), cnt * L), ((rank, dout), cnt * L)]
-    return shapes
-
-
-def _lora_base_out_columns(model, targets) -> tuple[float, float]:
-    """Output columns of one block's wrapped matrices: (tensor-split, replicated)."""
-    col = sum(dout * cnt for _, dout, cnt, role in _lora_wrapped(model, targets) if role != "row")
-    row = sum(dout * cnt for _, dout, cnt, role in _lora_wrapped(model, targets) if role == "row")
-    return float(col), float(row)
-
-
-def _lora_base_matrix_params_per_layer(model, targets) -> float:
-    """Parameters of the matrices LoRA wraps (they can be quantised)."""
-    n = 0
-    if "attn" in targets:
-        hd = model.head_size
-        q, kv = model.num_attention_heads * hd, model.kv_heads * hd
-        n += model.hidden_size * (2 * q + 2 * kv)
-    if "mlp" in targets:
-        mats = 3 if model.mlp_type == "gated" else 2
-        n += model.num_local_experts * mats * model.hidden_size * model.intermediate_size
-    return float(n)
+def lora_numbers(tensors, layers: int, base_bits: int, prec: dict, coeffs: dict) -> dict:
+    """LoRA's numbers from the inventory: adapters and wrapped (base) matrices per block, the
+    wrapped k/v part, bytes per base weight and the 8-bit bases' float32 per-column scales
+    (split by tp on column-parallel matrices, replicated on row-parallel ones)."""
+    per = lambda ts: sum(t.elements for t in ts) / layers  # noqa: E731
+    adapters = [t for t in tensors if t.lora == "adapter"]
+    base = [t for t in tensors if t.lora == "base"]
+    eight = float(base_bits == 8) * INT8_SCALE_BYTES
+    cols = lambda t: t.count * t.shape[-1] * (t.shape[0] if t.expert else 1)  # noqa: E731
+    return {
+        "lora_layer": per(adapters),
+        "lora_base_layer": per(base),
+        "lora_base_kv": per([t for t in base if t.tp == "kv"]),
+        "base_bytes": {4: NF4_BYTES_PER_WEIGHT, 8: coeffs["base_bytes_8bit"],
+                       16: float(prec["act_bytes"])}[base_bits],
+        "base_scale_tp_bytes": eight * sum(cols(t) for t in base if t.tp != "row") / layers,
+        "base_scale_rep_bytes": eight * sum(cols(t) for t in base if t.tp == "row") / layers,
+        "frozen_bytes": float(prec["act_bytes"]),
+    }
 
 
 def _flop_shape_numbers(model) -> dict[str, float]:
@@ -190,34 +209,8 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     #                tp when tp divides the vocabulary, else replicated;
     #   *_rep        positions, token types, patch projection, class token, pooler,
     #                classifier, MLM transform and norms: replicated.
-    h_, hd_ = m.hidden_size, m.head_size
-    norms = m.layer_norm_params() if m.family != "mlp" else 0
-    expert = m.expert_params() if m.is_moe else 0
-    row_bias = 0
-    if m.family != "mlp":
-        row_bias = (h_ if m.attention_out_bias else 0) + (
-            h_ if (m.mlp_bias and not m.is_moe) else 0)
-    kv_part = 0
-    if m.family != "mlp":
-        kv_part = 2 * (h_ * m.kv_heads * hd_ + (m.kv_heads * hd_ if m.attention_bias else 0))
-    n["P_layer_tp"] = float(m.layer_params() - norms - m.router_params()
-                            - m.num_local_experts * expert - row_bias)
-    n["P_layer_kv"] = float(kv_part)
-    n["P_layer_rep"] = float(norms + m.router_params() + row_bias)
-    n["P_expert"] = float(expert)
-    n["P_expert_rep"] = float(h_ if (m.is_moe and m.mlp_bias) else 0)
-    word = m.vocab_size * m.hidden_size if m.family in ("decoder", "encoder") else 0
-    n["P_embed_tp"] = float(word)
-    n["P_embed_rep"] = float(m.embedding_params() - word)
-    head = m.head_params()
-    V = m.vocab_size
-    head_tp = 0
-    if m.family == "decoder":
-        head_tp = (0 if m.tie_word_embeddings else V * h_) + (V if m.lm_head_bias else 0)
-    elif m.family == "encoder" and m.mlm_head:
-        head_tp = (0 if m.tie_word_embeddings else V * h_) + V
-    n["P_head_tp"] = float(head_tp)
-    n["P_head_rep"] = float(head - head_tp)
+    h_ = m.hidden_size
+    n.update(parameter_groups(inventory(m)))
     n["tied"] = float(m.family == "decoder" and m.tie_word_embeddings)
     # Output elements per sequence that go through the loss.
     if m.family == "decoder" or (m.family == "encoder" and m.mlm_head):
@@ -227,6 +220,19 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
         n["logit_elems_per_seq"] = float(max(m.num_labels, 1) if m.family != "mlp" else m.hidden_size)
         n["logit_tp"] = 0.0
     n.update(_flop_shape_numbers(m))
+    # The embedding tables whose gradient is a dense scatter-add target (word embeddings,
+    # vocabulary-parallel; learned positions and token types, replicated)
+    tables = m.family in ("decoder", "encoder")
+    n["embed_grad_tp"] = float(m.vocab_size * h_ if tables else 0)
+    n["embed_grad_rep"] = float(
+        ((m.max_position_embeddings if m.position_embedding == "learned" else 0)
+         + m.type_vocab_size) * h_ if tables else 0)
+    # Blockwise attention runs where the runtime's kernel tiles the sequence: a fused kernel
+    # (attn_chunk_queries = 0) always; a chunked one (the validation step's) only with more
+    # than one whole block of queries, else it materialises the scores.
+    chunk = c["attn_chunk_queries"]
+    n["vocab_unaligned"] = float(m.vocab_size % 16 != 0)
+    n["flash_ok"] = float(chunk <= 0 or (s > chunk and s % chunk == 0))
 
     # --- precision ---
     for key in ("param_bytes", "grad_bytes", "master_bytes", "act_bytes", "weight_copy_bytes",
@@ -240,8 +246,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     # trainable tensors and spread evenly over the trainable parameters.
     opt = w.optimizer
     lora = w.lora
-    trainable_shapes = (_lora_adapter_shapes(m, lora.rank, lora.targets) if lora is not None
-                        else m.param_shapes())
+    trainable_shapes = [(t.shape, t.count) for t in trainable(inventory(m, lora))]
     n_trainable = sum(math.prod(sh) * cnt for sh, cnt in trainable_shapes) or 1
     if opt == "adafactor":
         # optax keeps Adafactor's accumulators in the parameter dtype
@@ -258,20 +263,8 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
 
     # --- LoRA / QLoRA ---
     if w.lora is not None:
+        n.update(lora_numbers(inventory(m, w.lora), L, w.lora.base_bits, prec, c))
         n["lora"] = 1.0
-        n["lora_layer"] = _lora_params_per_layer(m, w.lora.rank, w.lora.targets)
-        n["lora_base_layer"] = _lora_base_matrix_params_per_layer(m, w.lora.targets)
-        n["lora_base_kv"] = float(2 * m.hidden_size * m.kv_heads * m.head_size
-                                  if "attn" in w.lora.targets else 0)
-        n["base_bytes"] = {4: c["base_bytes_4bit"], 8: c["base_bytes_8bit"],
-                           16: float(prec["act_bytes"])}[w.lora.base_bits]
-        # 8-bit bases: one float32 scale per output column of every wrapped matrix (split by
-        # tp on column-parallel layers, replicated on row-parallel ones).
-        col, row = _lora_base_out_columns(m, w.lora.targets)
-        eight = float(w.lora.base_bits == 8) * INT8_SCALE_BYTES
-        n["base_scale_tp_bytes"] = eight * col
-        n["base_scale_rep_bytes"] = eight * row
-        n["frozen_bytes"] = float(prec["act_bytes"])
         n["lora_rank"] = float(w.lora.rank)
     else:
         n.update(lora=0.0, lora_layer=0.0, lora_base_layer=0.0, lora_base_kv=0.0,

@@ -49,19 +49,18 @@ from ._inputs import Knobs
 
 
 def block_flops(n: dict) -> dict:
-    """Forward FLOPs per token of one block, by matmul group (unsharded, top-k experts)."""
-    h, f, s = n["h"], n["f"], n["s"]
-    q = n["a"] * n["hd"]
-    kv = n["kv"] * n["hd"]
+    """Forward FLOPs per token of one block, by matmul group (unsharded, top-k experts): two
+    per weight element of the inventory's GEMM weights (`capopt._inventory`, the ``W_*``
+    numbers), ``4 s q`` for the attention core, two per LoRA adapter parameter."""
     tf = 1.0 - n["mlp"]                     # transformer families
     return {
-        "qkv": tf * 2.0 * h * (q + 2.0 * kv),
-        "out": tf * 2.0 * q * h,
-        "mlp_in": tf * 2.0 * h * f * (1.0 + n["gated"]) * n["topk"],
-        "mlp_out": tf * 2.0 * f * h * n["topk"],
-        "router": tf * n["moe"] * 2.0 * h * n["E"],
-        "dense": n["mlp"] * 2.0 * h * h,     # family "mlp": one h x h layer
-        "attn": tf * 4.0 * s * q,
+        "qkv": 2.0 * n["W_qkv"],
+        "out": 2.0 * n["W_out"],
+        "mlp_in": 2.0 * n["W_in"] * n["topk"],
+        "mlp_out": 2.0 * n["W_down"] * n["topk"],
+        "router": 2.0 * n["W_router"],
+        "dense": 2.0 * n["W_dense"],         # family "mlp": one h x h layer
+        "attn": tf * 4.0 * n["s"] * n["a"] * n["hd"],
         "lora": 2.0 * n["lora_layer"],
     }
 

@@ -1,13 +1,31 @@
-"""Per-device memory, in pure `jax.numpy`.
+"""Per-device memory: the largest live set of a simulated training step, in pure `jax.numpy`.
 
-Every function takes `Knobs` and the scenario `Numbers` (dicts of scalars) and returns bytes.
-Integer knobs give the exact accounting; relaxed knobs give a smooth interpolation (ZeRO
-stage and remat policy are weight vectors, so their terms are linear mixtures; ``min`` and
-indicator terms are piecewise linear and exact at integers).
+Model states (parameters, gradients, optimizer state) come from the parameter groups of the
+card's tensor inventory, split as ZeRO (Rajbhandari et al. 2020, Table 1), tensor and expert
+parallelism place them. Activations come from `capopt.cost.activations` (one block's
+inventory). What is live at once is a walk over the phases of one step on one device:
 
-Sources: model states follow ZeRO (Rajbhandari et al. 2020, Table 1); saved activations follow
-Korthikanti et al. 2022 (section 4), generalised op by op to GQA, gated MLPs, MoE and flash
-attention; which of them are live together is the runtime profile's business.
+``loss``      the loss and its gradient: every block's saved activations (x micro-batches in
+              flight on a pipeline stage), the logits' buffers, the head's weight cast, the
+              embedding-gradient buffer, the accumulator;
+``top``       the backward pass of the last block: every block's saved activations, its
+              backward transients (or, recomputed, its rebuilt activations and transients),
+              the gradients produced so far that must stay live;
+``rebuild``   the backward pass of the last recomputed block (with a fraction of the layers
+              recomputed, after the stored ones are consumed): the recomputed blocks' inputs,
+              one block rebuilt, and every stored block's gradients when they must stay live;
+``bottom``    the backward pass of the first block: its own activations and transients and
+              every other block's gradients when they must stay live;
+``update``    after the backward pass: every gradient (when clipping needs them all) and the
+              optimizer's temporaries.
+
+Between ``top`` and ``bottom`` the live set is linear in the block index, so its largest
+value is at one of the ends. Which gradients stay live is the runtime's rule:
+``grads_fused`` = 1 (XLA) applies each update as its gradient is produced, unless clipping
+(the global norm) or accumulation needs them all; a runtime that keeps ``.grad`` (PyTorch)
+keeps every gradient to the end. The peak is the largest phase; every reported term is its
+value in that phase, so the terms add up to ``total_bytes``. Integer knobs give the exact
+accounting; relaxed knobs interpolate (the max over phases is piecewise linear).
 """
 
 from __future__ import annotations
@@ -16,16 +34,14 @@ import jax
 import jax.numpy as jnp
 
 from ._inputs import Knobs
+from .activations import backward_transient, saved_bytes, shard
+
+PHASES = ("loss", "top", "rebuild", "bottom", "update")
 
 
 def step_at_least(x, threshold):
     """0 at ``x <= threshold - 1``, 1 at ``x >= threshold``, linear between (exact at integers)."""
     return jnp.clip(x - (threshold - 1.0), 0.0, 1.0)
-
-
-def shard(fraction, degree):
-    """Share of a buffer one device holds when ``fraction`` of it is split ``degree`` ways."""
-    return 1.0 - fraction + fraction / degree
 
 
 def indivisible(count, degree):
@@ -46,93 +62,6 @@ def tp_replication(k: Knobs, n):
     kv_rep = step_at_least(k.tp, n["kv"] + 1.0)
     vocab_rep = indivisible(n["V"], k.tp)
     return kv_rep, vocab_rep
-
-
-# --------------------------------------------------------------------------------------------
-# Activations
-# --------------------------------------------------------------------------------------------
-def layer_activation_terms(k: Knobs, n) -> dict:
-    """Bytes saved per token by one block, split by how they scale.
-
-    ``replicated``: the residual stream side (norm inputs and outputs, dropout masks); split by
-    tp only under sequence parallelism. ``sharded``: q, k, v, attention output, MLP internals;
-    always split by tp. ``scores``: the attention matrix (materialised) or the softmax
-    statistics (flash); split by tp. ``layer_input``: what full recomputation keeps.
-    """
-    ab = n["act_bytes"]
-    h, a, kv, hd, f, s = n["h"], n["a"], n["kv"], n["hd"], n["f"], n["s"]
-    mask_h = n["hidden_dropout"]            # 1-byte masks after attention and MLP
-    mask_a = n["attn_dropout"]
-    is_mlp_model = n["mlp"]
-    moe_mult = jnp.where(n["E"] > 1, n["topk"] * n["rt_moe_capacity_factor"], 1.0)
-
-    replicated = ab * (n["rt_norm_inputs_saved"] * h + 2.0 * h) + 2.0 * mask_h * h
-    replicated = replicated + jnp.where(n["E"] > 1, 4.0 * n["E"], 0.0)   # fp32 router probs
-    # (a GELU computed in float32 from 16-bit inputs also keeps ``mlp_gelu_lowp_saved``
-    # f-wide 16-bit residuals of its derivative; in float32 XLA recomputes them)
-    lowp = (ab < 4.0).astype(jnp.result_type(float))
-    gelu_saved = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
-    mlp_saved = n["gated"] * n["rt_mlp_gated_saved"] + (1 - n["gated"]) * gelu_saved
-    sharded = ab * (2.0 * a * hd + 2.0 * kv * hd) + ab * mlp_saved * f * moe_mult
-    # softmax output (``score_copies`` of them in the activation dtype, plus
-    # ``score_fp32_copies`` in float32: XLA keeps the float32 softmax output for its backward
-    # and the probabilities cast back to the compute dtype for the second matmul), dropout
-    # mask, and the dropped probabilities where the runtime keeps them
-    # (``attn_dropout_out_saved``; XLA recomputes them from the mask)
-    materialised = a * s * (n["rt_score_copies"] * ab + n["rt_score_fp32_copies"] * 4.0
-                            + mask_a * (1.0 + n["rt_attn_dropout_out_saved"] * ab))
-    # Causal or not, XLA and PyTorch materialise the full s x s matrix.
-    # blockwise attention: the softmax statistics (q and the output, regrouped by block, are
-    # the q and attention output counted in ``sharded``)
-    flash = a * n["rt_attn_lse_bytes"]
-    scores = k.flash * flash + (1.0 - k.flash) * materialised
-    # A plain MLP stack (family "mlp") keeps one input and one activation per layer.
-    mlp_only = ab * 2.0 * h
-    scale = n["rt_act_scale"]
-    # attention dropout's mask and dropped probabilities (regenerated, not stored, when a
-    # recomputed block is rebuilt: the mask comes from the step's key)
-    dropout_scores = (1.0 - k.flash) * a * s * mask_a * (1.0 + n["rt_attn_dropout_out_saved"] * ab)
-    # a rebuilt block holds its float32 score copy in the compute dtype (the scores and the
-    # masked scores, before the float32 softmax, which is fused into its consumer)
-    rebuilt_cast = (1.0 - k.flash) * a * s * n["rt_score_fp32_copies"] * (4.0 - ab)
-    # blockwise attention in a rebuilt block: its backward loop's zero-initialised gradient
-    # accumulators (query-sized, ``flash_qo_copies`` of them), which XLA creates for every
-    # rebuilt block at once, ahead of the backward pass (a hoisted broadcast)
-    flash_accum = k.flash * n["rt_flash_qo_copies"] * ab * a * hd
-    return {
-        "flash_accum": scale * jnp.where(is_mlp_model > 0, 0.0, flash_accum),
-        "replicated": scale * jnp.where(is_mlp_model > 0, mlp_only, replicated),
-        "sharded": scale * jnp.where(is_mlp_model > 0, 0.0, sharded),
-        "scores": scale * jnp.where(is_mlp_model > 0, 0.0, scores),
-        "dropout_scores": scale * jnp.where(is_mlp_model > 0, 0.0, dropout_scores),
-        "rebuilt_cast": scale * jnp.where(is_mlp_model > 0, 0.0, rebuilt_cast),
-        "layer_input": ab * h,
-    }
-
-
-def layer_activation_bytes(k: Knobs, n, tokens):
-    """Bytes one block saves for ``tokens`` tokens under each policy: (none, selective, full).
-
-    Selective recomputation is a mixture by the profile's ``selective_saves_dots``: 0 is
-    Korthikanti et al.'s (keep everything but the attention core); 1 is JAX's
-    ``dots_with_no_batch_dims_saveable`` (keep only the projections' outputs, q k v o
-    gate/up down, and the block input; norms, activations and the attention core are rebuilt).
-    """
-    t = layer_activation_terms(k, n)
-    rep_div = shard(k.sp, k.tp)
-    none = tokens * (t["replicated"] * rep_div + (t["sharded"] + t["scores"]) / k.tp)
-    korthikanti = none - tokens * t["scores"] / k.tp
-    ab = n["act_bytes"]
-    moe_mult = jnp.where(n["E"] > 1, n["topk"] * n["rt_moe_capacity_factor"], 1.0)
-    up_mats = 1.0 + n["gated"]
-    dots = ab * ((n["a"] * n["hd"] + 2.0 * n["kv"] * n["hd"] + up_mats * n["f"] * moe_mult)
-                 / k.tp + 3.0 * n["h"] * rep_div)           # + o and down outputs, block input
-    dots = jnp.where(n["mlp"] > 0, ab * 2.0 * n["h"], dots)
-    c = n["rt_selective_saves_dots"]
-    selective = (1.0 - c) * korthikanti + c * tokens * dots * n["rt_act_scale"]
-    full = tokens * t["layer_input"] * rep_div
-    accum = tokens * t["flash_accum"] / k.tp
-    return none, selective + accum, full + accum
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,22 +105,38 @@ def largest_module(k: Knobs, n):
 
 
 # --------------------------------------------------------------------------------------------
-# The breakdown
+# One stage
 # --------------------------------------------------------------------------------------------
+def _phase_max(phases: dict):
+    """The phase with the largest total (exact at integer points), and each term's value in it."""
+    totals = jnp.stack([sum(p.values()) for p in phases.values()])
+    which = jnp.argmax(totals)
+    onehot = jax.nn.one_hot(which, totals.shape[0], dtype=totals.dtype)
+    keys = next(iter(phases.values())).keys()
+    out = {key: sum(onehot[i] * p[key] for i, p in enumerate(phases.values())) for key in keys}
+    return out, totals, which
+
+
 def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, first_stage):
     """Memory of one device holding ``layers`` blocks plus ``extra_params``.
 
-    ``first_stage`` (the stage whose input edge is held for every micro-batch in flight) is
-    a bool, or an array of them when the stage arguments are batched under `jax.vmap`.
+    ``first_stage`` (the stage whose input edge is held for every micro-batch in flight and
+    whose embedding gradient is accumulated) is a bool, or an array of them when the stage
+    arguments are batched under `jax.vmap`; ``logits_mb`` is 1 on the stage with the head.
     """
     per_layer, _, _, _ = stage_params(k, n)
     kv_rep, vocab_rep = tp_replication(k, n)
+    vocab_share = vocab_rep + (1.0 - vocab_rep) / k.tp
     z = k.zero
     f_opt, f_grad, f_param = z[1] + z[2] + z[3], z[2] + z[3], z[3]
     dp = k.dp
     # ZeRO splits state over the data-parallel group; expert tensors, already split over ep,
     # only over the expert-data-parallel group (dp / ep), as DeepSpeed-MoE does.
     edp = jnp.maximum(dp / k.ep, 1.0)
+    if first_stage is True or first_stage is False:
+        first = 1.0 if first_stage else 0.0
+    else:                                   # an array (e.g. under `jax.vmap`): 1 or 0
+        first = jnp.where(first_stage, 1.0, 0.0)
 
     # --- parameters (LoRA: frozen base, quantised where wrapped) ---
     dense_params = layers * per_layer + extra_params
@@ -215,150 +160,192 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
 
     trainable = lora * layers * lora_tp + (1 - lora) * dense_params
     trainable_expert = (1 - lora) * expert_params
-
-    # --- gradients: all live unless the update is fused into the backward pass ---
-    # (under accumulation a runtime that reuses buffers, ``buffer_reuse`` = 1, adds each
-    # micro-batch gradient into the accumulator as it is produced: the accumulator, counted
-    # below, is what stays live, and clipping reads it after the last micro-batch)
-    accumulating = step_at_least(k.grad_accum, 2.0)
-    need_all = (jnp.maximum(n["grad_clip"], accumulating)
-                * (1.0 - n["rt_buffer_reuse"] * accumulating))
-    fused_share = jnp.minimum(1.0, n["rt_grads_live_layers_fused"] / jnp.maximum(layers, 1e-6))
-    fused = n["rt_grads_fused"]
-    live = (1 - fused) + fused * (need_all + (1 - need_all) * fused_share)
-    grads_bytes = zshard(f_grad, trainable, trainable_expert) * n["grad_bytes"] * live
+    trainable_layer = lora * lora_tp + (1 - lora) * per_layer
+    trainable_layer_expert = (1 - lora) * expert_layer_params(k, n)
 
     # --- optimizer state (+ fp32 master weights), maybe offloaded to the host ---
     opt_per_param = n["master_bytes"] + n["opt_bytes"]
     opt_device = zshard(f_opt, trainable, trainable_expert) * opt_per_param
     optimizer_bytes = opt_device * (1.0 - k.offload)
 
-    # --- activations ---
+    # --- gradients ---
+    # One block's gradients on this device, all of them, and the embedding table's
+    # (a dense scatter-add target in the gradient dtype, created before the backward pass;
+    # the head's gradient lands in it when tied). ZeRO-2/3 keep a 1/dp slice.
+    gb = n["grad_bytes"]
+    grad_layer = (trainable_layer - trainable_layer_expert) * shard(f_grad, dp) * gb \
+        + trainable_layer_expert * shard(f_grad, edp) * gb
+    grads_all = zshard(f_grad, trainable, trainable_expert) * gb
+    accumulating = step_at_least(k.grad_accum, 2.0)
+    # (under accumulation the embedding's accumulator is that buffer, counted in ``accum``)
+    embed_grad = (first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"])
+                  * shard(f_grad, dp) * gb * n["rt_embed_grad_early"]
+                  * (1.0 - accumulating * n["rt_accum_buffer"]))
+    head_grad = logits_mb * (1 - lora) * (n["P_head_tp"] * vocab_share + n["P_head_rep"]) \
+        * shard(f_grad, dp) * gb
+    # every gradient must stay live to the end of the backward pass: clipping's global norm,
+    # a runtime that keeps .grad; accumulation keeps the accumulator instead (counted apart)
+    fused = n["rt_grads_fused"]
+    keep_all = 1.0 - fused * (1.0 - n["grad_clip"])
+    keep_all = keep_all * (1.0 - fused * accumulating)     # XLA adds into the accumulator
+    accum = accumulating * n["rt_accum_buffer"] * grads_all
+    # Data parallelism: a runtime that combines the gradients' collectives (XLA's all-reduce
+    # and reduce-scatter combiners, up to ``grad_combine_bytes`` per collective) keeps each
+    # gradient (before its reduce-scatter: unsharded) until its group's collective runs, and
+    # the group is copied into one flat buffer for it.
+    unsharded_all = zshard(0.0, trainable, trainable_expert) * gb
+    multi_dp = step_at_least(dp, 2.0)
+    combine = n["rt_grad_combine_bytes"]
+    pending = multi_dp * jnp.minimum(unsharded_all, combine)
+    flat = multi_dp * n["rt_grad_combine_copy"] * jnp.minimum(unsharded_all, combine)
+
+    # --- activations of one micro-batch ---
     tokens = k.micro_batch * n["s"]
-    a_none, a_sel, a_full = layer_activation_bytes(k, n, tokens)
+    a_none, a_sel, a_full = saved_bytes(k, n, tokens)
     w_none, w_sel, w_full = k.remat[0], k.remat[1], k.remat[2]
-    stored = layers * (w_none * a_none + w_sel * a_sel + w_full * a_full) * in_flight
-    # A recomputed block is rebuilt during its backward pass; ``rebuild_fraction`` of what it
-    # would have saved is live at once (1: the whole block, as a caching allocator holds it),
-    # less the attention-dropout buffers ``rt_rebuild_dropout`` = 0 says are fused away.
-    terms = layer_activation_terms(k, n)
-    drop = ((1.0 - n["rt_rebuild_dropout"]) * terms["dropout_scores"]
-            + terms["rebuilt_cast"]) * tokens / k.tp
-    rebuild = n["rt_rebuild_fraction"] * (
-        jnp.minimum(1.0, w_full * layers) * (a_none - drop)
-        + jnp.minimum(1.0, w_sel * layers) * jnp.maximum(a_none - a_sel - drop, 0.0))
-    # The backward pass of a block holds float32 score gradients for a moment
-    # (``score_grad_copies`` of them, per head): of the whole s x s matrix when attention is
-    # materialised, of one block of ``attn_chunk_queries`` queries (against every key) when
-    # it runs blockwise (the validation step's chunked stand-in; 0 for a fused kernel).
-    # The blockwise loop's buffers are assigned apart from the rest of the step (XLA gives a
-    # loop body's buffers their own space), so they do not share memory with the logits.
-    per_head = n["rt_score_grad_copies"] * k.micro_batch * n["a"] * 4.0 / k.tp * jnp.where(
-        n["mlp"] > 0, 0.0, 1.0)
-    transient = per_head * (1.0 - k.flash) * n["s"] * n["s"]
-    loop_transient = per_head * k.flash * jnp.minimum(n["rt_attn_chunk_queries"], n["s"]) * n["s"]
-    # The score gradients are live while the block's attention runs backward, by which time
-    # its rebuilt MLP activations are gone: the larger of the rebuilt block and its scores plus
-    # their gradients (exact at integer points).
-    scores_rebuilt = n["rt_rebuild_fraction"] * (
-        jnp.minimum(1.0, w_full * layers) + jnp.minimum(1.0, w_sel * layers)) * tokens * (
-        terms["scores"] - terms["rebuilt_cast"]
-        - (1.0 - n["rt_rebuild_dropout"]) * terms["dropout_scores"]) / k.tp * (1.0 - k.flash)
-    rebuild = jnp.maximum(rebuild, scores_rebuilt + transient)
+    per_block = w_none * a_none + w_sel * a_sel + w_full * a_full
+    transient = backward_transient(k, n, tokens)
+    rebuilt_sel = jnp.maximum(a_none - a_sel, 0.0) * n["rt_rebuild_fraction"]
+    rebuilt_full = jnp.maximum(a_none - a_full, 0.0) * n["rt_rebuild_fraction"]
     rep_div = shard(k.sp, k.tp)
-    edge = tokens * (terms["layer_input"] + n["hidden_dropout"] * n["h"]) * rep_div
-    if first_stage is True or first_stage is False:
-        edge_in_flight = in_flight if first_stage else 1.0
-    else:                                   # an array (e.g. under `jax.vmap`): 1 or 0
-        edge_in_flight = jnp.where(first_stage, in_flight, 1.0)
-    activations_bytes = stored + rebuild + loop_transient + edge * edge_in_flight
+    # the stage's input edge, kept for every micro-batch in flight on the first stage
+    edge = tokens * (n["act_bytes"] + n["hidden_dropout"]) * n["h"] * rep_div
+    edge_bytes = edge * (first * in_flight + (1.0 - first))
+    stored = layers * per_block * in_flight
+    # the block under backward is its own micro-batch's: what it adds on top of the stored
+    top_own = (w_none * transient + w_sel * (rebuilt_sel + transient)
+               + w_full * (rebuilt_full + transient))
+    remat_share = jnp.minimum(1.0, (w_sel + w_full) * layers)       # 1 if any block rebuilds
+    rebuild_own = ((w_sel * (rebuilt_sel + transient) + w_full * (rebuilt_full + transient))
+                   / jnp.maximum(w_sel + w_full, 1e-6)) * remat_share
+    stored_remat = layers * (w_sel * a_sel + w_full * a_full) * in_flight
+    bottom_own = (w_none * (a_none + transient) + w_sel * (a_sel + rebuilt_sel + transient)
+                  + w_full * (a_full + rebuilt_full + transient))
 
-    # --- gradients at the peak ---
-    # XLA's static buffer assignment reuses memory across the step: gradients produced late in
-    # the backward pass take the place of activations already consumed. With
-    # ``buffer_reuse`` = o, the gradients that must all be live at the end of the
-    # backward pass (clipping, or a micro-batch's gradients before they are accumulated)
-    # overlap the activations and logits by o * min(both): o = 0 adds them (the plain sum),
-    # o = 1 takes the larger. Under gradient accumulation the accumulator itself (all
-    # gradients) is live across the whole step, on top of the micro-batch's (counted at o).
-    accum = step_at_least(k.grad_accum, 2.0)
-    grads_all = zshard(f_grad, trainable, trainable_expert) * n["grad_bytes"]
-    accum_bytes = n["rt_buffer_reuse"] * accum * grads_all
-    late_grads = grads_bytes
-
-    # --- logits and loss buffers (last stage) ---
-    # (a tied head, x @ embedding.T, keeps one more compute-dtype copy for the embedding's
-    # gradient: ``logits_tied_copies``)
-    per_elem = ((n["rt_logits_act_copies"] + n["tied"] * n["rt_logits_tied_copies"])
-                * n["act_bytes"] + n["rt_logits_fp32_copies"] * 4.0)
-    logit_tp = n["logit_tp"] * (1.0 - vocab_rep)          # a replicated head: whole logits
-    logit_div = logit_tp * k.tp + (1 - logit_tp)
+    # --- logits and the loss (the stage with the head) ---
+    # The loss's gradient in float32 (``logits_fp32_copies``) beside a compute-dtype
+    # logits-sized buffer (``logits_act_copies``: the logits it is computed from, then its
+    # cast for the head's backward matmul), split over tp by a vocabulary-parallel head, or by
+    # sequence parallelism (the head then runs on the device's slice of the sequence).
+    # In 16-bit, a vocabulary that is not a multiple of 16 is padded to one for the head's
+    # backward GEMM: ``logits_pad_copies`` more compute-dtype copies while the cast is padded
+    # (in float32 the padded copy takes the place of the second float32 buffer).
+    lowp = (n["act_bytes"] < 4.0).astype(jnp.result_type(float))
+    pad = lowp * n["vocab_unaligned"] * n["rt_logits_pad_copies"]
+    per_elem = (n["rt_logits_fp32_copies"] * 4.0
+                + (n["rt_logits_act_copies"] + pad) * n["act_bytes"])
+    vocab_split = n["logit_tp"] * (1.0 - vocab_rep)
+    split = jnp.maximum(vocab_split, n["logit_tp"] * k.sp * n["rt_logits_follow_sp"])
+    logit_div = split * k.tp + (1.0 - split)
     logits_bytes = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * per_elem / logit_div
-    # The loss buffers are freed before the first recomputed block is rebuilt: with
-    # ``buffer_reuse`` = 1 they share memory (the larger counts; the rebuild is in
-    # activations_bytes, the logits' excess over it here).
-    logits_bytes = logits_bytes - n["rt_buffer_reuse"] * jnp.minimum(logits_bytes, rebuild)
+    # the final norm's input and output (the head's input) at the loss
+    head_acts = logits_mb * tokens * n["act_bytes"] * n["h"] * 2.0 * rep_div * (1.0 - n["mlp"])
 
-    # A rebuilt block is rebuilt while the gradients already produced are live (the last one
-    # rebuilt, with all but one block's gradients): gradients share memory only with the
-    # stored activations and the loss buffers, which are consumed before they are produced.
-    overlap = n["rt_buffer_reuse"] * jnp.minimum(activations_bytes - rebuild + logits_bytes,
-                                                 late_grads)
-    grads_bytes = accum_bytes + late_grads - overlap
+    # --- weight casts to the compute dtype (a matmul's operand) ---
+    # A stored block keeps its casts for the backward pass, a recomputed block casts again
+    # when it is rebuilt (one block's worth); the head's cast is live at the loss; the
+    # embedding table is read by a gather, never cast whole.
+    wcb = n["weight_copy_bytes"] * (1 - lora) * n["rt_weight_copy_fraction"]
+    cast_layer = wcb * shard(f_param, dp) * per_layer
+    cast_head = logits_mb * wcb * shard(f_param, dp) * (
+        n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share
+    casts_stored = layers * w_none * cast_layer
+    casts_rebuilt = (w_sel + w_full) * cast_layer
 
-    # --- communication buffers ---
-    # ZeRO-3/FSDP: whole blocks gathered for compute (the layer in use plus prefetch); the
-    # device's own 1/dp slice is already counted in params_bytes. A runtime that gathers
-    # module by module bounds the gathered parameters instead: DeepSpeed stops prefetching
-    # once ``zero3_max_live_params`` elements are resident (stage3_max_live_parameters) but
-    # always fetches the module about to run, so at most that bound plus the largest module
-    # (one weight matrix) is live. The smaller of the two counts (min: exact at integers).
+    # --- ZeRO-3 gathered weights ---
+    # Whole blocks gathered for compute (the layer in use plus prefetch); the device's own
+    # 1/dp slice is already counted in params_bytes. A runtime that gathers module by module
+    # bounds the gathered parameters instead: DeepSpeed stops prefetching once
+    # ``zero3_max_live_params`` elements are resident (stage3_max_live_parameters) but always
+    # fetches the module about to run. XLA (``zero3_keeps_stored_gathered`` = 1) gathers the
+    # weights cast to the compute dtype, and a block that is not recomputed keeps them for its
+    # backward pass.
     in_use = jnp.minimum(n["rt_zero3_prefetch_layers"], layers)
-    # XLA (``zero3_keeps_stored_gathered`` = 1) gathers the weights cast to the compute dtype,
-    # and a block that is not recomputed keeps its gathered weights for its backward pass
-    # (the backward's gathers are the forward's): every stored block's, plus the prefetch
-    # window for the rebuilt ones, which gather again.
     keep = n["rt_zero3_keeps_stored_gathered"]
-    in_use = (1.0 - keep) * in_use + keep * (layers * w_none + (1.0 - w_none) * in_use)
     gather_bytes = (1.0 - keep) * n["param_bytes"] + keep * jnp.where(
         n["weight_copy_bytes"] > 0, n["weight_copy_bytes"], n["param_bytes"])
     expert_layer = expert_layer_params(k, n)
     gathered_layer = ((per_layer - expert_layer) * (1.0 - 1.0 / dp)
                       + expert_layer * (1.0 - 1.0 / edp))
     bounded = (n["rt_zero3_max_live_params"] + largest_module(k, n)) * (1.0 - 1.0 / dp)
-    gathered = f_param * jnp.minimum(in_use * gathered_layer, bounded) * gather_bytes
+    gather_window = f_param * jnp.minimum(in_use * gathered_layer, bounded) * gather_bytes
+    gather_stored = f_param * keep * layers * w_none * gathered_layer * gather_bytes
+    gathered = jnp.maximum(gather_window, gather_stored)
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
     p2p = step_at_least(k.pp, 2.0) * 2.0 * tokens * n["h"] * n["act_bytes"] * rep_div
     comm_bytes = gathered + buckets + p2p
 
-    # --- runtime overhead ---
-    # Casts of the weights to the compute dtype (a matmul's operand): a stored block keeps its
-    # casts for the backward pass, a recomputed block casts again when it is rebuilt (one
-    # block's worth at a time); the head's cast is live at the loss; the embedding table is
-    # read by a gather, never cast whole (XLA buffer assignment: heldout deep-llama s2048
-    # bf16-mixed holds every block's casts and the head's; calib-gpt s1024 full, with every block
-    # recomputed, a few matrices').
-    vocab_share = vocab_rep + (1.0 - vocab_rep) / k.tp
-    head = logits_mb * (n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share
-    cast_layers = layers * w_none + jnp.minimum(1.0, layers * (w_sel + w_full))
-    weight_copy = (n["rt_weight_copy_fraction"] * n["weight_copy_bytes"] * (1 - lora)
-                   * shard(f_param, dp) * (cast_layers * per_layer + head))
-    dynamic = activations_bytes + logits_bytes + grads_bytes + comm_bytes
-    overhead_bytes = (n["rt_context_bytes"] + n["rt_workspace_bytes"]
-                      + n["rt_fragmentation"] * dynamic + weight_copy)
-
-    total = (params_bytes + grads_bytes + optimizer_bytes + activations_bytes + logits_bytes
-             + comm_bytes + overhead_bytes)
-    return {
-        "params_bytes": params_bytes, "grads_bytes": grads_bytes,
-        "optimizer_bytes": optimizer_bytes, "activations_bytes": activations_bytes,
-        "logits_bytes": logits_bytes, "comm_bytes": comm_bytes,
-        "overhead_bytes": overhead_bytes, "total_bytes": total,
+    # --- the phases ---
+    # gradients live in each phase: the accumulator always (under accumulation), the head's
+    # once the loss is differentiated, the stored blocks' as the backward pass reaches the
+    # bottom (when they must all stay live), one block's while it is differentiated
+    above_bottom = jnp.maximum(layers - 1.0, 0.0) * grad_layer
+    stored_share = jnp.where(layers > 0, w_none, 0.0)
+    kept_bottom = keep_all * (head_grad + above_bottom)
+    kept_rebuild = keep_all * (head_grad + layers * stored_share * grad_layer)
+    grads = {
+        "loss": accum + embed_grad + keep_all * head_grad,
+        "top": accum + embed_grad + keep_all * head_grad + grad_layer,
+        # (pending: only what the blocks above have produced, the stored ones)
+        "rebuild": accum + embed_grad + grad_layer + jnp.maximum(
+            kept_rebuild, jnp.minimum(pending, multi_dp * (head_grad + layers * stored_share
+                                                           * grad_layer))),
+        "bottom": accum + embed_grad + jnp.maximum(kept_bottom, pending) + grad_layer,
+        "update": accum + jnp.maximum(keep_all * (grads_all + embed_grad), pending) + flat,
+    }
+    acts = {
+        "loss": stored + edge_bytes + head_acts,
+        "top": stored + edge_bytes + top_own,
+        "rebuild": stored_remat + edge_bytes + rebuild_own,
+        "bottom": edge_bytes + bottom_own + (in_flight - 1.0) * layers * per_block,
+        "update": 0.0 * stored,
+    }
+    logits = {"loss": logits_bytes, "top": 0.0 * logits_bytes, "rebuild": 0.0 * logits_bytes,
+              "bottom": 0.0 * logits_bytes, "update": 0.0 * logits_bytes}
+    casts = {
+        "loss": casts_stored + cast_head,
+        "top": casts_stored + casts_rebuilt,
+        "rebuild": casts_rebuilt,
+        "bottom": jnp.minimum(casts_stored, cast_layer) + casts_rebuilt,
+        "update": 0.0 * casts_stored,
+    }
+    comm = {
+        "loss": comm_bytes, "top": comm_bytes,
+        "rebuild": gather_window + buckets + p2p,
+        "bottom": gather_window + buckets + p2p,
+        "update": buckets + 0.0 * comm_bytes,
+    }
+    # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)
+    exists = {"rebuild": remat_share}
+    phases = {}
+    for name in PHASES:
+        dynamic = acts[name] + logits[name] + grads[name] + comm[name] + casts[name]
+        w = exists.get(name, 1.0)
+        phases[name] = {key: w * v for key, v in {
+            "params_bytes": params_bytes, "optimizer_bytes": optimizer_bytes,
+            "grads_bytes": grads[name], "activations_bytes": acts[name],
+            "logits_bytes": logits[name], "comm_bytes": comm[name],
+            "overhead_bytes": (n["rt_context_bytes"] + n["rt_workspace_bytes"] + casts[name]
+                               + n["rt_fragmentation"] * dynamic),
+        }.items()}
+    out, totals, which = _phase_max(phases)
+    out["total_bytes"] = sum(out[key] for key in (
+        "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
+        "comm_bytes", "overhead_bytes"))
+    out["weight_copy_bytes"] = sum(
+        jax.nn.one_hot(which, len(PHASES), dtype=totals.dtype)[i] * casts[p] * exists.get(p, 1.0)
+        for i, p in enumerate(PHASES))
+    out["peak_phase"] = which.astype(totals.dtype)
+    out.update({f"phase_{p}_bytes": totals[i] for i, p in enumerate(PHASES)})
+    out.update({
         "host_optimizer_bytes": opt_device * k.offload,
         "trainable_params": trainable, "device_params": dense_params,
+        # every gradient on this device (ZeRO-2/3: its slice): the model states' gradients
+        "grads_all_bytes": grads_all,
         # the trainable state's bytes on this device (ZeRO-3 splits it, experts over dp / ep)
         "trainable_bytes": zshard(f_param, trainable, trainable_expert) * n["param_bytes"],
-    }
+    })
+    return out
 
 
 def end_stage_args(k: Knobs, n) -> tuple[dict, dict]:
@@ -370,7 +357,7 @@ def end_stage_args(k: Knobs, n) -> tuple[dict, dict]:
     first = {"extra_params": first_extra + single * last_extra, "in_flight": in_flight,
              "logits_mb": single, "first_stage": True}
     last = {"extra_params": last_extra + single * first_extra, "in_flight": 1.0,
-            "logits_mb": 1.0, "first_stage": False}
+            "logits_mb": 1.0, "first_stage": single > 0.5}
     return first, last
 
 
@@ -396,3 +383,8 @@ def memory(k: Knobs, n) -> dict:
     out["vram_bytes"] = n["vram_bytes"]
     out["free_bytes"] = n["usable_bytes"] - out["total_bytes"]
     return out
+
+
+__all__ = ["PHASES", "end_stage_args", "end_stage_memory", "expert_layer_params",
+           "indivisible", "largest_module", "memory", "shard", "stage_memory", "stage_params",
+           "step_at_least", "tp_replication"]

@@ -30,7 +30,7 @@ from .._specs import Config, Scenario
 from ..cost import estimate_numbers, knobs_from_config, scenario_numbers
 
 # What XLA's buffers can pin down (activation bytes per op, logits copies, weight casts).
-DEFAULT_COEFFS = ("act_scale", "logits_fp32_copies", "weight_copy_fraction")
+DEFAULT_COEFFS = ("resid_saved", "logits_fp32_copies", "weight_copy_fraction")
 TARGETS = ("temp_bytes", "peak_bytes")
 
 
@@ -96,11 +96,9 @@ def samples_from_results(results: Iterable[dict], scenario: Scenario, *,
 
 def _predict(knobs, nums, input_bytes, extra_out, target: str):
     mem = estimate_numbers(knobs, nums).memory
-    dynamic = (mem["activations_bytes"] + mem["logits_bytes"] + mem["grads_bytes"]
-               + mem["comm_bytes"])
-    temp = (mem["total_bytes"] - mem["params_bytes"] - mem["optimizer_bytes"]
-            - nums["rt_context_bytes"] - nums["rt_workspace_bytes"]
-            - nums["rt_fragmentation"] * dynamic)
+    # the step's own buffers, as `capopt.validation.predict` maps them onto XLA's temp
+    temp = (mem["activations_bytes"] + mem["logits_bytes"] + mem["grads_bytes"]
+            + mem["comm_bytes"] + mem["weight_copy_bytes"])
     if target == "temp_bytes":
         return temp
     return mem["params_bytes"] + mem["optimizer_bytes"] + input_bytes + extra_out + temp

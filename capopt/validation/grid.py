@@ -1,7 +1,7 @@
 """The calibration grid: measure it on a tier and fit a runtime profile.
 
     python -m capopt.validation.grid [--tier xla-gpu] [--gpu h100-sxm-80gb] [--points 40]
-        [--profile-out capopt/profiles/xla-gpu-calibrated.toml]
+        [--profile-out my-xla-gpu.toml]
 
 Measurements stream to ``--measurements`` and ``--heldout-measurements`` (JSONL; a rerun
 resumes by scenario name and config, since a measurement does not depend on the cost model,
@@ -47,8 +47,8 @@ judges it."""
 # alike). No overall scale: it is degenerate with the per-op counts. Every count starts at
 # the value read off the buffer assignment and is held near it by a log-normal prior
 # (``PRIOR_WEIGHT``), so the fit moves a count only as far as the data insist.
-FIT_COEFFS = ("weight_copy_fraction", "score_copies", "score_grad_copies", "flash_qo_copies",
-              "logits_act_copies", "logits_fp32_copies", "norm_inputs_saved",
+FIT_COEFFS = ("weight_copy_fraction", "score_copies", "score_grad_copies",
+              "logits_act_copies", "logits_fp32_copies", "resid_saved",
               "mlp_gelu_saved", "mlp_gelu_lowp_saved", "mlp_gated_saved")
 PRIOR_WEIGHT = 1e-3
 
@@ -258,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-heldout", action="store_true", help="skip the held-out grid")
     ap.add_argument("--results-out", default="benchmarks/results/xla_gpu_calibration.json")
     ap.add_argument("--profile-out", default=None,
-                    help="write the fitted profile here (e.g. "
-                         "capopt/profiles/xla-gpu-calibrated.toml)")
+                    help="write the fitted profile here (e.g. my-xla-gpu.toml)")
     ap.add_argument("--coeffs", default=",".join(FIT_COEFFS))
     ap.add_argument("--target", default="peak_bytes", choices=["peak_bytes", "temp_bytes"])
     ap.add_argument("--steps", type=int, default=3000)

@@ -26,7 +26,7 @@ wrapped base matrices are stored per ``lora.base_bits``:
 - 4: QLoRA as a *documented approximation* of NF4 with double quantisation: two 4-bit codes
   packed per uint8 (out/2 columns), one uint8 absmax code per 64 weights and one float32
   second-level scale per 256 absmax blocks, dequantised through the 16-entry NF4 table.
-  Bytes per weight: 1/2 + 1/64 + 4/16384 = 0.5159, the profile's ``base_bytes_4bit``.
+  Bytes per weight: 1/2 + 1/64 + 4/16384 (`capopt._runtime.NF4_BYTES_PER_WEIGHT`).
 """
 
 from __future__ import annotations
@@ -40,14 +40,13 @@ import numpy as np
 from flax import nnx
 
 from .._model import ModelSpec
+from .._runtime import NF4_BLOCK, NF4_BLOCK2
 from .._specs import LoRA
 
 # A list of submodules: `nnx.List` where this flax has it (>= 0.12), a plain list before.
 _List = getattr(nnx, "List", list)
 
 INIT_STD = 0.02
-NF4_BLOCK = 64            # weights per absmax (QLoRA, Dettmers et al. 2023)
-NF4_BLOCK2 = 256          # absmax codes per second-level float32 scale
 # The 16 NF4 levels (Dettmers et al. 2023, appendix E).
 NF4_TABLE = np.array([
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
@@ -439,16 +438,31 @@ class Block(nnx.Module):
         k1 = k2 = k3 = None
         if key is not None:
             k1, k2, k3 = jax.random.split(key, 3)
+        scope = jax.named_scope
         if self.post_norm:
-            x = self.norm1(x + dropout(self.attn(x, k1), self.rate, k2))
-            return self.norm2(x + dropout(self.mlp(x), self.rate, k3))
-        a = self.attn(self.norm1(x), k1)
+            with scope("attn"):
+                a = self.attn(x, k1)
+            with scope("norm1"):
+                x = self.norm1(x + dropout(a, self.rate, k2))
+            with scope("mlp"):
+                m = self.mlp(x)
+            with scope("norm2"):
+                return self.norm2(x + dropout(m, self.rate, k3))
+        with scope("norm1"):
+            y = self.norm1(x)
+        with scope("attn"):
+            a = self.attn(y, k1)
         if self.norm3 is not None:
-            a = self.norm3(a)
+            with scope("norm3"):
+                a = self.norm3(a)
         x = x + dropout(a, self.rate, k2)
-        m = self.mlp(self.norm2(x))
+        with scope("norm2"):
+            y = self.norm2(x)
+        with scope("mlp"):
+            m = self.mlp(y)
         if self.norm4 is not None:
-            m = self.norm4(m)
+            with scope("norm4"):
+                m = self.norm4(m)
         return x + dropout(m, self.rate, k3)
 
 
@@ -461,6 +475,38 @@ REMAT_POLICIES = {
 }
 
 
+def remat_at_backward(fn, policy):
+    """``jax.checkpoint(fn, policy=policy)`` whose recomputation waits for its cotangent.
+
+    A plain `jax.checkpoint` in an unrolled loop of blocks leaves XLA's scheduler free to run
+    every block's recomputation as soon as its saved input exists, and it does: compiled for
+    a GPU, the recomputed blocks are rebuilt together before the loss's backward pass (seen in
+    XLA's buffer assignment of full-recompute steps: every block's rebuilt MLP live at the
+    loss), which keeps more than no recomputation saves. Here the saved residuals pass one
+    optimization barrier with the incoming cotangent, so a block is rebuilt when its backward
+    pass begins, as a scan over layers (MaxText) or PyTorch's checkpoint does.
+    """
+    ck = jax.checkpoint(fn, policy=policy)
+
+    @jax.custom_vjp
+    def run(*args):
+        return ck(*args)
+
+    def fwd(*args):
+        return jax.vjp(ck, *args)
+
+    def bwd(vjp, ct):
+        leaves, treedef = jax.tree.flatten(vjp)
+        tied = [i for i, v in enumerate(leaves) if jnp.issubdtype(v.dtype, jnp.inexact)]
+        held, ct = jax.lax.optimization_barrier(([leaves[i] for i in tied], ct))
+        for i, v in zip(tied, held):
+            leaves[i] = v
+        return jax.tree.unflatten(treedef, leaves)(ct)
+
+    run.defvjp(fwd, bwd)
+    return run
+
+
 def run_blocks(blocks, x, key, policy: Policy):
     """Apply the blocks in order, each under its remat policy; constrain the residual stream."""
     constrain = policy.constrain or (lambda y: y)
@@ -468,16 +514,19 @@ def run_blocks(blocks, x, key, policy: Policy):
     for i, blk in enumerate(blocks):
         bkey = jax.random.fold_in(key, i) if key is not None else None
         mode = policy.remat[i] if i < len(policy.remat) else "none"
-        if mode == "none":
-            x = blk(x, bkey)
-        else:
-            gd, st = nnx.split(blk)
+        # a named scope per block: XLA's buffers carry it in their metadata, so a peak's
+        # live set can be read block by block (`capopt.validation.liveset`)
+        with jax.named_scope(f"block{i}"):
+            if mode == "none":
+                x = blk(x, bkey)
+            else:
+                gd, st = nnx.split(blk)
 
-            def f(st, x, k, gd=gd):
-                return nnx.merge(gd, st)(x, k)
+                def f(st, x, k, gd=gd):
+                    return nnx.merge(gd, st)(x, k)
 
-            x = jax.checkpoint(f, policy=REMAT_POLICIES[mode])(st, x, bkey)
-        x = constrain(x)
+                x = remat_at_backward(f, REMAT_POLICIES[mode])(st, x, bkey)
+            x = constrain(x)
     return x
 
 
@@ -510,10 +559,11 @@ class DecoderLM(nnx.Module):
             x = x + self.pos_embed(jnp.arange(ids.shape[1]))[None]
         x = dropout(x, self.rate, jax.random.fold_in(key, 10**6) if key is not None else None)
         x = run_blocks(self.blocks, x, key, self.policy)
-        x = self.final_norm(x)
-        logits = self.embed.attend(x) if self.tied else self.lm_head(x)
-        if self.lm_head_bias is not None:
-            logits = logits + self.lm_head_bias[...].astype(logits.dtype)
+        with jax.named_scope("head"):
+            x = self.final_norm(x)
+            logits = self.embed.attend(x) if self.tied else self.lm_head(x)
+            if self.lm_head_bias is not None:
+                logits = logits + self.lm_head_bias[...].astype(logits.dtype)
         return logits
 
 
@@ -558,12 +608,13 @@ class Encoder(nnx.Module):
             x = self.embed_norm(x)
         x = dropout(x, self.rate, jax.random.fold_in(key, 10**6) if key is not None else None)
         x = run_blocks(self.blocks, x, key, self.policy)
-        pooled = jnp.tanh(self.pooler(x[:, 0])) if self.pooler is not None else x[:, 0]
-        logits = None
-        if self.mlm_transform is not None:
-            t = self.mlm_norm(self.act(self.mlm_transform(x)))
-            logits = self.embed.attend(t) if self.tied else self.mlm_decoder(t)
-            logits = logits + self.mlm_bias[...].astype(logits.dtype)
+        with jax.named_scope("head"):
+            pooled = jnp.tanh(self.pooler(x[:, 0])) if self.pooler is not None else x[:, 0]
+            logits = None
+            if self.mlm_transform is not None:
+                t = self.mlm_norm(self.act(self.mlm_transform(x)))
+                logits = self.embed.attend(t) if self.tied else self.mlm_decoder(t)
+                logits = logits + self.mlm_bias[...].astype(logits.dtype)
         return x, logits, pooled
 
 
@@ -594,8 +645,9 @@ class ViT(nnx.Module):
         x = jnp.concatenate([cls, x], axis=1) + self.pos[...].astype(cd)[None]
         x = dropout(x, self.rate, jax.random.fold_in(key, 10**6) if key is not None else None)
         x = run_blocks(self.blocks, x, key, self.policy)
-        x = self.final_norm(x)
-        pooled = jnp.tanh(self.pooler(x[:, 0])) if self.pooler is not None else x[:, 0]
+        with jax.named_scope("head"):
+            x = self.final_norm(x)
+            pooled = jnp.tanh(self.pooler(x[:, 0])) if self.pooler is not None else x[:, 0]
         return x, pooled
 
 
@@ -620,13 +672,14 @@ class MLPStack(nnx.Module):
                 y = layer(x)
                 return y if last else self.act(y)
 
-            if mode == "none":
-                x = f(layer, x)
-            else:
-                gd, st = nnx.split(layer)
-                g = lambda st, x, gd=gd, f=f: f(nnx.merge(gd, st), x)  # noqa: E731
-                x = jax.checkpoint(g, policy=REMAT_POLICIES[mode])(st, x)
-            x = constrain(x)
+            with jax.named_scope(f"block{i}"):
+                if mode == "none":
+                    x = f(layer, x)
+                else:
+                    gd, st = nnx.split(layer)
+                    g = lambda st, x, gd=gd, f=f: f(nnx.merge(gd, st), x)  # noqa: E731
+                    x = remat_at_backward(g, REMAT_POLICIES[mode])(st, x)
+                x = constrain(x)
         return x
 
 

@@ -51,13 +51,10 @@ def predicted_terms(config: Config, scenario: Scenario, *, input_bytes: int = 0,
     """The cost model's prediction of every measured term, per device (bytes; ``step_s``)."""
     est = estimate(config, scenario)
     m = {k: float(v) for k, v in est.memory.items()}
-    rt = scenario.runtime
     trainable_bytes = m["trainable_bytes"]
-    dynamic = (m["activations_bytes"] + m["logits_bytes"] + m["grads_bytes"]
-               + m["comm_bytes"])
-    weight_copy = (m["overhead_bytes"] - rt.coeff("context_bytes") - rt.coeff("workspace_bytes")
-                   - rt.coeff("fragmentation") * dynamic)
-    temp = dynamic + weight_copy
+    weight_copy = m["weight_copy_bytes"]
+    temp = (m["activations_bytes"] + m["logits_bytes"] + m["grads_bytes"] + m["comm_bytes"]
+            + weight_copy)
     argument = m["params_bytes"] + m["optimizer_bytes"] + input_bytes
     alias = trainable_bytes + m["optimizer_bytes"]
     output = alias + LOSS_BYTES + TUPLE_ENTRY_BYTES * output_leaves

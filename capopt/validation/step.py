@@ -114,10 +114,11 @@ def batch_shapes(scenario: Scenario, config: Config, compute_dtype) -> dict[str,
 
 
 def _xent(logits, labels):
-    logits = logits.astype(jnp.float32)
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
-    return jnp.mean(logz - picked)
+    with jax.named_scope("loss"):
+        logits = logits.astype(jnp.float32)
+        logz = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+        return jnp.mean(logz - picked)
 
 
 def model_loss(model, family: str, batch: dict, key):
@@ -262,8 +263,9 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
             loss = loss / ga
         if zero >= 2:
             grads = jax.lax.with_sharding_constraint(grads, grad_sh)
-        updates, opt = tx.update(grads, opt, tr)
-        tr = optax.apply_updates(tr, updates)
+        with jax.named_scope("optimizer"):
+            updates, opt = tx.update(grads, opt, tr)
+            tr = optax.apply_updates(tr, updates)
         return tr, opt, loss
 
     # keep_unused: the key stays an argument even without dropout, so argument bytes are the

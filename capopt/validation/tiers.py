@@ -147,15 +147,36 @@ def run_exact(scenario, config) -> dict[str, Any]:
     return _analyse(step, compiled, time.perf_counter() - t0)
 
 
+# XLA's GPU compiler with autotuning off can fail to tile a small float32 or pure-bf16 GEMM for
+# its Triton emitter (``INTERNAL: Couldn't find output tile sizes that satisfy hlo``); the same
+# step compiles with Triton GEMMs off (cuBLAS for every dot). The tier then retries once with
+# these options and records them, so no measurement is lost.
+GEMM_TILING_ERROR = "Couldn't find output tile sizes"
+GEMM_RETRY_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+
+
+def compile_retrying_gemm_tiling(lowered) -> tuple[Any, dict[str, Any]]:
+    """``lowered.compile()``, or once more with `GEMM_RETRY_OPTIONS` if GEMM tiling failed;
+    returns the executable and the compiler options it took (empty for the first try)."""
+    try:
+        return lowered.compile(), {}
+    except Exception as e:          # XlaRuntimeError; its class moved between JAX versions
+        if GEMM_TILING_ERROR not in str(e):
+            raise
+    return lowered.compile(compiler_options=dict(GEMM_RETRY_OPTIONS)), dict(GEMM_RETRY_OPTIONS)
+
+
 def run_xla_gpu(scenario, config) -> dict[str, Any]:
     from .step import build_step
     n = devices_needed(config)
     topo = gpu_topology(scenario.hardware, n)
     step = build_step(scenario, config, topo.devices, tier="xla-gpu")
     t0 = time.perf_counter()
-    compiled = step.lower().compile()
+    compiled, options = compile_retrying_gemm_tiling(step.lower())
     out = _analyse(step, compiled, time.perf_counter() - t0)
     out["details"]["target"] = scenario.hardware.name
+    if options:
+        out["details"]["compiler_options"] = options
     return out
 
 

@@ -1,0 +1,236 @@
+"""Peak memory on configs drawn at random, judged by XLA's GPU buffer assignment.
+
+    python benchmarks/memory_random.py [--cases 200] [--jobs 2] [--full-size] [--quick]
+
+Draws ``--cases`` configs with `capopt.validation.random_configs.draw_cases` (fixed seed; each
+card shape in the fitting or the held-out split by a hash of its sizes), compiles each as the
+real Flax training step for an H100 through the xla-gpu tier (one process per case, as
+``capopt validate`` does), and compares the ``xla-gpu`` profile's predicted peak per device
+(argument + output + temp - alias) with XLA's. ``--full-size`` adds configs of shipped cards
+(an 8B-class decoder, an MoE, tensor parallelism, ZeRO-3). Measurements are appended to a
+JSONL file as they finish and a rerun resumes (a measurement does not depend on the cost
+model); the table and ``--out`` (JSON) are recomputed from the current model every time.
+
+The fitting split is where the profile's rules were read (XLA's buffer assignment of those
+configs, `capopt.validation.liveset`); the held-out split's cards share no shape with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from capopt._hardware import get_hardware  # noqa: E402
+from capopt._runtime import get_profile  # noqa: E402
+from capopt._specs import Budget, Config, Scenario, Workload, LoRA  # noqa: E402
+from capopt.validation.random_configs import Case, describe, draw_cases, features  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+TARGETS = {"median": 0.02, "p90": 0.05, "worst": 0.08, "feature_median": 0.04}
+GROUPS = ("family", "optimizer", "clipping", "grad_accum", "precision", "remat", "flash",
+          "layout", "tied", "attention", "lora")
+
+
+def full_size_cases() -> list[Case]:
+    """Configs of shipped cards, compiled whole (nothing is allocated)."""
+    from capopt._cards import load_card
+    hw = get_hardware("h100-sxm-80gb")
+    rt = get_profile("xla-gpu")
+    C = Config
+    rows = [  # card, seq, precision, optimizer, clip, count, config, lora
+        ("llama-3-8b", 2048, "bf16-mixed", "adamw", True, 8,
+         C(micro_batch=1, dp=8, zero_stage=3, remat="full"), None),
+        ("llama-3-8b", 4096, "bf16-mixed", "adamw", True, 8,
+         C(micro_batch=1, dp=2, tp=4, zero_stage=1, remat="full", sequence_parallel=True), None),
+        ("mistral-7b", 2048, "bf16", "adamw", False, 4,
+         C(micro_batch=2, dp=4, zero_stage=3, remat="selective"), None),
+        ("llama-2-7b", 2048, "bf16-mixed", "adamw", False, 1,
+         C(micro_batch=4, remat="full"), LoRA(rank=16, targets=("attn", "mlp"), base_bits=4)),
+        ("gpt2-1.5b", 1024, "bf16-mixed", "adamw", True, 1,
+         C(micro_batch=4, remat="selective"), None),
+        ("mixtral-8x7b", 1024, "bf16-mixed", "adamw", True, 8,
+         C(micro_batch=1, dp=8, ep=8, zero_stage=3, remat="full"), None),
+        ("llama-2-13b", 2048, "bf16-mixed", "sgd", False, 8,
+         C(micro_batch=1, grad_accum=2, dp=8, zero_stage=3, remat="full"), None),
+        ("vit-l16", 197, "bf16-mixed", "adamw", True, 4,
+         C(micro_batch=32, dp=4, zero_stage=2, remat="none", flash_attention=False), None),
+    ]
+    out = []
+    for i, (card, seq, prec, opt, clip, count, cfg, lora) in enumerate(rows):
+        m = load_card(card)
+        wl = Workload(seq_len=seq, global_batch=cfg.micro_batch * cfg.grad_accum * cfg.dp,
+                      precision=prec, optimizer=opt, grad_clip=clip, lora=lora)
+        sc = Scenario(name=f"full-{i}-{card}", model=m, hardware=hw, count=count,
+                      per_node=count, workload=wl, budget=Budget(vram_bytes=hw.memory_bytes),
+                      runtime=rt)
+        out.append(Case(name=sc.name, shape=card, split="full-size", scenario=sc, config=cfg,
+                        features=features(sc, cfg, card)))
+    return out
+
+
+def measurement_key(case: Case) -> str:
+    """What a measurement depends on (not the cost model): card, workload, target, config."""
+    sc = case.scenario
+    text = repr((sc.model, sc.workload, sc.hardware.name, sc.count,
+                 json.dumps(case.config.to_dict(), sort_keys=True)))
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def measure(cases: list[Case], path: Path, jobs: int, timeout_s: float) -> dict[str, dict]:
+    """Measure every case not already in ``path`` (JSONL, appended as each finishes)."""
+    from capopt.validation.runner import _append, _run_one, load_results
+    done = {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
+    todo = [c for c in cases if measurement_key(c) not in done]
+    if not todo:
+        return done
+    print(f"measuring {len(todo)} case(s) on the xla-gpu tier ({len(done)} already in "
+          f"{path.relative_to(ROOT)})", file=sys.stderr)
+    t0 = time.perf_counter()
+
+    def one(case: Case) -> dict:
+        job = {"tier": "xla-gpu", "scenario": case.scenario, "config": case.config,
+               "index": 0, "options": {}}
+        res = _run_one(job, timeout_s)
+        rec = {"key": measurement_key(case), "case": case.name, "split": case.split,
+               "describe": describe(case), "status": res.get("status", "error"),
+               "measured": res.get("measured"), "details": res.get("details", {}),
+               "error": res.get("error"), "wall_s": res.get("wall_s")}
+        _append(path, rec)
+        print(f"  [{time.perf_counter() - t0:6.0f} s] {rec['status']:<5} {rec['describe']}",
+              file=sys.stderr)
+        return rec
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for rec in pool.map(one, todo):
+            if rec["status"] == "ok":
+                done[rec["key"]] = rec
+    return done
+
+
+def predicted_peak(case: Case, rec: dict) -> dict:
+    from capopt.validation.predict import predicted_terms
+    m = rec["measured"]
+    return predicted_terms(case.config, case.scenario, input_bytes=m["input_bytes"],
+                           output_leaves=int(rec["details"].get("output_leaves", 0)))
+
+
+def summary(errors: list[float]) -> dict:
+    a = np.abs(np.asarray(errors, float))
+    if not a.size:
+        return {"n": 0}
+    e = np.asarray(errors, float)
+    worst = int(np.argmax(a))
+    return {"n": int(a.size), "median_abs": float(np.median(a)),
+            "p90_abs": float(np.percentile(a, 90)), "worst_abs": float(a[worst]),
+            "worst_signed": float(e[worst]), "mean_signed": float(e.mean()),
+            "under_predicted": int((e < 0).sum())}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:5.1f}%"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--full-size", action="store_true", help="add configs of shipped cards")
+    ap.add_argument("--measurements", default=str(RESULTS / "memory_random.jsonl"))
+    ap.add_argument("--out", default=str(RESULTS / "memory_random.json"))
+    ap.add_argument("--no-measure", action="store_true",
+                    help="only recompute the predictions for what is already measured")
+    args = ap.parse_args(argv)
+    from capopt.validation.tiers import xla_gpu_available
+    ok, why = xla_gpu_available()
+    if not ok and not args.no_measure:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    cases = draw_cases(args.cases, args.seed)
+    if args.full_size:
+        cases += full_size_cases()
+    path = Path(args.measurements)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from capopt.validation.runner import load_results
+    done = ({r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
+            if args.no_measure else measure(cases, path, args.jobs, args.timeout))
+    failed = [c for c in cases if measurement_key(c) not in done]
+    points = []
+    for case in cases:
+        rec = done.get(measurement_key(case))
+        if rec is None:
+            continue
+        p = predicted_peak(case, rec)
+        m = rec["measured"]
+        err = (p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"]
+        points.append({"case": case.name, "split": case.split, "describe": describe(case),
+                       "features": case.features, "measured_peak_bytes": m["peak_bytes"],
+                       "measured_temp_bytes": m["temp_bytes"],
+                       "predicted_peak_bytes": p["peak_bytes"],
+                       "predicted_temp_bytes": p["temp_bytes"], "error": err,
+                       "compiler_options": rec["details"].get("compiler_options", {})})
+    splits = {}
+    for split in ("heldout", "fit", "full-size"):
+        errs = [q["error"] for q in points if q["split"] == split]
+        if errs:
+            splits[split] = summary(errs)
+    groups = {}
+    for g in GROUPS:
+        vals = sorted({str(q["features"][g]) for q in points if q["split"] == "heldout"})
+        groups[g] = {v: summary([q["error"] for q in points if q["split"] == "heldout"
+                                 and str(q["features"][g]) == v]) for v in vals}
+    print(f"\nPeak bytes per device, predicted (xla-gpu profile) against XLA's buffer assignment "
+          f"(xla-gpu tier, {get_hardware('h100-sxm-80gb').name})\n")
+    print(f"{'split':<10} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7} {'mean':>7} {'under':>6}")
+    for split, s in splits.items():
+        print(f"{split:<10} {s['n']:>4} {_pct(s['median_abs']):>7} {_pct(s['p90_abs']):>7} "
+              f"{100 * s['worst_signed']:+6.1f}% {100 * s['mean_signed']:+6.1f}% "
+              f"{s['under_predicted']:>6}")
+    print("\nheld-out, by feature:")
+    print(f"{'group':<12} {'value':<16} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7}")
+    for g, vals in groups.items():
+        for v, s in vals.items():
+            if s["n"]:
+                print(f"{g:<12} {v:<16} {s['n']:>4} {_pct(s['median_abs']):>7} "
+                      f"{_pct(s['p90_abs']):>7} {100 * s['worst_signed']:+6.1f}%")
+    worst = sorted((q for q in points if q["split"] == "heldout"), key=lambda q: -abs(q["error"]))
+    print("\nworst held-out cases:")
+    for q in worst[:10]:
+        print(f"  {100 * q['error']:+6.1f}%  {q['describe']}")
+    if failed:
+        print(f"\n{len(failed)} case(s) not measured: "
+              + ", ".join(c.name for c in failed[:10]))
+    held = splits.get("heldout", {})
+    feature_worst = max((s["median_abs"] for vals in groups.values() for s in vals.values()
+                         if s.get("n", 0) >= 3), default=None)
+    checks = {
+        "median": held.get("median_abs"), "p90": held.get("p90_abs"),
+        "worst": held.get("worst_abs"), "feature_median": feature_worst,
+    }
+    print("\ntargets (held-out): " + "  ".join(
+        f"{k} {_pct(v)} {'<=' if v is not None and v <= TARGETS[k] else '>'} "
+        f"{100 * TARGETS[k]:.0f}%" for k, v in checks.items()))
+    out = {"tier": "xla-gpu", "gpu": "h100-sxm-80gb", "profile": "xla-gpu",
+           "cases": args.cases, "seed": args.seed, "splits": splits, "by_feature": groups,
+           "targets": TARGETS, "checks": checks, "points": points,
+           "not_measured": [c.name for c in failed], "total_s": time.perf_counter() - t0}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {Path(args.out).relative_to(ROOT)} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""What one block keeps for its backward pass, and what its backward pass adds, per device.
+
+One inventory of a block's activations, op by op, in bytes per token of the micro-batch
+(before tensor and sequence parallelism split it). Each entry says how it is split and under
+which recomputation policy it is kept; which entries a runtime keeps, and how many copies, are
+the runtime profile's rules (``rt_*`` counts, each with its source in the profile).
+
+Residual stream (split by tp only under sequence parallelism), ``resid_saved`` h-wide tensors:
+the block input, the first norm's output, the stream after attention and the second norm's
+output (Korthikanti et al. 2022: the two norm inputs and the two projection inputs); a block
+with four norms (Gemma 2) keeps the inputs of the two extra norms too. Attention (split by
+tp): q, k, v and the attention output (q + 2 kv + q wide). MLP (split by tp; top-k x capacity
+slots per token in an MoE): ``mlp_gated_saved`` f-wide tensors for a gated MLP, ``mlp_gelu_saved``
+(+ ``mlp_gelu_lowp_saved`` in 16-bit) for a GELU one. Materialised attention: ``score_copies``
+score matrices in the compute dtype and ``score_fp32_copies`` in float32 per head and key, a
+1-byte dropout mask and the dropped probabilities (``attn_dropout_out_saved``); blockwise
+attention keeps ``attn_lse_bytes`` per head instead. Hidden dropout: two 1-byte masks.
+
+Policies: ``none`` keeps all of it. ``selective`` is a mixture by ``selective_saves_dots``: 0 is
+Korthikanti et al.'s (everything but the attention core), 1 is JAX's
+``dots_with_no_batch_dims_saveable``: the block input and the outputs of the projections the
+backward pass reads (q, k, v, the attention's output projection, gate and up), nothing else.
+``full`` keeps the block input.
+
+The knobs arrive as the runtime applies them (`capopt.cost._inputs.runtime_knobs`): blockwise
+("flash") attention is off where the runtime's kernel does not tile the sequence.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ._inputs import Knobs
+
+
+def shard(fraction, degree):
+    """Share of a buffer one device holds when ``fraction`` of it is split ``degree`` ways."""
+    return 1.0 - fraction + fraction / degree
+
+
+def _moe_slots(n: dict):
+    """Expert slots per token: top-k x capacity factor for an MoE, else 1."""
+    return jnp.where(n["E"] > 1, n["topk"] * n["rt_moe_capacity_factor"], 1.0)
+
+
+def block_inventory(k: Knobs, n: dict) -> dict:
+    """Bytes per token one block produces for its backward pass, by how they split.
+
+    ``rep``: residual-stream tensors (divide by tp under sequence parallelism); ``tp``: sharded
+    by tensor parallelism; ``scores``: the materialised attention matrix (or, blockwise, its
+    statistics), sharded by tp. ``input``: the block input alone (full recomputation);
+    ``sel_rep`` / ``sel_tp``: what ``dots_with_no_batch_dims_saveable`` keeps.
+    """
+    ab = n["act_bytes"]
+    h, a, kv, hd, f, s = n["h"], n["a"], n["kv"], n["hd"], n["f"], n["s"]
+    q, kvw = a * hd, kv * hd
+    tf = 1.0 - n["mlp"]                                  # transformer families
+    slots = _moe_slots(n)
+    extra_norms = jnp.maximum(n["norms_per_layer"] - 2.0, 0.0)
+
+    rep = ab * (n["rt_resid_saved"] + extra_norms) * h + 2.0 * n["hidden_dropout"] * h
+    rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"], 0.0)            # float32 router probabilities
+    rep = rep + 4.0 * n["rt_norm_stats"] * n["norms_per_layer"]      # float32 norm statistics
+    lowp = (ab < 4.0).astype(jnp.result_type(float))
+    gelu = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
+    mlp = n["gated"] * n["rt_mlp_gated_saved"] + (1.0 - n["gated"]) * gelu
+    attn = ab * (2.0 * q + 2.0 * kvw)
+    tp = attn + ab * mlp * f * slots
+
+    mask_a = n["attn_dropout"]
+    materialised = a * s * (n["rt_score_copies"] * ab + n["rt_score_fp32_copies"] * 4.0
+                            + mask_a * (1.0 + n["rt_attn_dropout_out_saved"] * ab))
+    materialised = materialised + 4.0 * a * n["rt_softmax_stats"]
+    blockwise = a * n["rt_attn_lse_bytes"]
+    fl = k.flash
+    scores = fl * blockwise + (1.0 - fl) * materialised
+
+    # dots_with_no_batch_dims_saveable: the block input, the attention's output projection
+    # (and a four-norm block's MLP output, both norm inputs), q, k, v, gate and up
+    sel_rep = ab * (2.0 + 0.5 * extra_norms) * h
+    sel_tp = ab * ((q + 2.0 * kvw) + (1.0 + n["gated"]) * f * slots)
+
+    plain = ab * 2.0 * h                                 # family "mlp": input and activation
+    zero = jnp.zeros_like(h)
+    return {
+        "rep": jnp.where(tf > 0, rep, plain),
+        "tp": jnp.where(tf > 0, tp, zero),
+        "scores": jnp.where(tf > 0, scores, zero),
+        "input": ab * h,
+        "sel_rep": jnp.where(tf > 0, sel_rep, ab * h),
+        "sel_tp": jnp.where(tf > 0, sel_tp, zero),
+    }
+
+
+def saved_bytes(k: Knobs, n: dict, tokens) -> tuple:
+    """Bytes one block keeps for ``tokens`` tokens under each policy: (none, selective, full)."""
+    inv = block_inventory(k, n)
+    rep_div = shard(k.sp, k.tp)
+    none = tokens * (inv["rep"] * rep_div + (inv["tp"] + inv["scores"]) / k.tp)
+    korthikanti = none - tokens * inv["scores"] / k.tp
+    dots = tokens * (inv["sel_rep"] * rep_div + inv["sel_tp"] / k.tp)
+    c = n["rt_selective_saves_dots"]
+    selective = (1.0 - c) * korthikanti + c * dots
+    full = tokens * inv["input"] * rep_div
+    return none, selective, full
+
+
+def backward_transient(k: Knobs, n: dict, tokens):
+    """Bytes a block's backward pass holds on top of what the block saved, at its largest.
+
+    The score gradients of the attention's backward: ``score_grad_copies`` float32 matrices
+    per head (the whole s x s matrix when materialised; one block of ``attn_chunk_queries``
+    queries at a time when blockwise, the validation step's chunked stand-in); and the
+    MLP's input gradients: ``mlp_grad_saved`` f-wide tensors in the compute dtype (the gate
+    and up gradients of a gated MLP, the up gradient of a GELU one) with the residual
+    stream's gradient (two h-wide).
+    """
+    ab = n["act_bytes"]
+    fl = k.flash
+    tf = 1.0 - n["mlp"]
+    seqs = tokens / n["s"]
+    per_head = n["rt_score_grad_copies"] * seqs * n["a"] * 4.0 / k.tp
+    scores = per_head * n["s"] * ((1.0 - fl) * n["s"]
+                                  + fl * jnp.minimum(n["rt_attn_chunk_queries"], n["s"]))
+    mlp = tokens * ab * n["rt_mlp_grad_saved"] * (1.0 + n["gated"]) * n["f"] * _moe_slots(n) / k.tp
+    stream = tokens * ab * 2.0 * n["h"] * shard(k.sp, k.tp)
+    return tf * jnp.maximum(scores, mlp) + stream
+
+
+def layer_activation_bytes(k: Knobs, n: dict, tokens) -> tuple:
+    """(none, selective, full) bytes of one block: `saved_bytes` (the Korthikanti tables
+    check this)."""
+    return saved_bytes(k, n, tokens)
+
+
+__all__ = ["backward_transient", "block_inventory", "layer_activation_bytes",
+           "saved_bytes", "shard"]

@@ -1,0 +1,192 @@
+"""What XLA holds at a compiled step's peak: its own live ranges, read block by block.
+
+XLA writes, with ``--xla_dump_to=DIR``, the schedule of a compiled module and the live range
+of every buffer value (``*after_optimizations-live-range.txt``), ending with the values live at
+the peak. The validation models name their scopes (``block3/attn``, ``head``, ``loss``,
+``optimizer``), and JAX's transposition wraps them (``transpose(jvp(block3))``), so every
+value's metadata says which block it belongs to and whether it is part of the forward pass,
+the backward pass, a recomputation (``rematted_computation``) or the update.
+
+`read_peak(dump_dir)` returns the peak's values; `summarize` groups their bytes. This is how
+the memory model's phase rules are read off named configs (`capopt.cost.memory`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+_VALUE = re.compile(r"^\s+(?P<name>[^\s{]+)\{(?P<index>[^}]*)\}: (?P<bytes>\d+) bytes")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?(?P<name>[\w.\-]+) = (?P<rest>.*)$")
+_OPNAME = re.compile(r'op_name="(?P<op>[^"]*)"')
+_BLOCK = re.compile(r"block(\d+)")
+_PEAK = re.compile(r"Live ranges at (\d+) \(peak\):")
+_ALLOC = re.compile(r"^allocation (\d+): size (\d+)")
+_ASSIGNED = re.compile(r"^ value: <\d+ (?P<name>[^\s{@]+)(?:\{(?P<index>[^}]*)\})? @\d+> "
+                       r"\(size=(?P<size>\d+),offset=(?P<offset>\d+)\)")
+
+
+@dataclass(frozen=True)
+class LiveValue:
+    """One buffer value live at the peak."""
+
+    name: str
+    index: str
+    bytes: int
+    shape: str
+    op_name: str
+    parameter: bool            # an argument of the step (parameters, optimizer state, batch)
+    slot: tuple = ()           # (allocation, offset, size): values in one slot share memory
+
+    @property
+    def block(self) -> int | None:
+        m = _BLOCK.findall(self.op_name)
+        return int(m[-1]) if m else None
+
+    @property
+    def phase(self) -> str:
+        """argument | forward | backward | rebuild | loss | optimizer | other."""
+        op = self.op_name
+        if self.parameter:
+            return "argument"
+        if "optimizer" in op:
+            return "optimizer"
+        if "rematted_computation" in op:
+            return "rebuild"
+        if "transpose(" in op:
+            return "backward"
+        if "jvp(" in op:
+            return "forward"
+        return "other"
+
+    @property
+    def module(self) -> str:
+        """The named scope inside a block (attn, mlp, norm1, ...), or head / loss / embed."""
+        op = self.op_name
+        for part in ("attn", "mlp", "norm1", "norm2", "norm3", "norm4"):
+            if f"/{part}/" in op or op.endswith(f"/{part}"):
+                return part
+        for part in ("loss", "head"):
+            if part in op:
+                return part
+        return "-"
+
+
+@dataclass(frozen=True)
+class Peak:
+    index: int                 # position in the schedule
+    length: int                # instructions in the schedule
+    at: str                    # the instruction scheduled at the peak
+    at_op_name: str
+    values: tuple[LiveValue, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes at the peak, each memory slot once (in-place updates share their operand's)."""
+        return sum(v.bytes for v in self.unique())
+
+    def unique(self) -> tuple[LiveValue, ...]:
+        """The values with a slot of their own (the first value of each shared slot)."""
+        seen, out = set(), []
+        for v in self.values:
+            if v.slot and v.slot in seen:
+                continue
+            seen.add(v.slot)
+            out.append(v)
+        return tuple(out)
+
+
+def _dump_file(dump_dir: Path, suffix: str) -> Path:
+    hits = sorted(p for p in dump_dir.iterdir() if p.name.endswith(suffix)
+                  and "gpu_after_optimizations" in p.name)
+    if not hits:
+        raise FileNotFoundError(f"no *{suffix} in {dump_dir} (compile with --xla_dump_to)")
+    return hits[-1]
+
+
+def _instructions(hlo_text: str) -> dict[str, tuple[str, str, bool]]:
+    """name -> (shape text, op_name, is an entry parameter)."""
+    out: dict[str, tuple[str, str, bool]] = {}
+    in_entry = False
+    for line in hlo_text.splitlines():
+        if line.startswith("ENTRY"):
+            in_entry = True
+            continue
+        if line.startswith("}"):
+            in_entry = False
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        rest = m.group("rest")
+        op = _OPNAME.search(rest)
+        shape = rest.split(" ", 1)[0] if not rest.startswith("(") else rest[:rest.find(")") + 1]
+        out[m.group("name")] = (shape, op.group("op") if op else "",
+                                in_entry and " parameter(" in rest)
+    return out
+
+
+def _slots(text: str) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """(value name, tuple index) -> (allocation, offset, size) from a buffer assignment."""
+    out: dict[tuple[str, str], tuple[int, int, int]] = {}
+    alloc = -1
+    for line in text.splitlines():
+        m = _ALLOC.match(line)
+        if m:
+            alloc = int(m.group(1))
+            continue
+        m = _ASSIGNED.match(line)
+        if m:
+            out[(m.group("name"), m.group("index") or "")] = (
+                alloc, int(m.group("offset")), int(m.group("size")))
+    return out
+
+
+def read_peak(dump_dir: str | Path) -> Peak:
+    """The values live at the peak of the compiled step dumped in ``dump_dir``."""
+    d = Path(dump_dir)
+    live = _dump_file(d, "live-range.txt").read_text().splitlines()
+    instrs = _instructions(_dump_file(d, "after_optimizations.txt").read_text())
+    slots = _slots(_dump_file(d, "buffer-assignment.txt").read_text())
+    seq: list[str] = []
+    peak_at, values = -1, []
+    in_seq = in_peak = False
+    for line in live:
+        if line.strip() == "InstructionSequence:":
+            in_seq = True
+            continue
+        if line.strip().startswith("BufferLiveRange:"):
+            in_seq = False
+            continue
+        m = _PEAK.search(line)
+        if m:
+            peak_at, in_peak = int(m.group(1)), True
+            continue
+        if in_seq:
+            seq.append(line.strip().split(":", 1)[-1])
+        elif in_peak:
+            v = _VALUE.match(line)
+            if v:
+                name = v.group("name")
+                shape, op, param = instrs.get(name, ("?", "", False))
+                values.append(LiveValue(name=name, index=v.group("index"),
+                                        bytes=int(v.group("bytes")), shape=shape, op_name=op,
+                                        parameter=param,
+                                        slot=slots.get((name, v.group("index")), ())))
+    at = seq[peak_at] if 0 <= peak_at < len(seq) else "?"
+    return Peak(index=peak_at, length=len(seq), at=at, at_op_name=instrs.get(at, ("", "", 0))[1],
+                values=tuple(values))
+
+
+def summarize(peak: Peak) -> dict[str, int]:
+    """Bytes at the peak by (phase, block or '-', module)."""
+    out: dict[str, int] = defaultdict(int)
+    for v in peak.unique():
+        b = "-" if v.block is None else str(v.block)
+        out[f"{v.phase} {b} {v.module}"] += v.bytes
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+__all__ = ["LiveValue", "Peak", "read_peak", "summarize"]

@@ -1,0 +1,62 @@
+"""Reading XLA's own live set at a compiled step's peak (the source of the xla-gpu rules)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from capopt._specs import Config
+from capopt.validation.liveset import read_peak, summarize
+from capopt.validation.tiers import environment, xla_gpu_available
+
+_OK, _WHY = xla_gpu_available()
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    from capopt.validation.tiers import configure_jax_for, run_xla_gpu
+    from capopt._model import ModelSpec
+    from capopt._specs import Budget, Config, Scenario, Workload
+    from capopt._hardware import get_hardware
+    from capopt._runtime import get_profile
+    configure_jax_for("xla-gpu")
+    m = ModelSpec(name="t", family="decoder", hidden_size=128, num_hidden_layers=2,
+                  num_attention_heads=2, intermediate_size=256, vocab_size=500,
+                  max_position_embeddings=256)
+    hw = get_hardware("h100-sxm-80gb")
+    sc = Scenario(name="t", model=m, hardware=hw, count=1, per_node=1,
+                  workload=Workload(seq_len=128, global_batch=2, precision="bf16-mixed",
+                                    grad_clip=False),
+                  budget=Budget(vram_bytes=hw.memory_bytes), runtime=get_profile("xla-gpu"))
+    out = run_xla_gpu(sc, Config(micro_batch=2, remat=sys.argv[1], flash_attention=False))
+    print(out["measured"]["peak_bytes"], out["measured"]["temp_bytes"],
+          out["measured"]["argument_bytes"])
+""")
+
+
+@pytest.mark.xla_gpu
+@pytest.mark.skipif(not _OK, reason=_WHY or "xla-gpu plugin absent")
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_peak_live_set_is_read_block_by_block(tmp_path, remat):
+    env = environment("xla-gpu", Config(micro_batch=2))
+    env["XLA_FLAGS"] += f" --xla_dump_to={tmp_path} --xla_dump_hlo_module_re=jit_step"
+    done = subprocess.run([sys.executable, "-c", SCRIPT, remat], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak, temp, arg = map(int, done.stdout.split()[-3:])
+    p = read_peak(tmp_path)
+    assert 0 <= p.index < p.length and p.values
+    # the live values, each memory slot once, are what the buffer assignment packs: no more
+    # than its peak (the heap's packing can only add)
+    assert 0.5 * peak < p.total_bytes <= peak
+    groups = summarize(p)
+    assert any(k.startswith("argument") for k in groups)
+    blocks = {v.block for v in p.values if v.block is not None}
+    assert blocks <= {0, 1} and blocks           # the named scopes reach the metadata
+    if remat == "full":
+        # a fully recomputed block keeps its input only: no forward MLP tensor of block 0
+        # survives to the peak (block 0 is rebuilt last)
+        assert not any(v.block == 0 and v.phase == "forward" and v.module == "mlp"
+                       for v in p.unique())

@@ -1,0 +1,63 @@
+"""Runtime profiles: the schema, its defaults, and clear errors for bad coefficients."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from capopt._errors import CapoptError
+from capopt._runtime import NF4_BYTES_PER_WEIGHT, SCHEMA, get_profile, list_profiles
+
+
+def test_every_builtin_profile_sets_only_schema_keys_and_gets_every_key():
+    assert set(list_profiles()) == {"pytorch", "xla-cpu", "xla-gpu"}
+    for name in list_profiles():
+        d = get_profile(name).coeff_dict()
+        assert set(d) == set(SCHEMA), name
+        assert all(math.isfinite(v) and v >= 0 for v in d.values()), name
+
+
+def _write(tmp_path, coeffs: str):
+    p = tmp_path / "prof.toml"
+    p.write_text(f'name = "p"\nsource = "test"\n\n[coeffs]\n{coeffs}\n\n'
+                 '[precision."fp32"]\nparam_bytes = 4.0\ngrad_bytes = 4.0\nmaster_bytes = 0.0\n'
+                 'act_bytes = 4.0\nweight_copy_bytes = 0.0\nstate_bytes = 4.0\n'
+                 'matmul_dtype = "tf32"\n')
+    return str(p)
+
+
+@pytest.mark.parametrize("line, words", [
+    ("bogus_coeff = 1.0", ["bogus_coeff", "unknown"]),
+    ("resid_saved = -1.0", ["coeffs.resid_saved", ">= 0"]),
+    ("resid_saved = nan", ["coeffs.resid_saved", "finite"]),
+    ("resid_saved = inf", ["coeffs.resid_saved", "finite"]),
+    ('resid_saved = "x"', ["coeffs.resid_saved", "number"]),
+])
+def test_bad_coefficient_names_the_file_and_the_key(tmp_path, line, words):
+    path = _write(tmp_path, line)
+    with pytest.raises(CapoptError) as e:
+        get_profile(path)
+    msg = str(e.value)
+    assert "prof.toml" in msg and all(w in msg for w in words), msg
+
+
+def test_missing_coefficients_take_the_schema_default(tmp_path):
+    prof = get_profile(_write(tmp_path, "resid_saved = 5.0"))
+    assert prof.coeff("resid_saved") == 5.0
+    assert prof.coeff("logits_fp32_copies") == SCHEMA["logits_fp32_copies"].default
+
+
+def test_nf4_bytes_are_computed_from_the_layout():
+    # 4-bit codes, an 8-bit absmax per 64 weights, a float32 scale per 256 absmax codes
+    assert NF4_BYTES_PER_WEIGHT == pytest.approx(0.5 + 1 / 64 + 4 / (64 * 256))
+    assert round(NF4_BYTES_PER_WEIGHT, 4) == 0.5159
+
+
+def test_with_coeffs_checks_like_a_file():
+    prof = get_profile("xla-gpu")
+    with pytest.raises(CapoptError):
+        prof.with_coeffs(resid_saved=-2.0)
+    with pytest.raises(CapoptError):
+        prof.with_coeffs(not_a_coeff=1.0)
+    assert prof.with_coeffs(resid_saved=6.0).coeff("resid_saved") == 6.0

@@ -1,0 +1,87 @@
+"""The random-config generator, and the results file the README's memory figures come from."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capopt._specs import OPTIMIZERS, PRECISIONS
+from capopt._validity import config_problems
+from capopt.validation.random_configs import STYLES, draw_cases, shape_split
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def test_draws_are_reproducible_valid_and_cover_every_feature():
+    a, b = draw_cases(200, 0), draw_cases(200, 0)
+    assert [c.name for c in a] == [c.name for c in b]
+    assert [c.config for c in a] == [c.config for c in b]
+    assert all(not config_problems(c.config, c.scenario) for c in a)
+    assert all(c.config.pp == 1 and not c.config.offload_optimizer for c in a)
+    f = lambda key: Counter(c.features[key] for c in a)  # noqa: E731
+    assert set(f("optimizer")) == set(OPTIMIZERS)
+    assert set(f("precision")) == set(PRECISIONS)
+    assert set(f("style")) == set(STYLES)
+    assert set(f("family")) == {"decoder", "encoder", "vit", "mlp"}
+    assert {"accum 1", "accum 2", "accum 4"} <= set(f("grad_accum"))
+    assert {"none", "selective", "full", "fraction"} <= set(f("remat"))
+    assert {"MHA", "GQA", "MQA"} <= set(f("attention"))
+    assert {"tied", "untied"} <= set(f("tied"))
+    assert {"clip", "no clip"} <= set(f("clipping"))
+    layouts = set(f("layout"))
+    assert {"1 device", "tp", "dp ZeRO-1", "dp ZeRO-2", "dp ZeRO-3"} <= layouts
+    assert any(c.config.sequence_parallel for c in a)
+    assert any(c.scenario.model.head_dim and c.scenario.model.head_dim
+               * c.scenario.model.num_attention_heads != c.scenario.model.hidden_size
+               for c in a)
+    seqs = [c.scenario.seq_len for c in a]
+    assert min(seqs) <= 64 and max(seqs) >= 4096
+    assert {c.config.micro_batch for c in a} >= {1, 16}
+    assert max(c.config.dp * c.config.tp for c in a) == 8
+
+
+def test_split_is_by_card_shape_and_held_out_shapes_are_unseen():
+    cases = draw_cases(200, 0)
+    by_shape = {}
+    for c in cases:
+        by_shape.setdefault(c.shape, set()).add(c.split)
+        assert c.split == shape_split(c.shape)
+    assert all(len(s) == 1 for s in by_shape.values())        # one split per shape
+    held = [c for c in cases if c.split == "heldout"]
+    fit = [c for c in cases if c.split == "fit"]
+    assert len(held) >= 80 and len(fit) >= 40
+    assert not {c.shape for c in held} & {c.shape for c in fit}
+
+
+def test_memory_random_results_come_from_the_current_model():
+    """benchmarks/results/memory_random.json holds, for every measured case, the peak the
+    current cost model predicts: recomputed here from the recorded measurements."""
+    path = RESULTS / "memory_random.json"
+    if not path.exists():
+        pytest.skip("no memory_random.json (run benchmarks/memory_random.py)")
+    doc = json.loads(path.read_text())
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import memory_random as bench
+    cases = draw_cases(doc["cases"], doc["seed"]) + bench.full_size_cases()
+    recs = {}
+    for line in (RESULTS / "memory_random.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("status") == "ok":
+            recs[r["key"]] = r
+    by_name = {c.name: c for c in cases}
+    points = doc["points"]
+    assert len(points) >= 80
+    rng = np.random.default_rng(0)
+    for q in rng.choice(points, size=min(25, len(points)), replace=False):
+        case = by_name[q["case"]]
+        rec = recs[bench.measurement_key(case)]
+        p = bench.predicted_peak(case, rec)
+        # float32 cost model, the same program: equal to float32 rounding
+        assert p["peak_bytes"] == pytest.approx(q["predicted_peak_bytes"], rel=1e-6), q["case"]
+        assert rec["measured"]["peak_bytes"] == q["measured_peak_bytes"]
