@@ -845,7 +845,7 @@ def peak_errors(points: Sequence[Mapping], *, title: str | None = None) -> Figur
     ax.set_title(title or "peak memory on random configs: cost model against XLA's GPU "
                           "buffer assignment")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     return fig
 
 
