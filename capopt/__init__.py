@@ -1,18 +1,29 @@
 """capopt: the fastest training configuration that fits your GPU memory budget.
 
-``import capopt`` is light: it loads the specs and the cost model (JAX on the CPU is enough);
-the CLI, plotting, validation and GPU tools load on first use.
+``import capopt`` is light: it loads the specs and catalogs; the cost model (and JAX with it)
+loads on first use of `plan`, `estimate` or `optimize`, and the CLI, plotting, validation and
+GPU tools when they are used.
 """
 
 from ._cards import list_cards, load_card
 from ._errors import CapoptError, InfeasibleError
 from ._hardware import Hardware, get_hardware, list_hardware
 from ._model import ModelSpec
-from ._plan import Plan, plan
 from ._runtime import RuntimeProfile, get_profile, list_profiles
 from ._scenario import list_scenarios, load_scenario
 from ._specs import Budget, Config, LoRA, Scenario, Workload
-from .cost import Estimate, estimate
+
+# Names whose modules import JAX: loaded when first asked for.
+_LAZY = {"Plan": "._plan", "plan": "._plan", "Estimate": ".cost", "estimate": ".cost"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'capopt' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import CapoptError
+from ._io import check_depth, is_file, parse_json, parse_toml, read_text
 from ._model import ModelSpec
 
 __all__ = ["HF_MODEL_TYPES", "card_from_dict", "card_from_hf_config", "list_cards", "load_card",
@@ -36,11 +37,12 @@ _REQUIRED = tuple(f.name for f in dataclasses.fields(ModelSpec)
 
 # ---- the catalog ------------------------------------------------------------------------------
 def models_dir() -> Path:
-    """The card catalog: ``$CAPOPT_MODELS_DIR`` if set, else the repository's ``models/``."""
+    """The card catalog: ``$CAPOPT_MODELS_DIR`` if set, else the package's ``models/`` (the
+    repository's ``models/`` links to it; a wheel ships it)."""
     env = os.environ.get(_ENV_MODELS_DIR)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "models"
+    return Path(__file__).resolve().parent / "models"
 
 
 def list_cards() -> list[str]:
@@ -75,7 +77,7 @@ def load_card(name_or_path: str | os.PathLike[str]) -> ModelSpec:
 
 def _looks_like_path(s: str) -> bool:
     return (s.endswith((".toml", ".json")) or "/" in s or os.sep in s
-            or (os.altsep is not None and os.altsep in s) or Path(s).is_file())
+            or (os.altsep is not None and os.altsep in s) or is_file(s))
 
 
 def _load_path(path: Path) -> ModelSpec:
@@ -84,22 +86,13 @@ def _load_path(path: Path) -> ModelSpec:
     if suffix not in (".toml", ".json"):
         raise CapoptError(f"cannot tell what {path.name!r} is from its suffix", file=file,
                           allowed=".toml (a card), .json (a Hugging Face config)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CapoptError("no such file", file=file) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CapoptError(f"cannot read the file: {exc}", file=file) from None
+    text = read_text(path, field="model.card")
     if suffix == ".toml":
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise CapoptError(f"not valid TOML: {exc}", file=file) from None
+        data = parse_toml(text, file)
+        check_depth(data, file)
         return card_from_dict(data, name=path.stem, file=file)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CapoptError(f"not valid JSON: {exc}", file=file) from None
+    data = parse_json(text, file)
+    check_depth(data, file)
     name = path.parent.name if path.stem.lower() == "config" and path.parent.name else path.stem
     return card_from_hf_config(data, name=name.lower(), file=file)
 

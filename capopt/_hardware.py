@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import CapoptError
+from ._io import check_depth, parse_toml, read_text
 
 GiB = 2**30
 MiB = 2**20
@@ -310,6 +311,10 @@ def _num(t: Mapping, key: str, name: str, file: str, *, integer: bool = False) -
     if not ok or v <= 0:
         kind = "a positive integer" if integer else "a positive number"
         raise CapoptError(f"must be {kind}, got {v!r}", file=file, field=f"{name}.{key}")
+    # in these units (GiB, TFLOP/s, TB/s, GB/s, W, MHz) no accelerator comes near 10^6
+    if v > 1e6:
+        raise CapoptError(f"got {v!r}", file=file, field=f"{name}.{key}",
+                          allowed="a positive number up to 1e6 in the field's unit")
     return v
 
 
@@ -439,10 +444,9 @@ def parse_entry(name: str, table: object, file: str) -> Hardware:
 
 
 def _parse_toml(text: str, file: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise CapoptError(f"not valid TOML: {e}", file=file) from None
+    data = parse_toml(text, file)
+    check_depth(data, file, limit=3)
+    return data
 
 
 def _catalog_file():
@@ -483,9 +487,7 @@ def load_hardware_file(path: str | os.PathLike[str]) -> Hardware:
     """Read a TOML file that holds one accelerator table in the catalog's format."""
     p = Path(path)
     file = str(path)
-    if not p.is_file():
-        raise CapoptError("no such file", file=file, field="hardware.gpu")
-    data = _parse_toml(p.read_text(encoding="utf-8"), file)
+    data = _parse_toml(read_text(p, field="hardware.gpu"), file)
     tables = [k for k, v in data.items() if isinstance(v, Mapping)]
     if len(data) != 1 or len(tables) != 1:
         found = ", ".join(data) or "nothing"

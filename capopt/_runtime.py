@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from ._errors import CapoptError
+from ._io import check_depth, parse_toml, path_exists, read_text
 
 # --------------------------------------------------------------------------------------------
 # Optimizer-state and quantised-weight layouts: the cost model (`capopt.cost`) counts these
@@ -286,10 +287,9 @@ def get_profile(name_or_path: str) -> RuntimeProfile:
     if name_or_path in list_profiles():
         return _load_builtin(name_or_path)
     p = Path(name_or_path)
-    if p.suffix == ".toml" and p.exists():
-        try:
-            return _parse(tomllib.loads(p.read_text()), str(p))
-        except tomllib.TOMLDecodeError as e:
-            raise CapoptError(f"malformed TOML: {e}", file=str(p))
+    if p.suffix == ".toml" and path_exists(p):
+        data = parse_toml(read_text(p, field="training.runtime"), str(p))
+        check_depth(data, str(p), limit=3)
+        return _parse(data, str(p))
     raise CapoptError(f"unknown runtime profile {name_or_path!r}", field="training.runtime",
                       allowed=", ".join(list_profiles()) + ", or a path to a profile .toml")

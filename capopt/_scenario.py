@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
 from ._cards import load_card
 from ._errors import CapoptError
 from ._hardware import GiB, get_hardware
+from ._io import check_depth, parse_toml, path_exists, read_text
 from ._runtime import get_profile
 from ._specs import (KNOBS, REMAT_POLICIES, STAGE_KNOBS, Budget, Config, KnobDomain, LoRA,
                      Scenario, Workload)
@@ -29,10 +32,11 @@ SCHEMA: dict[str, set[str]] = {
 
 
 def repo_dir(name: str, env: str) -> Path:
-    """A data folder beside the package (``models/``, ``scenarios/``), or ``$env``."""
+    """A data folder of the package (``scenarios/``; the repository's top-level folder of the
+    same name links to it, and a wheel ships it), or ``$env``."""
     if os.environ.get(env):
         return Path(os.environ[env])
-    return Path(__file__).resolve().parent.parent / name
+    return Path(__file__).resolve().parent / name
 
 
 def scenarios_dir() -> Path:
@@ -46,10 +50,10 @@ def list_scenarios() -> list[str]:
 
 def resolve_scenario_path(name_or_path: str | os.PathLike) -> Path:
     p = Path(name_or_path)
-    if p.exists():
+    if path_exists(p):
         return p
     cand = scenarios_dir() / f"{name_or_path}.toml"
-    if cand.exists():
+    if path_exists(cand):
         return cand
     raise CapoptError(f"no scenario file {str(name_or_path)!r}", field="scenario",
                       allowed=", ".join(list_scenarios()) + ", or a path to a .toml file")
@@ -65,22 +69,61 @@ def _check_keys(table: Mapping, section: str, file: str | None):
                               allowed=", ".join(sorted(allowed)))
 
 
+# The ranges numbers may take: (lowest, highest, whether the lowest is allowed). Beyond them
+# no training run exists (a trillion GPUs, a sequence of 2^53 tokens) and the arithmetic
+# would overflow or enumerate forever; the bounds are generous by orders of magnitude.
+BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "training.seq_len": (1, 2 ** 22, True),
+    "training.global_batch": (1, 2 ** 24, True),
+    "training.input_samples_per_s": (0, 1e12, False),
+    "training.train_tokens": (0, 1e16, False),
+    "hardware.count": (1, 2 ** 20, True),
+    "hardware.per_node": (1, 1024, True),
+    "hardware.price_per_gpu_hour": (0, 1e6, True),
+    "budget.vram_gib": (0, 1e6, False),
+    "budget.headroom": (0, 1, True),
+    "objective.deadline_hours": (0, 1e7, False),
+}
+
+
+def check_number(v, field: str, file=None, kind=float):
+    """``v`` as a finite number of ``kind`` inside `BOUNDS` (when ``field`` is bounded)."""
+    ok = (isinstance(v, int) and not isinstance(v, bool)) if kind is int else (
+        isinstance(v, (int, float)) and not isinstance(v, bool))
+    if not ok:
+        raise CapoptError(f"must be {'an integer' if kind is int else 'a number'}, got {v!r}",
+                          file=file, field=field)
+    if not math.isfinite(float(v)):
+        raise CapoptError(f"must be a finite number, got {v!r}", file=file, field=field)
+    if field in BOUNDS:
+        lo, hi, lo_ok = BOUNDS[field]
+        if v > hi or v < lo or (v == lo and not lo_ok) or (field == "budget.headroom"
+                                                             and v >= hi):
+            fmt = lambda x: f"{int(x):,}" if float(x).is_integer() and x >= 1 else f"{x:g}"  # noqa: E731
+            low = f">= {fmt(lo)}" if lo_ok else f"> {fmt(lo)}"
+            high = f"< {fmt(hi)}" if field == "budget.headroom" else f"<= {fmt(hi)}"
+            allowed = (f"a positive integer up to {fmt(hi)}" if kind is int and lo == 1
+                       else f"{low} and {high}")
+            raise CapoptError(f"got {v!r}", file=file, field=field, allowed=allowed)
+    return float(v) if kind is float else v
+
+
 def _get(table: Mapping, key: str, kind, section: str, file, default=...):
     if key not in table:
         if default is ...:
             raise CapoptError("missing required field", file=file, field=f"{section}.{key}")
         return default
     v = table[key]
-    ok = {
-        int: isinstance(v, int) and not isinstance(v, bool),
-        float: isinstance(v, (int, float)) and not isinstance(v, bool),
-        str: isinstance(v, str),
-        bool: isinstance(v, bool),
-    }[kind]
+    field = f"{section}.{key}" if section else key
+    if kind in (int, float):
+        return check_number(v, field, file, kind)
+    ok = {str: isinstance(v, str), bool: isinstance(v, bool)}[kind]
     if not ok:
-        raise CapoptError(f"must be {kind.__name__}, got {v!r}", file=file,
-                          field=f"{section}.{key}")
-    return float(v) if kind is float else v
+        raise CapoptError(f"must be {kind.__name__}, got {v!r}", file=file, field=field)
+    if kind is str and len(v) > 4096:
+        raise CapoptError(f"a string of {len(v)} characters", file=file, field=field,
+                          allowed="at most 4096")
+    return v
 
 
 def parse_knob(name: str, raw: Any, file: str | None = None) -> KnobDomain:
@@ -94,14 +137,18 @@ def parse_knob(name: str, raw: Any, file: str | None = None) -> KnobDomain:
     values = raw if isinstance(raw, list) else [raw]
     if not values:
         raise CapoptError("empty list", file=file, field=f"config.{name}")
+    if len(values) > 4096:
+        raise CapoptError(f"a list of {len(values)} values", file=file, field=f"config.{name}",
+                          allowed="at most 4096")
     out = []
     for v in values:
         if spec.kind == "int":
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 2 ** 20:
                 raise CapoptError(f"got {v!r}", file=file, field=f"config.{name}",
-                                  allowed='a positive integer, a list of them, or "auto"')
+                                  allowed='a positive integer up to 2^20, a list of them, '
+                                          'or "auto"')
         elif spec.kind == "choice":
-            if v not in spec.choices or isinstance(v, bool):
+            if not isinstance(v, int) or isinstance(v, bool) or v not in spec.choices:
                 raise CapoptError(f"got {v!r}", file=file, field=f"config.{name}",
                                   allowed=", ".join(map(str, spec.choices)) + ', a list, or "auto"')
         elif spec.kind == "bool":
@@ -130,6 +177,9 @@ def parse_override(text: str) -> tuple[str, Any]:
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         parsed = value
+    except RecursionError:
+        raise CapoptError("nested too deeply", field=f"--set {key}") from None
+    check_depth(parsed, None, f"--set {key}", limit=1)
     return key, parsed
 
 
@@ -158,6 +208,17 @@ def scenario_from_dict(data: Mapping, *, file: str | None = None,
         raise e.in_file(file) if file else e from None
 
 
+def _nested(load, arg, file, field):
+    """``load(arg)`` for a file the scenario points to (a card, a GPU, a profile): its error,
+    when the scenario names a file, names both (``scenario: field: the other file's error``)."""
+    try:
+        return load(arg)
+    except CapoptError as e:
+        if not file or e.file == file:
+            raise
+        raise CapoptError(str(e), file=file, field=field) from None
+
+
 def _section(data, name, file) -> Mapping:
     t = data.get(name, {})
     if not isinstance(t, dict):
@@ -178,21 +239,28 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
     card = _get(model_t, "card", str, "model", file)
     base = Path(file).parent if file else Path.cwd()
     card_path = base / card
-    model = load_card(str(card_path) if (card.endswith((".toml", ".json"))
-                                         and card_path.exists()) else card)
+    model = _nested(load_card, str(card_path) if (card.endswith((".toml", ".json"))
+                                                  and path_exists(card_path)) else card,
+                    file, "model.card")
 
     gpus = hw_t.get("gpu")
     gpus = gpus if isinstance(gpus, list) else [gpus]
     if not gpus or gpus == [None]:
         raise CapoptError("missing required field", file=file, field="hardware.gpu")
+    if len(gpus) > 64:
+        raise CapoptError(f"a list of {len(gpus)} GPUs", file=file, field="hardware.gpu",
+                          allowed="at most 64")
     hardwares = []
     for gpu in gpus:
         _get({"gpu": gpu}, "gpu", str, "hardware", file)
         gpu_path = base / gpu
-        hardwares.append(get_hardware(str(gpu_path) if gpu.endswith(".toml")
-                                      and gpu_path.exists() else gpu))
+        hardwares.append(_nested(get_hardware, str(gpu_path) if gpu.endswith(".toml")
+                                 and path_exists(gpu_path) else gpu, file, "hardware.gpu"))
     counts = hw_t.get("count", 1)
     counts = counts if isinstance(counts, list) else [counts]
+    if not counts or len(counts) > 64:
+        raise CapoptError(f"a list of {len(counts)} counts", file=file, field="hardware.count",
+                          allowed="a positive integer or a list of 1 to 64 of them")
     for c in counts:
         _get({"count": c}, "count", int, "hardware", file)
     hardware, count = hardwares[0], counts[0]
@@ -203,9 +271,11 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
     price = None if isinstance(price_raw, dict) else _get(
         hw_t, "price_per_gpu_hour", float, "hardware", file, None)
     for key, v in {"": price, **prices}.items():
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
-            raise CapoptError(f"must be a number >= 0, got {v!r}", file=file,
-                              field="hardware.price_per_gpu_hour" + (f".{key}" if key else ""))
+        if v is not None:
+            check_number(v, "hardware.price_per_gpu_hour", file)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e6:
+                raise CapoptError(f"must be a number from 0 to 1e6, got {v!r}", file=file,
+                                  field="hardware.price_per_gpu_hour" + (f".{key}" if key else ""))
 
     def price_for(hw) -> float | None:
         if not prices:
@@ -227,7 +297,9 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
         input_samples_per_s=_get(tr_t, "input_samples_per_s", float, "training", file, None),
         train_tokens=_get(tr_t, "train_tokens", float, "training", file, None),
     )
-    runtime = get_profile(_get(tr_t, "runtime", str, "training", file, "xla-gpu"))
+    runtime = _nested(get_profile, _get(tr_t, "runtime", str, "training", file, "xla-gpu"),
+                      file, "training.runtime")
+    _check_workload_fits_model(model, workload, file)
 
     vram_given = _get(bud_t, "vram_gib", float, "budget", file, None)
     headroom = _get(bud_t, "headroom", float, "budget", file, 0.10)
@@ -236,6 +308,11 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
         vram_gib = vram_given if vram_given is not None else hw.memory_bytes / GiB
         if not vram_gib > 0:
             raise CapoptError(f"must be > 0, got {vram_gib}", file=file, field="budget.vram_gib")
+        device_gib = hw.memory_bytes / GiB
+        if vram_gib > device_gib * (1 + 1e-9):
+            raise CapoptError(f"{vram_gib:g} GiB is more than the {device_gib:.2f} GiB of one "
+                              f"{hw.name}", file=file, field="budget.vram_gib",
+                              allowed=f"at most {device_gib:.2f} (or leave it out)")
         return Budget(vram_bytes=int(vram_gib * GiB), headroom=headroom)
 
     budget = budget_for(hardware)
@@ -270,6 +347,29 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
     return primary
 
 
+class CapoptWarning(UserWarning):
+    """Input that is allowed but probably not what was meant (the CLI prints one line)."""
+
+
+def _check_workload_fits_model(model, workload, file) -> None:
+    """A LoRA rank beyond the wrapped matrices' smallest side is an error; a sequence longer
+    than the card's position table is a warning (rotary cards extrapolate; a learned table
+    would be indexed past its end)."""
+    lora = workload.lora
+    if lora is not None and model.family != "mlp":
+        from ._inventory import inventory
+        sides = [min(t.shape[-2:]) for t in inventory(model, lora) if t.lora == "base"]
+        if sides and lora.rank > min(sides):
+            raise CapoptError(f"rank {lora.rank} exceeds the smallest side ({min(sides)}) of "
+                              "the matrices it adapts", file=file, field="training.lora.rank",
+                              allowed=f"1 to {min(sides)}")
+    limit = model.max_position_embeddings
+    if limit and model.family in ("decoder", "encoder") and workload.seq_len > limit:
+        warnings.warn(f"{file or 'scenario'}: training.seq_len {workload.seq_len} is longer "
+                      f"than {model.name}'s max_position_embeddings {limit}", CapoptWarning,
+                      stacklevel=3)
+
+
 def load_scenario(path_or_dict: str | os.PathLike | Mapping | None = None, *,
                   overrides: Mapping[str, Any] | None = None) -> Scenario:
     """A `Scenario` from a TOML path, a scenario name in ``scenarios/``, or a dict.
@@ -277,14 +377,11 @@ def load_scenario(path_or_dict: str | os.PathLike | Mapping | None = None, *,
     ``None`` loads the default scenario. Bad input raises `CapoptError` naming file and field.
     """
     if isinstance(path_or_dict, Mapping):
+        check_depth(path_or_dict, None, limit=4)
         return scenario_from_dict(path_or_dict, overrides=overrides)
     path = resolve_scenario_path(path_or_dict or DEFAULT_SCENARIO)
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise CapoptError(f"malformed TOML: {e}", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CapoptError(f"cannot read: {e}", file=str(path)) from None
+    data = parse_toml(read_text(path), str(path))
+    check_depth(data, str(path), limit=4)
     return scenario_from_dict(data, file=str(path), overrides=overrides)
 
 

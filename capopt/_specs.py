@@ -155,7 +155,7 @@ class Config:
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise CapoptError(f"must be a positive integer, got {v!r}", field=f"config.{name}")
-        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+        if not _is_int(self.zero_stage) or self.zero_stage not in (0, 1, 2, 3):
             raise CapoptError(f"got {self.zero_stage!r}", field="config.zero_stage",
                               allowed="0, 1, 2, 3")
         r = self.remat

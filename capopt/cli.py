@@ -109,10 +109,15 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
 
 
 def cmd_plan(args) -> int:
-    from ._plan import plan
     from ._scenario import load_scenario
+    from ._scenario import pinned_config
+    from ._validity import config_problems
     sc = load_scenario(args.scenario, overrides=_overrides(args.set))
-    p = plan(sc)
+    cfg = pinned_config(sc)
+    for field, why in config_problems(cfg, sc)[:1]:
+        raise CapoptError(why, file=sc.path, field=field)
+    from ._plan import plan                 # JAX loads only once the input is known good
+    p = plan(sc, cfg)
     d = p.to_dict()
     if args.json:
         print(json.dumps(d, indent=2))
@@ -120,14 +125,20 @@ def cmd_plan(args) -> int:
         print(render_plan(d, f"{sc.name}: {sc.model.name} on {sc.count}x {sc.hardware.name}"))
     if args.plot:
         from .plots import memory_breakdown, save
-        save(memory_breakdown([p]), args.plot)
+        print(f"saved {save(memory_breakdown([p]), args.plot)}", file=sys.stderr)
     return 0
 
 
 def cmd_optimize(args) -> int:
     from ._scenario import load_scenario
-    from .search import optimize
     sc = load_scenario(args.scenario, overrides=_overrides(args.set))
+    from .search._space import no_layout_reason
+    reason = no_layout_reason(sc)
+    if reason:
+        raise CapoptError(reason, file=sc.path, field="config",
+                          allowed="a hardware.count and training.global_batch with a common "
+                                  "data-parallel degree")
+    from .search import optimize
     res = optimize(sc, top_k=args.top, method=args.method, seed=args.seed)
     d = res.to_dict()
     if args.json:
@@ -136,7 +147,7 @@ def cmd_optimize(args) -> int:
         print(res.render())
     if args.plot and res.best:
         from .plots import pareto, save
-        save(pareto(res), args.plot)
+        print(f"saved {save(pareto(res), args.plot)}", file=sys.stderr)
     if d["status"] != "ok":
         need = d.get("smallest_requirement_bytes")
         print(f"capopt: error: {sc.path or sc.name}: budget: nothing fits in "
@@ -287,10 +298,47 @@ def cmd_doctor(args) -> int:
     return rep.exit_code
 
 
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= v <= 10_000:
+        raise argparse.ArgumentTypeError(f"{v} is outside 1 to 10000")
+    return v
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= v < 2 ** 32:
+        raise argparse.ArgumentTypeError(f"{v} is outside 0 to 2^32 - 1")
+    return v
+
+
+def _plot_path(text: str) -> str:
+    if not text.lower().endswith(PLOT_FORMATS):
+        raise argparse.ArgumentTypeError(f"{text!r}: the file's suffix says the format; "
+                                         f"allowed: {', '.join(PLOT_FORMATS)}")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line and exit status 2 (as for every bad input)."""
+
+    def error(self, message):
+        self.exit(2, f"capopt: error: {self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="capopt", description="The fastest training config that fits your GPU memory.")
-    sub = ap.add_subparsers(dest="command", required=True)
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def scenario_args(p, optional=False):
         p.add_argument("scenario", nargs="?" if optional else None, default=None,
@@ -299,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", metavar="KNOB=VALUE",
                        help="pin a knob, e.g. --set micro_batch=2 --set remat=full")
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.add_argument("--plot", metavar="FILE", help="also save a figure (PNG/SVG/PDF)")
+        p.add_argument("--plot", metavar="FILE", type=_plot_path,
+                       help="also save a figure (.png, .svg or .pdf)")
 
     p = sub.add_parser("plan", help="memory and time of one config")
     scenario_args(p, optional=True)
@@ -307,17 +356,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("optimize", help="find the fastest config that fits")
     scenario_args(p, optional=True)
-    p.add_argument("--top", type=int, default=5, help="candidates to show")
+    p.add_argument("--top", type=_positive_int, default=5, help="candidates to show")
     p.add_argument("--method", choices=["gradient", "auto", "exhaustive"], default="gradient",
                    help="gradient (default): solve the continuous relaxation with optax, round "
                         "and polish; auto: score spaces of up to 500k configs whole, solve "
                         "above that; exhaustive: score every config (the reference)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the starting points")
     p.set_defaults(func=cmd_optimize)
 
     p = sub.add_parser("validate", help="compile (and on a GPU run) candidates as Flax steps")
     scenario_args(p, optional=True)
-    p.add_argument("--top", type=int, default=3, help="optimiser candidates to validate")
+    p.add_argument("--top", type=_positive_int, default=3,
+                   help="optimiser candidates to validate")
     p.add_argument("--tier", choices=["exact", "xla-gpu", "device"], default="exact")
     p.add_argument("--pinned", action="store_true", help="validate the pinned config only")
     p.add_argument("--out", metavar="FILE.jsonl", help="stream results here (resumable)")
@@ -363,8 +413,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _warn_one_line(message, category, filename, lineno, file=None, line=None):
+    print(f"capopt: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    import warnings
+    warnings.showwarning = _warn_one_line
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:             # --help (0) or a bad argument (2, one line printed)
+        return e.code if isinstance(e.code, int) else 2
     if args.command not in ("doctor", "validate"):
         # The cost model is a few scalars: keep it off the accelerator (and its memory) so
         # planning never disturbs a training job running beside it.
@@ -377,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("capopt: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader (e.g. `| head`) left: stop quietly, and keep Python from complaining
+        # about the closed stdout at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

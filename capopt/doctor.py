@@ -917,8 +917,11 @@ def judge_cuda_versions(raw: JaxRaw, driver: DriverRaw) -> Check:
         fix = "; ".join(dict.fromkeys(i[2] for i in issues if i[0] == status))
         return Check("cuda-versions", status, saw, fix=fix, data=data)
     if not facts.gpu_visible and not cv and not raw.plugins:
-        return Check("cuda-versions", "skip", "no CUDA stack to check (no GPU visible, no CUDA plugin)",
-                     data=data)
+        side = _compile_only_plugin()
+        extra = (f"; the xla-gpu tier's compile-only CUDA plugin is in {side}" if side else
+                 "; no CUDA plugin (`capopt setup xla-gpu` installs the compile-only one)")
+        return Check("cuda-versions", "skip", "no CUDA stack to check (no GPU visible" + extra
+                     + ")", data={**data, "xla_gpu_plugin": side})
     parts = []
     if facts.cuda_version:
         parts.append(f"driver supports CUDA {facts.cuda_version}")
@@ -1370,6 +1373,16 @@ def _read_cuda_versions() -> dict[str, int | None]:
         except Exception:
             out[key] = None
     return out
+
+
+def _compile_only_plugin() -> str | None:
+    """Where `capopt setup xla-gpu` put the CUDA plugin (kept off sys.path: the xla-gpu
+    tier's workers load it), or None."""
+    try:
+        from .validation.plugin import plugin_path
+        return plugin_path()
+    except Exception:       # the validation extra may not import; the doctor still runs
+        return None
 
 
 def _installed(dist: str) -> str | None:

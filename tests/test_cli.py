@@ -153,3 +153,76 @@ def test_catalogs_list(capsys):
     for what in ("gpus", "models", "scenarios", "profiles"):
         code, out, _ = run(["catalog", what], capsys)
         assert code == 0 and out.strip()
+
+
+# ---- answers that used to be wrong without a word ------------------------------------------
+def _write(tmp_path, text, name="s.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_a_budget_larger_than_the_gpu_is_refused(tmp_path, capsys):
+    path = _write(tmp_path, GOOD.replace('gpu = "h100-sxm-80gb"', 'gpu = "rtx-4090-24gb"')
+                  + "[budget]\nvram_gib = 80\n")
+    code, out, err = run(["plan", path], capsys)
+    assert code == 2 and "budget.vram_gib" in err and "24.00 GiB" in err and path in err
+
+
+def test_explain_offers_changes_to_pinned_knobs_and_says_so():
+    sc = load_scenario({"model": {"card": "llama-2-13b"},
+                        "hardware": {"gpu": "a100-sxm-80gb", "count": 8},
+                        "training": {"seq_len": 4096, "global_batch": 32},
+                        "config": {"micro_batch": 4, "dp": 8, "tp": 1, "pp": 1,
+                                   "zero_stage": 0, "remat": "none"}})
+    rep = explain(sc, pinned_config(sc))
+    assert not rep["fits"] and rep["combination_fits"]
+    zero3 = [r for r in rep["remedies"] if r["change"].startswith("ZeRO stage 3")]
+    assert zero3 and "pinned in the scenario" in zero3[0]["change"]
+    # the combination keeps the training the same (layout, recomputation) when that suffices
+    assert all(not c.startswith(("QLoRA", "LoRA", "sequence length", "pure bf16", "lighter"))
+               for c in rep["combination"])
+
+
+def test_offload_auto_searches_both_values():
+    from capopt.search._space import Space
+    base = {"model": {"card": "tiny-gpt"}, "hardware": {"gpu": "h100-sxm-80gb", "count": 1},
+            "training": {"seq_len": 128, "global_batch": 8}}
+    assert Space(load_scenario({**base, "config": {"offload_optimizer": "auto"}})
+                 ).offloads == [False, True]
+    assert Space(load_scenario(base)).offloads == [False]        # left out: its default
+
+
+def test_three_devices_find_tensor_parallel_three(tmp_path, capsys):
+    """Three GPUs and a global batch of 32: no data-parallel degree but 1 divides both, and
+    tp = 3 fits; the relaxed solve's rounding misses it, the exhaustive check does not."""
+    path = _write(tmp_path, '[model]\ncard = "gpt2-124m"\n[hardware]\ngpu = "rtx-4090-24gb"\n'
+                            'count = 3\n[training]\nseq_len = 512\nglobal_batch = 32\n')
+    code, out, err = run(["optimize", path, "--json", "--top", "1"], capsys)
+    d = json.loads(out)
+    assert code == 0 and d["status"] == "ok" and d["best"]["config"]["tp"] == 3
+
+
+def test_no_valid_layout_is_said_to_be_that(tmp_path, capsys):
+    path = _write(tmp_path, '[model]\ncard = "gpt2-124m"\n[hardware]\ngpu = "rtx-4090-24gb"\n'
+                            'count = 3\n[training]\nseq_len = 512\nglobal_batch = 32\n'
+                            '[config]\ntp = 1\npp = 1\n')
+    code, out, err = run(["optimize", path], capsys)
+    assert code == 2 and "no valid layout" in err and "not divisible by dp 3" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_output_into_a_closed_pipe_is_quiet():
+    cmd = (f"{sys.executable} -m capopt.cli catalog models | head -1")
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert "card" in done.stdout and "Traceback" not in done.stderr and "Broken" not in done.stderr
+
+
+def test_the_error_path_does_not_import_jax(tmp_path):
+    path = _write(tmp_path, "[model]\ncard = 1\n")
+    code = ("import sys; from capopt.cli import main; rc = main(['plan', %r]); "
+            "print(rc, 'jax' in sys.modules)" % path)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr

@@ -156,7 +156,7 @@ CHILD = """
 import jax
 import jax.numpy as jnp
 from capopt import _jaxcache
-from capopt.search._compiled import Compiled
+from capopt._compiled import Compiled
 _jaxcache.enable()
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)   # JAX caches all
 def plain_control(x):

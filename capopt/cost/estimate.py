@@ -45,14 +45,28 @@ def estimate_numbers(k: Knobs, n: dict) -> Estimate:
     return Estimate(memory=mem, time=time, throughput=thr)
 
 
-_estimate_jit = jax.jit(estimate_numbers)
+_estimate_jit = None
+
+
+def _compiled_estimate():
+    """`estimate_numbers` compiled once per argument shape, and cached whole on disk across
+    processes (`capopt._compiled`, `capopt._jaxcache`): a second `capopt plan` loads the
+    program instead of tracing and compiling it."""
+    global _estimate_jit
+    if _estimate_jit is None:
+        from .. import _jaxcache
+        from .._compiled import Compiled
+        _jaxcache.enable()
+        _estimate_jit = Compiled(estimate_numbers, name="estimate",
+                                 compiler_options=_jaxcache.compile_options())
+    return _estimate_jit
 
 
 def estimate(config: Config | Knobs, scenario: Scenario | dict, *, jit: bool = True) -> Estimate:
     """Memory and time of ``config`` (a `Config` or relaxed `Knobs`) in ``scenario``."""
     k = knobs_from_config(config) if isinstance(config, Config) else config
     n = numbers_pytree(scenario)
-    return (_estimate_jit if jit else estimate_numbers)(k, n)
+    return (_compiled_estimate() if jit else estimate_numbers)(k, n)
 
 
 __all__ = ["Estimate", "estimate", "estimate_numbers"]

@@ -12,7 +12,7 @@ from .._jaxcache import compile_options
 from .._specs import Config
 from ..cost._inputs import Knobs, knobs_from_config
 from ..cost.estimate import Estimate, estimate_numbers
-from ._compiled import Compiled
+from .._compiled import Compiled
 from ._space import Lattice
 
 SECONDS_PER_HOUR = 3600.0

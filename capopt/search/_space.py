@@ -67,6 +67,28 @@ def factorizations(sc: Scenario) -> list[tuple[int, int, int]]:
     return out
 
 
+def no_layout_reason(sc: Scenario) -> str | None:
+    """Why no config of ``sc`` is real, whatever the memory (None when one is): the parallel
+    layouts the devices and the model allow, and what rules each of them out."""
+    facts = factorizations(sc)
+    if not facts:
+        m = sc.model
+        return (f"no dp x tp x pp = {sc.count} devices suits the model and the scenario "
+                f"(tp must divide {m.num_attention_heads} heads and fit {sc.per_node} per node, "
+                f"pp must divide {m.num_hidden_layers} layers)")
+    space = Space(sc)
+    why = []
+    for dp, tp, pp in facts:
+        if space.micro_batches(dp):
+            return None
+        b = sc.workload.global_batch
+        why.append(f"dp {dp} (tp {tp}, pp {pp}): " + (
+            f"global_batch {b} is not divisible by dp {dp}" if b % dp else
+            "no micro_batch x grad_accum the scenario allows makes the per-replica batch "
+            f"{b // dp}"))
+    return "no valid layout: " + "; ".join(why[:4]) + ("; ..." if len(why) > 4 else "")
+
+
 @dataclass
 class Lattice:
     """Columns of equal length, one row per config (see `COLUMNS`)."""
@@ -109,8 +131,9 @@ class Lattice:
 
 
 def _bools(sc: Scenario, name: str) -> list[bool]:
-    default = KNOBS[name].default
-    return domain(sc, name, [False, True] if default == "auto" else [default])
+    """A boolean knob's values: ``"auto"`` is both; a knob left out has its default
+    (`Scenario.knob`)."""
+    return domain(sc, name, [False, True])
 
 
 class Space:

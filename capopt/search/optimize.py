@@ -25,6 +25,10 @@ from .relax import continuous_values, initial_points, make_solver, scenario_boun
 
 _SOLVERS: dict[Any, Any] = {}
 EXHAUSTIVE_BELOW = 500_000     # method='auto': lattices this small are evaluated whole
+# When the relaxed solve finds nothing that fits, a lattice this small is evaluated whole
+# before "infeasible" is said (about 2 s at this size): the rounding can miss a corner of the
+# lattice (e.g. tp = 3 on three devices), the exhaustive reference cannot.
+CONFIRM_INFEASIBLE_BELOW = 2_000_000
 
 
 def estimate(config, sc: Scenario) -> Estimate:
@@ -432,6 +436,12 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         space_size = None
 
     order = _rank(lat, res, usable, top_k, _min_rate(sc))
+    if not order and space_size is None and space.size() <= CONFIRM_INFEASIBLE_BELOW:
+        lat = build_lattice(sc)
+        res = evaluate(lat, n, mode)
+        space_size = len(lat)
+        order = _rank(lat, res, usable, top_k, _min_rate(sc))
+        timings["confirmed_exhaustively"] = float(space_size)
     best_obj = float(res["objective"][order[0]]) if order else None
     solve_s = time.perf_counter() - t0
     shadow = _shadow_price(res, usable, best_obj)

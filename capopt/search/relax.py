@@ -27,7 +27,7 @@ from .._jaxcache import compile_options
 from .._specs import Scenario
 from ..cost._inputs import DTYPE, Knobs
 from ..cost.estimate import estimate_numbers
-from ._compiled import Compiled
+from .._compiled import Compiled
 from ._evaluate import objective_value
 from ._space import domain, factorizations
 

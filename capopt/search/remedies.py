@@ -144,46 +144,72 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
     return out
 
 
+def _real(cfg: Config, sc: Scenario) -> bool:
+    """Whether ``cfg`` is a real config of ``sc`` whatever its knob domains say: explaining
+    a config is exactly where changing a pinned knob is worth offering."""
+    from .._validity import config_problems
+    return not config_problems(cfg, sc.replace(knobs=()))
+
+
+def _pinned_note(sc: Scenario, before: Config, after: Config) -> str:
+    changed = [k for k, v in after.to_dict().items() if before.to_dict()[k] != v]
+    pinned = [k for k in changed if sc.knob(k).values is not None
+              and not sc.knob(k).allows(getattr(after, k))]
+    return f" (changes {', '.join(pinned)}, pinned in the scenario)" if pinned else ""
+
+
 def explain(sc: Scenario, cfg: Config) -> dict:
     """Why ``cfg`` does (not) fit, and the single changes that make it fit, each with the
     memory it saves and the throughput it costs; if none fits alone, a greedy combination."""
     from .._plan import plan as plan_one
-    from .._validity import config_problems
-    base = plan_one(sc, cfg)
+    free = lambda s: s.replace(knobs=())  # noqa: E731
+    base = plan_one(free(sc), cfg)
     b_mem, b_tps = base.memory["total_bytes"], base.throughput["tokens_per_s"]
     rows = []
     for desc, s2, c2 in config_changes(sc, cfg):
-        if config_problems(c2, s2):
+        if not _real(c2, s2):
             continue
-        p = plan_one(s2, c2)
-        rows.append({"change": desc, "fits": p.fits,
+        p = plan_one(free(s2), c2)
+        rows.append({"change": desc + _pinned_note(sc, cfg, c2), "fits": p.fits,
                      "saves_bytes": b_mem - p.memory["total_bytes"],
                      "total_bytes": p.memory["total_bytes"],
                      "throughput_change": p.throughput["tokens_per_s"] / b_tps - 1.0,
-                     "config": c2.to_dict(), "_scenario": s2, "_config": c2})
+                     "config": c2.to_dict(), "_scenario": free(s2), "_config": c2})
     rows.sort(key=lambda r: (not r["fits"], -r["throughput_change"], -r["saves_bytes"]))
     combo: list[str] = []
+    combo_fits = None
     if not base.fits and not any(r["fits"] for r in rows):
-        s_cur, c_cur, p_cur = sc, cfg, base
-        for _ in range(6):
-            opts = []
-            for desc, s2, c2 in config_changes(s_cur, c_cur):
-                if config_problems(c2, s2):
-                    continue
-                p = plan_one(s2, c2)
-                saved = p_cur.memory["total_bytes"] - p.memory["total_bytes"]
-                cost = max(1e-6, 1 - p.throughput["tokens_per_s"] / p_cur.throughput[
-                    "tokens_per_s"])
-                if saved > 0:
-                    opts.append((saved / cost, desc, s2, c2, p))
-            if not opts:
+        # first only changes to the config (the same training: layout, recomputation,
+        # offload), then, if those cannot make it fit, changes to what is trained too
+        for same_training in (True, False):
+            combo, combo_fits = _greedy(sc, cfg, base, same_training, plan_one, free)
+            if combo_fits:
                 break
-            _, desc, s_cur, c_cur, p_cur = max(opts, key=lambda o: o[0])
-            combo.append(desc)
-            if p_cur.fits:
-                break
-        combo_fits = p_cur.fits
-    else:
-        combo_fits = None
     return {"fits": base.fits, "total_bytes": b_mem, "budget_bytes": sc.budget.usable_bytes,
             "remedies": rows, "combination": combo, "combination_fits": combo_fits}
+
+
+def _greedy(sc, cfg, base, same_training: bool, plan_one, free):
+    """Changes taken one at a time, each the most memory saved per throughput lost."""
+    combo: list[str] = []
+    s_cur, c_cur, p_cur = sc, cfg, base
+    for _ in range(6):
+        opts = []
+        for desc, s2, c2 in config_changes(s_cur, c_cur):
+            if same_training and s2 is not s_cur:
+                continue
+            if not _real(c2, s2):
+                continue
+            p = plan_one(free(s2), c2)
+            saved = p_cur.memory["total_bytes"] - p.memory["total_bytes"]
+            cost = max(1e-6, 1 - p.throughput["tokens_per_s"] / p_cur.throughput["tokens_per_s"])
+            if saved > 0:
+                opts.append((saved / cost, desc, s2, c2, p))
+        if not opts:
+            break
+        c_prev = c_cur
+        _, desc, s_cur, c_cur, p_cur = max(opts, key=lambda o: o[0])
+        combo.append(desc + _pinned_note(sc, c_prev, c_cur))
+        if p_cur.fits:
+            break
+    return combo, p_cur.fits

@@ -27,7 +27,7 @@ from .._specs import Config, Scenario
 from ..cost._inputs import DTYPE, Knobs, knobs_from_config, numbers_pytree
 from ..cost.stages import (assemble_estimate, layout_step, layout_tokens_per_s,
                            rest_from_terms)
-from ._compiled import Compiled
+from .._compiled import Compiled
 
 STEPS = 200
 STARTS = 16

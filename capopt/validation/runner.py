@@ -96,8 +96,12 @@ class ValidationReport:
         from .._format import table
         from ..cli import _config_line
         lines = [f"{self.scenario}: {len(self.results)} candidate(s), tier {self.tier}"]
+        if self.tier == "exact":
+            lines.append("(the exact tier compiles for the CPU: argument, output and alias bytes "
+                         "compare; the CPU's temp is no GPU's, so no peak is compared)")
         for i, r in enumerate(self.results, 1):
-            head = f"#{i} {r['tier']} {r['status'].upper()}  {_config_line(r['config'])}"
+            head = (f"#{i} {r['tier']} {r['status'].upper()}  {_config_line(r['config'])}"
+                    f"  [predicted by profile {r.get('runtime', '?')}]")
             if r.get("details", {}).get("compile_s") is not None:
                 head += f"  (compile {r['details']['compile_s']:.1f} s)"
             lines += ["", head]
@@ -105,7 +109,10 @@ class ValidationReport:
                 lines.append(f"   {r.get('error', '')}")
                 continue
             rows = []
+            skip = ("temp_bytes", "peak_bytes") if r["tier"] == "exact" else ()
             for k in TERMS + PARTS + ("step_s",):
+                if k in skip:
+                    continue
                 p, m = r["predicted"].get(k), r["measured"].get(k)
                 if m is None and p is None:
                     continue
@@ -166,9 +173,42 @@ class Progress:
 
 
 # --------------------------------------------------------------------------------------------
+TMP_PREFIX = "capopt-validate-"
+
+
+def _die_with_parent() -> None:
+    """In the worker, before exec: be killed when the validating process dies (Linux), so a
+    SIGKILLed ``capopt validate`` leaves no compile running."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _remove_stale_work_dirs() -> None:
+    """Work folders of validating processes that no longer exist (killed before cleaning)."""
+    import shutil
+    root = Path(tempfile.gettempdir())
+    for d in root.glob(f"{TMP_PREFIX}*"):
+        try:
+            pid = int(d.name[len(TMP_PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            continue
+
+
 def _run_one(job: dict, timeout_s: float) -> dict[str, Any]:
     """Run one worker process; never raises for what happens inside it."""
-    with tempfile.TemporaryDirectory(prefix="capopt-validate-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
         job_path, result_path = os.path.join(tmp, "job.pkl"), os.path.join(tmp, "result.json")
         with open(job_path, "wb") as f:
             pickle.dump(job, f)
@@ -177,7 +217,8 @@ def _run_one(job: dict, timeout_s: float) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                  timeout=timeout_s, cwd=_package_root())
+                                  timeout=timeout_s, cwd=_package_root(),
+                                  preexec_fn=_die_with_parent if os.name == "posix" else None)
         except subprocess.TimeoutExpired as e:
             tail = (e.stderr or "")[-800:] if isinstance(e.stderr, str) else ""
             return {"status": "error", "error": f"timeout after {timeout_s:g} s" +
@@ -244,25 +285,49 @@ def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int
 
 
 def load_results(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every record in a JSONL results file (a torn last line from a crash is skipped)."""
+    """Every record in a JSONL results file: a torn last line from a crash, and lines that are
+    not a JSON object, are skipped; a file that is not text is an error naming it."""
     out = []
     p = Path(path)
     if not p.exists():
         return out
-    for line in p.read_text().splitlines():
+    if p.is_dir():
+        raise CapoptError("is a directory, not a results file", file=str(p), field="--out")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as e:
+        raise CapoptError(f"not a JSONL results file: {e}", file=str(p), field="--out") from None
+    for line in text.splitlines():
         line = line.strip()
         if not line:
             continue
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError, ValueError):
             continue
+        if isinstance(rec, dict):
+            out.append(rec)
     return out
 
 
+def finished(rec: dict) -> bool:
+    """A record that can stand for its candidate on a rerun: one whose measurement is whole
+    (status ok with every measured term), or a failure that says why."""
+    status = rec.get("status")
+    if status == "ok":
+        m = rec.get("measured")
+        return isinstance(m, dict) and all(isinstance(m.get(k), (int, float)) for k in TERMS)
+    return status in ("oom", "error") and isinstance(rec.get("error"), str)
+
+
 def _append(path: Path, rec: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(rec, default=str) + "\n")
+    with open(path, "a+b") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell():                  # a torn last line (a crash mid-write) ends here first
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+        f.write((json.dumps(rec, default=str) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
 
@@ -330,10 +395,19 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
             raise CapoptError(why, field="--tier")
     path = Path(out) if out is not None else None
     done: dict[str, dict] = {}
+    _remove_stale_work_dirs()
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise CapoptError("is a directory; give a .jsonl file to stream results to",
+                              file=str(path), field="--out")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CapoptError(f"cannot create its folder: {e.strerror}", file=str(path),
+                              field="--out") from None
         for rec in load_results(path):
-            if rec.get("key") and (not retry or rec.get("status") == "ok"):
+            if (isinstance(rec.get("key"), str) and finished(rec)
+                    and (not retry or rec.get("status") == "ok")):
                 done[rec["key"]] = rec
     keys = [result_key(tier, tsc, c) for c in cands]
     todo = [i for i, k in enumerate(keys) if k not in done]

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _jaxcache
+from . import _jaxcache
 
 
 class Compiled:
