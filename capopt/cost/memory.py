@@ -107,14 +107,9 @@ def largest_module(k: Knobs, n):
 # --------------------------------------------------------------------------------------------
 # One stage
 # --------------------------------------------------------------------------------------------
-def _phase_max(phases: dict):
-    """The phase with the largest total (exact at integer points), and each term's value in it."""
-    totals = jnp.stack([sum(p.values()) for p in phases.values()])
-    which = jnp.argmax(totals)
-    onehot = jax.nn.one_hot(which, totals.shape[0], dtype=totals.dtype)
-    keys = next(iter(phases.values())).keys()
-    out = {key: sum(onehot[i] * p[key] for i, p in enumerate(phases.values())) for key in keys}
-    return out, totals, which
+def _by_phase(values: dict):
+    """One term's value in each phase, stacked in `PHASES` order (a vector of their count)."""
+    return jnp.stack(jnp.broadcast_arrays(*(values[p] for p in PHASES)))
 
 
 def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, first_stage):
@@ -317,24 +312,22 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     }
     # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)
     exists = {"rebuild": remat_share}
-    phases = {}
-    for name in PHASES:
-        dynamic = acts[name] + logits[name] + grads[name] + comm[name] + casts[name]
-        w = exists.get(name, 1.0)
-        phases[name] = {key: w * v for key, v in {
-            "params_bytes": params_bytes, "optimizer_bytes": optimizer_bytes,
-            "grads_bytes": grads[name], "activations_bytes": acts[name],
-            "logits_bytes": logits[name], "comm_bytes": comm[name],
-            "overhead_bytes": (n["rt_context_bytes"] + n["rt_workspace_bytes"] + casts[name]
-                               + n["rt_fragmentation"] * dynamic),
-        }.items()}
-    out, totals, which = _phase_max(phases)
-    out["total_bytes"] = sum(out[key] for key in (
-        "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
-        "comm_bytes", "overhead_bytes"))
-    out["weight_copy_bytes"] = sum(
-        jax.nn.one_hot(which, len(PHASES), dtype=totals.dtype)[i] * casts[p] * exists.get(p, 1.0)
-        for i, p in enumerate(PHASES))
+    weight = _by_phase({p: exists.get(p, 1.0) + 0.0 * params_bytes for p in PHASES})
+    terms = {"grads_bytes": _by_phase(grads), "activations_bytes": _by_phase(acts),
+             "logits_bytes": _by_phase(logits), "comm_bytes": _by_phase(comm)}
+    cast = _by_phase(casts)
+    dynamic = sum(terms.values()) + cast
+    terms["overhead_bytes"] = (n["rt_context_bytes"] + n["rt_workspace_bytes"] + cast
+                               + n["rt_fragmentation"] * dynamic)
+    fixed = params_bytes + optimizer_bytes
+    totals = weight * (fixed + sum(terms.values()))
+    which = jnp.argmax(totals)
+    w = weight[which]
+    out = {key: w * v[which] for key, v in terms.items()}
+    out["params_bytes"] = w * params_bytes
+    out["optimizer_bytes"] = w * optimizer_bytes
+    out["total_bytes"] = totals[which]
+    out["weight_copy_bytes"] = w * cast[which]
     out["peak_phase"] = which.astype(totals.dtype)
     out.update({f"phase_{p}_bytes": totals[i] for i, p in enumerate(PHASES)})
     out.update({
