@@ -211,7 +211,7 @@ def test_a_minimal_card_loads(tmp_path):
 
 
 @pytest.mark.parametrize("text, field, words", [
-    ("name = \"x\"\nfamily = \n", None, "not valid TOML"),
+    ("name = \"x\"\nfamily = \n", None, "malformed TOML"),
     (GOOD_CARD + "hiden_size = 64\n", "hiden_size", "did you mean 'hidden_size'"),
     (GOOD_CARD.replace("hidden_size = 64", "hidden_size = \"64\""), "hidden_size", "integer"),
     (GOOD_CARD + "tie_word_embeddings = 1\n", "tie_word_embeddings", "true or false"),
