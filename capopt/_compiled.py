@@ -67,7 +67,7 @@ class Compiled:
         it, else traced and compiled. Calls ``on_traced`` exactly once."""
         path = (_jaxcache.program_path(self.name, repr(key)) if self.name is not None
                 else None)
-        if path is not None and path.exists():
+        if path is not None and _jaxcache.has_program(path):
             if on_traced is not None:      # loading overlaps the other work too
                 on_traced()
                 on_traced = None
@@ -75,8 +75,8 @@ class Compiled:
             if exe is not None:
                 try:    # a broken entry fails on its first run, loudly: then it is compiled
                     out = jax.block_until_ready(exe(*args))
-                except jax.errors.JaxRuntimeError as e:
-                    _jaxcache.discard_program(path, str(e))
+                except Exception as e:  # noqa: BLE001 - any failure: discard, compile
+                    _jaxcache.discard_program(path, f"{type(e).__name__}: {e}")
                 else:
                     self.loaded_from_disk += 1
                     return exe, out

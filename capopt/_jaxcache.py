@@ -15,7 +15,9 @@ so one compilation serves every later run. Two caches keep it:
 
 Both live under ``$XDG_CACHE_HOME/capopt/xla`` (``~/.cache/capopt/xla``). Set
 ``CAPOPT_CACHE_DIR`` to move them, or to an empty string to turn them off. Like JAX's cache,
-the entries are executables: keep the directory private.
+the entries are executables: keep the directory private. Neither cache is ever a reason to
+fail: a directory that cannot be read or written, an entry that is damaged or belongs to
+another program, each falls back to compiling, with at most one warning line per process.
 """
 
 from __future__ import annotations
@@ -30,10 +32,22 @@ import threading
 from pathlib import Path
 
 _done = False
+_log = logging.getLogger("capopt")
+_warned = threading.Event()      # set once the one warning line has been printed
+
+
+def _cannot_use(what: Path, err: BaseException | str) -> None:
+    """Say, once per process, that the cache cannot be used and the program is compiled."""
+    if not _warned.is_set():
+        _warned.set()
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        _log.warning("capopt: not using the compilation cache at %s (%s); compiling instead",
+                     what, why)
 
 
 def cache_root() -> Path | None:
-    """The cache directory (created), or None when caching is off or impossible."""
+    """The cache directory (created), or None when caching is off or impossible (a folder
+    that cannot be created, read or written: said once)."""
     target = os.environ.get("CAPOPT_CACHE_DIR")
     if target == "":
         return None
@@ -41,7 +55,11 @@ def cache_root() -> Path | None:
         "XDG_CACHE_HOME", Path.home() / ".cache")) / "capopt" / "xla"
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError:
+    except OSError as e:
+        _cannot_use(path, e)
+        return None
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        _cannot_use(path, "no permission to read and write it")
         return None
     return path
 
@@ -78,10 +96,9 @@ def compile_options() -> dict | None:
 # --------------------------------------------------------------------------------------------
 # Ahead-of-time executables
 # --------------------------------------------------------------------------------------------
-AOT_FORMAT = 2          # bump when the entry layout or the key changes
+AOT_FORMAT = 3          # bump when the entry layout or the key changes
 _FIXED: list[str] = []
 _SOURCE: list[str] = []
-_log = logging.getLogger("capopt")
 
 
 def source_hash() -> str:
@@ -156,14 +173,36 @@ def program_path(name: str, signature: str) -> Path | None:
     return root / "aot" / f"{name}-{key[:40]}.pkl"
 
 
+def has_program(path: Path) -> bool:
+    """Whether an entry is at ``path`` (False, said once, where it cannot be looked at)."""
+    try:
+        return path.is_file()
+    except OSError as e:
+        _cannot_use(path.parent, e)
+        return False
+
+
 def load_program(path: Path):
-    """The executable cached at ``path`` (a `jax.stages.Compiled`), or None: missing, or
-    unreadable (a partial write, another JAX), which counts as a miss."""
-    if not path.exists():
+    """The executable cached at ``path`` (a `jax.stages.Compiled`), or None: missing,
+    unreadable (a partial write, another JAX, no permission) or written for another entry (a
+    file renamed or copied over another), which counts as a miss. An entry that cannot be
+    used is discarded, so that the next run does not trip on it again."""
+    try:
+        blob = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        _cannot_use(path, e)
         return None
     try:
         from jax.experimental.serialize_executable import deserialize_and_load
-        payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+        entry, payload, in_tree, out_tree = pickle.loads(blob)
+    except Exception:   # noqa: BLE001 - any failure to load is a miss; the caller compiles
+        return None
+    if entry != path.name:
+        discard_program(path, f"it holds the entry {str(entry)[:60]!r}")
+        return None
+    try:
         exe = deserialize_and_load(payload, in_tree, out_tree)
         os.utime(path)          # most recently used: `_prune` keeps it
         return exe
@@ -172,10 +211,12 @@ def load_program(path: Path):
 
 
 def discard_program(path: Path, why: str) -> None:
-    """Remove an entry that loaded but failed to run (and say so: it should not happen)."""
-    path.unlink(missing_ok=True)
-    _log.warning("capopt: discarded the cached program %s (%s); compiling it again",
-                 path.name, why.splitlines()[0] if why else "failed to run")
+    """Remove an entry that loaded but cannot run (and say so, once: it should not happen)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+    _cannot_use(path, f"discarded: {why}" if why else "discarded: it failed to run")
 
 
 def store_program(path: Path, name: str, compiled) -> None:
@@ -203,15 +244,20 @@ def flush_writes() -> None:
     for path, (name, compiled) in jobs:
         tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            blob = pickle.dumps(serialize(compiled))
+            blob = pickle.dumps((path.name, *serialize(compiled)))
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp.write_bytes(blob)
             os.replace(tmp, path)
             _prune(path.parent, name)
-        except Exception:   # noqa: BLE001 - caching is an optimisation only
+        except OSError as e:      # caching is an optimisation only: say so once, go on
+            _cannot_use(path.parent, e)
+        except Exception:   # noqa: BLE001 - an executable that does not serialise: no entry
             pass
         finally:
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 _LOCK = threading.Lock()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +152,105 @@ def test_an_entry_that_fails_to_run_is_discarded_and_compiled(cache_dir, monkeyp
     assert not list((cache_dir / "aot").glob("test-program-*.pkl"))     # discarded
     _jaxcache.flush_writes()
     assert len(list((cache_dir / "aot").glob("test-program-*.pkl"))) == 1   # compiled afresh
+
+
+# ---- faults of the on-disk cache: each falls back to compiling, with at most one warning line
+
+
+@pytest.fixture
+def one_warning(monkeypatch, caplog):
+    """The warnings capopt's cache logged in the test (the once-per-process flag reset)."""
+    monkeypatch.setattr(_jaxcache, "_warned", threading.Event())
+    caplog.set_level("WARNING", logger="capopt")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "capopt"]
+
+
+def _entries(cache_dir, name="test-program"):
+    return sorted((cache_dir / "aot").glob(f"{name}-*.pkl"))
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
+                    reason="mode 000 does not stop root; the next test stands in for it")
+def test_a_cache_folder_with_mode_000_compiles_with_one_warning(cache_dir, one_warning):
+    cache_dir.chmod(0)
+    try:
+        got = _program()(*_args())["y"]
+        _jaxcache.flush_writes()
+    finally:
+        cache_dir.chmod(0o700)
+    np.testing.assert_array_equal(np.asarray(got), [1.0, 3.0, 5.0, 7.0])
+    assert len(one_warning()) == 1 and "\n" not in one_warning()[0]
+
+
+def test_a_cache_folder_without_permission_compiles_with_one_warning(cache_dir, monkeypatch,
+                                                                      one_warning):
+    # what a user who is not root gets from a folder with mode 000 (os.access says no), and
+    # from entries that cannot be looked at or read (the OS raises PermissionError)
+    _program()(*_args())
+    _jaxcache.flush_writes()
+    assert len(_entries(cache_dir)) == 1
+    real_access, real_stat = os.access, Path.stat
+
+    def no_access(path, mode, *a, **k):
+        return False if Path(path) == cache_dir else real_access(path, mode, *a, **k)
+    monkeypatch.setattr(os, "access", no_access)
+    assert _jaxcache.program_path("test-program", "x") is None
+    monkeypatch.setattr(os, "access", real_access)
+
+    def denied(self, *a, **k):
+        if str(self).startswith(str(cache_dir / "aot")):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, *a, **k)
+    monkeypatch.setattr(Path, "stat", denied)
+    again = _program()
+    np.testing.assert_array_equal(np.asarray(again(*_args())["y"]), [1.0, 3.0, 5.0, 7.0])
+    assert again.loaded_from_disk == 0
+    _jaxcache.flush_writes()                                # does not raise either
+    assert len(one_warning()) == 1 and "\n" not in one_warning()[0]
+    assert "Permission denied" in one_warning()[0] or "permission" in one_warning()[0]
+
+
+def test_two_swapped_entries_are_discarded_and_compiled(cache_dir, one_warning):
+    # each file holds the other program's executable: it loads, but it is not this entry
+    longer = (jnp.arange(5.0), _args()[1])
+    _program()(*_args())
+    _program()(*longer)
+    _jaxcache.flush_writes()
+    a, b = _entries(cache_dir)
+    blob_a, blob_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(blob_b)
+    b.write_bytes(blob_a)
+    for args, want in ((_args(), [1.0, 3.0, 5.0, 7.0]), (longer, [1.0, 3.0, 5.0, 7.0, 9.0])):
+        again = _program()
+        np.testing.assert_array_equal(np.asarray(again(*args)["y"]), want)
+        assert again.loaded_from_disk == 0
+    assert _entries(cache_dir) == [] and len(one_warning()) == 1
+    _jaxcache.flush_writes()                                # written afresh, and then loaded
+    assert len(_entries(cache_dir)) == 2
+    loaded = _no_tracing(_program())
+    loaded(*_args())
+    assert loaded.loaded_from_disk == 1
+
+
+AOT_IS_A_FILE = """
+import jax.numpy as jnp
+from capopt._compiled import Compiled
+print(float(Compiled(lambda x: jnp.sin(x) * 2.0, name="child-program")(jnp.arange(4.0)).sum()))
+"""
+
+
+def test_an_aot_path_that_is_a_file_compiles_and_exits_cleanly(tmp_path):
+    """The real path, in a process of its own: the entries are written at exit, where a
+    failure used to end the process with a traceback."""
+    (tmp_path / "aot").write_text("not a folder")
+    env = dict(os.environ, CAPOPT_CACHE_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", AOT_IS_A_FILE], env=env, capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    assert float(run.stdout) == pytest.approx(float(jnp.sum(jnp.sin(jnp.arange(4.0)) * 2.0)))
+    capopt_lines = [ln for ln in run.stderr.splitlines() if "capopt" in ln]
+    assert "Traceback" not in run.stderr and len(capopt_lines) == 1, run.stderr
+    assert (tmp_path / "aot").read_text() == "not a folder"
 
 
 CHILD = """
