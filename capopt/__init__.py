@@ -28,16 +28,25 @@ def __getattr__(name):
 __version__ = "0.1.0"
 
 
-def optimize(scenario, **options):
-    """Find the fastest config that fits; see `capopt.search.optimize`."""
-    from .search import optimize as _optimize
-    return _optimize(scenario, **options)
+# `optimize` and `validate` take the parameters of the functions they call, written out (a
+# test checks that they are the same), so that help() shows them without importing JAX.
+def optimize(scenario=None, *, top_k=5, method="gradient", seed=0, starts=32, steps=300,
+             optimizer=None, polish=True, remedies=True, exhaustive_below=None):
+    """The fastest configs that fit: `capopt.search.optimize.optimize`, which says more."""
+    from .search.optimize import optimize as _optimize
+    return _optimize(scenario, top_k=top_k, method=method, seed=seed, starts=starts,
+                     steps=steps, optimizer=optimizer, polish=polish, remedies=remedies,
+                     exhaustive_below=exhaustive_below)
 
 
-def validate(scenario, **options):
-    """Compile (and on a GPU, run) candidates as real Flax steps; see `capopt.validate`."""
-    from .validation import validate as _validate
-    return _validate(scenario, **options)
+def validate(scenario, *, top_k=3, tier="exact", configs=None, out=None, timeout_s=900.0,
+             progress=True, profile=None, retry=False, jobs=1, options=None):
+    """Compile (and on a GPU, run) candidates as real Flax training steps and compare XLA's
+    memory with the prediction: `capopt.validation.runner.validate`, which says more."""
+    from .validation.runner import validate as _validate
+    return _validate(scenario, top_k=top_k, tier=tier, configs=configs, out=out,
+                     timeout_s=timeout_s, progress=progress, profile=profile, retry=retry,
+                     jobs=jobs, options=options)
 
 
 __all__ = sorted([

@@ -15,7 +15,6 @@ import dataclasses
 import difflib
 import json
 import os
-import tomllib
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path

@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-GiB = 2**30
+from ._units import GiB, KiB, MiB
 
 
 def gib(x: float) -> str:
+    """Bytes as a number of GiB, for a table whose column says the unit: ``12.34``."""
     return f"{x / GiB:,.2f}"
+
+
+def format_bytes(n: float | None, missing: str = "-") -> str:
+    """Bytes for people, with their unit: GiB down to MiB and KiB for small amounts
+    (``12.34 GiB``, ``74.5 KiB``, ``512 B``); ``missing`` where there is no number."""
+    if n is None:
+        return missing
+    if abs(n) >= GiB:
+        return f"{n / GiB:,.2f} GiB"
+    if abs(n) >= MiB:
+        return f"{n / MiB:,.1f} MiB"
+    if abs(n) >= KiB:
+        return f"{n / KiB:,.1f} KiB"
+    return f"{int(n)} B"
 
 
 def si(x: float, unit: str = "") -> str:
@@ -47,3 +62,22 @@ def bar(fraction: float, width: int = 20) -> str:
     fraction = max(0.0, min(1.0, fraction))
     full = int(round(fraction * width))
     return "#" * full + "." * (width - full)
+
+
+# the knobs of a config in the order a one-line summary lists them, and their short names
+_CONFIG_KEYS = ("micro_batch", "grad_accum", "dp", "zero_stage", "tp", "pp", "ep",
+                "sequence_parallel", "remat", "offload_optimizer", "flash_attention")
+_CONFIG_SHORT = {"micro_batch": "mb", "grad_accum": "ga", "zero_stage": "zero",
+                 "sequence_parallel": "sp", "offload_optimizer": "offload",
+                 "flash_attention": "flash"}
+
+
+def config_line(cfg: dict) -> str:
+    """One line for a config's dict (``Config.to_dict()``): ``mb=4 ga=2 dp=8 zero=1 ...``."""
+    parts = []
+    for k in _CONFIG_KEYS:
+        v = cfg[k]
+        if isinstance(v, bool):
+            v = "on" if v else "off"
+        parts.append(f"{_CONFIG_SHORT.get(k, k)}={v}")
+    return " ".join(parts)

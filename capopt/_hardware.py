@@ -5,7 +5,8 @@ from. Entries are written in the units datasheets use (GiB or GB, TFLOP/s, TB/s,
 loader converts them to SI units for `Hardware` (bytes, FLOP/s, bytes/s), so the cost model
 never sees a unit prefix.
 
-    >>> from capopt._hardware import GiB, get_hardware
+    >>> from capopt._hardware import get_hardware
+    >>> from capopt._units import GiB
     >>> h = get_hardware("h100")                    # a profile name, an alias, or a .toml path
     >>> h.name, h.peak("bf16"), h.memory_bytes / GiB
     ('h100-sxm-80gb', 989400000000000.0, 80.0)
@@ -17,7 +18,6 @@ import functools
 import math
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -26,12 +26,8 @@ from typing import Any
 
 from ._errors import CapoptError
 from ._io import check_depth, parse_toml, read_text
+from ._units import GB, TB, TERA, GiB, MiB
 
-GiB = 2**30
-MiB = 2**20
-GB = 10**9
-TB = 10**12
-TERA = 1e12
 
 #: dtypes a peak can be given for, in the order they are listed.
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
@@ -52,53 +48,6 @@ _FALLBACK = {
 }
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
-
-# Per-compute-capability limits in XLA's GpuDeviceInfoProto field names, from the CUDA C++
-# Programming Guide, "Technical Specifications per Compute Capability", and checked against
-# XLA's own device specs (xla/backends/gpu/target_config/specs/*.txtpb for V100, A100, A6000,
-# H100 and B200).
-_CUDA_COMMON: dict[str, int] = {
-    "threads_per_block_limit": 1024,
-    "threads_per_warp": 32,
-    "shared_memory_per_block": 49152,
-    "registers_per_core_limit": 65536,
-    "registers_per_block_limit": 65536,
-    "block_dim_limit_x": 2**31 - 1,
-    "block_dim_limit_y": 65535,
-    "block_dim_limit_z": 65535,
-    "thread_dim_limit_x": 1024,
-    "thread_dim_limit_y": 1024,
-    "thread_dim_limit_z": 64,
-}
-# (shared memory per SM, max opt-in shared memory per block, threads per SM, FP32 units per SM)
-_CUDA_SM: dict[tuple[int, int], tuple[int, int, int, int]] = {
-    (7, 0): (98304, 98304, 2048, 64),
-    (7, 5): (65536, 65536, 1024, 64),
-    (8, 0): (167936, 166912, 2048, 64),
-    (8, 6): (102400, 101376, 1536, 128),
-    (8, 9): (102400, 101376, 1536, 128),
-    (9, 0): (233472, 232448, 2048, 128),
-    (10, 0): (233472, 232448, 2048, 128),
-    (12, 0): (102400, 101376, 1536, 128),
-}
-# ROCm targets, from XLA's MI300 spec (xla/backends/gpu/target_config/specs/mi300.txtpb).
-_ROCM: dict[str, dict[str, int]] = {
-    "gfx942": {
-        "threads_per_block_limit": 1024,
-        "threads_per_warp": 64,
-        "shared_memory_per_block": 65536,
-        "shared_memory_per_block_optin": 65536,
-        "shared_memory_per_core": 65536,
-        "threads_per_core_limit": 2048,
-        "fpus_per_core": 128,
-        "block_dim_limit_x": 2**31 - 1,
-        "block_dim_limit_y": 65536,
-        "block_dim_limit_z": 65536,
-        "registers_per_core_limit": 131072,
-        "registers_per_block_limit": 131072,
-    },
-}
-
 
 @dataclass(frozen=True)
 class Hardware:
@@ -219,41 +168,6 @@ class Hardware:
                 f"{self.mem_bw / TB:.4g} TB/s memory, "
                 f"{_g(self.intra_node_bw / GB)}/{_g(self.inter_node_bw / GB)} GB/s "
                 f"intra/inter-node, {self.per_node} per node")
-
-    def xla_gpu_device_info(self) -> dict[str, Any]:
-        """What XLA's GPU target description (``GpuDeviceInfoProto``) needs, where known.
-
-        Keys are the proto's field names: ``core_count``, ``clock_rate_ghz``,
-        ``l2_cache_size``, ``device_memory_size``, ``memory_bandwidth`` and
-        ``cuda_compute_capability`` (``{"major", "minor"}``) or ``rocm_compute_capability``
-        (``{"gcn_arch_name"}``), plus the per-architecture thread, register and shared-memory
-        limits. Fields the catalog does not know are left out. TPUs raise `CapoptError`.
-        """
-        if self.kind != "gpu":
-            raise CapoptError(f"{self.name} is a {self.kind.upper()}, not a GPU; XLA's GPU "
-                              "target description does not apply", field="hardware.gpu")
-        info: dict[str, Any] = {}
-        cc = self.compute_capability
-        if self.vendor == "nvidia" and cc:
-            major, minor = (int(x) for x in cc.split("."))
-            info.update(_CUDA_COMMON)
-            if (major, minor) in _CUDA_SM:
-                smem, optin, threads, fpus = _CUDA_SM[(major, minor)]
-                info.update(shared_memory_per_core=smem, shared_memory_per_block_optin=optin,
-                            threads_per_core_limit=threads, fpus_per_core=fpus)
-            info["cuda_compute_capability"] = {"major": major, "minor": minor}
-        elif self.vendor == "amd" and cc:
-            info.update(_ROCM.get(cc, {}))
-            info["rocm_compute_capability"] = {"gcn_arch_name": cc}
-        if self.sm_count is not None:
-            info["core_count"] = self.sm_count
-        if self.clock_mhz is not None:
-            info["clock_rate_ghz"] = self.clock_mhz / 1000
-        if self.l2_bytes is not None:
-            info["l2_cache_size"] = self.l2_bytes
-        info["device_memory_size"] = self.memory_bytes
-        info["memory_bandwidth"] = round(self.mem_bw)
-        return info
 
 
 # --- loading ------------------------------------------------------------------------------------

@@ -11,8 +11,6 @@ from ._specs import Config, Scenario
 from ._validity import config_problems
 from .cost import Estimate, estimate
 
-MEMORY_TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
-                "logits_bytes", "comm_bytes", "overhead_bytes")
 
 
 @dataclass(frozen=True)

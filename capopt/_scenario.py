@@ -11,11 +11,12 @@ from typing import Any, Mapping
 
 from ._cards import load_card
 from ._errors import CapoptError
-from ._hardware import GiB, get_hardware
+from ._hardware import get_hardware
 from ._io import check_depth, parse_toml, path_exists, read_text
 from ._runtime import get_profile
 from ._specs import (KNOBS, REMAT_POLICIES, STAGE_KNOBS, Budget, Config, KnobDomain, LoRA,
                      Scenario, Workload)
+from ._units import GiB
 
 DEFAULT_SCENARIO = "llama3-8b-8xh100"
 

@@ -44,7 +44,3 @@ def config_problems(cfg: Config, sc: Scenario) -> list[tuple[str, str]]:
             out.append((f"config.{dom.name}", f"{v!r} is not among the scenario's allowed "
                                               f"values {list(dom.values)}"))
     return out
-
-
-def is_valid(cfg: Config, sc: Scenario) -> bool:
-    return not config_problems(cfg, sc)

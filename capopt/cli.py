@@ -9,42 +9,9 @@ import sys
 from typing import Any
 
 from ._errors import CapoptError
-from ._format import GiB, bar, gib, seconds, si, table
-
-MEMORY_LABELS = [("params_bytes", "parameters"), ("grads_bytes", "gradients"),
-                 ("optimizer_bytes", "optimizer state"), ("activations_bytes", "activations"),
-                 ("logits_bytes", "logits / loss"), ("comm_bytes", "communication buffers"),
-                 ("overhead_bytes", "runtime overhead")]
-
-
-def _config_line(cfg: dict) -> str:
-    keys = ("micro_batch", "grad_accum", "dp", "zero_stage", "tp", "pp", "ep",
-            "sequence_parallel", "remat", "offload_optimizer", "flash_attention")
-    short = {"micro_batch": "mb", "grad_accum": "ga", "zero_stage": "zero",
-             "sequence_parallel": "sp", "offload_optimizer": "offload",
-             "flash_attention": "flash"}
-    parts = []
-    for k in keys:
-        v = cfg[k]
-        if isinstance(v, bool):
-            v = "on" if v else "off"
-        parts.append(f"{short.get(k, k)}={v}")
-    return " ".join(parts)
-
-
-# (key, label, indent): the terms that add up to the step, each followed by its named parts
-TIME_LABELS = [("compute_s", "compute (matmuls, attention)", 0),
-               ("memory_bound_s", "memory-bound ops", 0),
-               ("grad_accum_s", "of which gradient accumulation", 1),
-               ("comm_exposed_s", "communication, exposed", 0),
-               *[(f"comm_{k}_s", f"{label}", 1) for k, label in (
-                   ("dp", "data-parallel gradients"), ("zero", "ZeRO collectives"),
-                   ("tp", "tensor-parallel"), ("pp", "pipeline sends"),
-                   ("moe", "MoE all-to-all"))],
-               ("bubble_s", "pipeline bubble", 0),
-               ("optimizer_s", "optimizer update", 0),
-               ("offload_s", "optimizer offload (host link)", 0)]
-
+from ._format import bar, config_line, gib, seconds, si, table
+from ._terms import MEMORY_LABELS, TIME_LABELS
+from ._units import GiB
 
 def _time_rows(tm: dict) -> list[tuple]:
     """The step's time terms as rows: what adds up to the step, its named parts indented, then
@@ -75,7 +42,7 @@ def render_plan(p: dict, title: str | None = None) -> str:
     lines = []
     if title:
         lines.append(title)
-    lines.append(f"config: {_config_line(p['config'])}")
+    lines.append(f"config: {config_line(p['config'])}")
     rows = [(label, gib(mem[key]), f"{100 * mem[key] / total:5.1f}%", bar(mem[key] / total))
             for key, label in MEMORY_LABELS]
     rows.append(("total", gib(total), "100.0%", ""))
@@ -169,7 +136,7 @@ def cmd_explain(args) -> int:
             {kk: vv for kk, vv in r.items() if not kk.startswith("_")} for r in v]
             for k, v in rep.items()}, indent=2))
         return 0
-    print(f"{sc.name}: {_config_line(cfg.to_dict())}")
+    print(f"{sc.name}: {config_line(cfg.to_dict())}")
     print(f"needs {gib(rep['total_bytes'])} GiB per device of {gib(rep['budget_bytes'])} GiB "
           f"usable: {'FITS' if rep['fits'] else 'DOES NOT FIT'}")
     rows = [(r["change"], "yes" if r["fits"] else "no", gib(r["saves_bytes"]),

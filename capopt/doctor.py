@@ -51,7 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from capopt.monitor import GIB, MIB, explain_memory, format_bytes, load_nvml
+from capopt._format import format_bytes
+from capopt._units import MiB
+from capopt.monitor import explain_memory, load_nvml, smi_csv_rows, smi_number
 
 __all__ = [
     "Check",
@@ -315,37 +317,9 @@ class VersionsRaw:
 # Parsing nvidia-smi output
 # ---------------------------------------------------------------------------------------------
 
-_UNIT_RE = re.compile(r"\s*\[[^\]]*\]$")
-_NUMBER_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:%|MiB|W|MHz|C|us)?\s*$")
-_FIELD_ALIASES = {"used_gpu_memory": "used_memory", "gpu_name": "name", "gpu_bus_id": "gpu_bus_id"}
-
-
-def _number(cell: str | None) -> float | None:
-    if cell is None:
-        return None
-    m = _NUMBER_RE.match(cell)
-    return float(m.group(1)) if m else None
-
-
-def _csv_rows(text: str, fields: Sequence[str]) -> list[dict[str, str]]:
-    """Rows of nvidia-smi CSV keyed by field name; reads the header when there is one."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return []
-    first = [_UNIT_RE.sub("", c.strip()) for c in lines[0].split(",")]
-    known = set(fields) | set(_FIELD_ALIASES) | set(_FIELD_ALIASES.values())
-    if any(c in known for c in first) and not any(_number(c) is not None for c in first):
-        names = [_FIELD_ALIASES.get(c, c) for c in first]
-        body = lines[1:]
-    else:
-        names = list(fields)
-        body = lines
-    return [dict(zip(names, (v.strip() for v in ln.split(",")), strict=False)) for ln in body]
-
-
 def _mib_to_bytes(cell: str | None) -> int | None:
-    v = _number(cell)
-    return None if v is None else int(v * MIB)
+    v = smi_number(cell)
+    return None if v is None else int(v * MiB)
 
 
 def parse_query_gpu_csv(text: str, fields: Sequence[str] = QUERY_GPU_FIELDS) -> list[dict[str, Any]]:
@@ -356,8 +330,8 @@ def parse_query_gpu_csv(text: str, fields: Sequence[str] = QUERY_GPU_FIELDS) -> 
     Without a header, ``fields`` names the columns in order.
     """
     gpus = []
-    for i, row in enumerate(_csv_rows(text, fields)):
-        idx = _number(row.get("index"))
+    for i, row in enumerate(smi_csv_rows(text, fields)):
+        idx = smi_number(row.get("index"))
         gpus.append(
             {
                 "index": int(idx) if idx is not None else i,
@@ -377,8 +351,8 @@ def parse_query_apps_csv(text: str, fields: Sequence[str] = QUERY_APPS_FIELDS) -
     Returns dicts with ``pid``, ``name``, ``used_bytes`` and ``bus_id``.
     """
     procs = []
-    for row in _csv_rows(text, fields):
-        pid = _number(row.get("pid"))
+    for row in smi_csv_rows(text, fields):
+        pid = smi_number(row.get("pid"))
         if pid is None:
             continue
         procs.append(
@@ -433,7 +407,7 @@ def parse_smi_table(text: str) -> dict[str, Any]:
                         "pid": int(m.group(2)),
                         "type": m.group(3),
                         "name": m.group(4),
-                        "used_bytes": None if mem == "N/A" else int(mem[:-3]) * MIB,
+                        "used_bytes": None if mem == "N/A" else int(mem[:-3]) * MiB,
                     }
                 )
             continue
@@ -453,8 +427,8 @@ def parse_smi_table(text: str) -> dict[str, Any]:
         if expect_mem:
             mm = _SMI_MEM_RE.search(line)
             if mm:
-                gpus[-1]["memory_used_bytes"] = int(mm.group(1)) * MIB
-                gpus[-1]["memory_total_bytes"] = int(mm.group(2)) * MIB
+                gpus[-1]["memory_used_bytes"] = int(mm.group(1)) * MiB
+                gpus[-1]["memory_total_bytes"] = int(mm.group(2)) * MiB
             expect_mem = False
     cuda_version = cuda.group(1) if cuda else None
     return {
@@ -560,10 +534,6 @@ def read_driver(raw: DriverRaw) -> DriverFacts:
 # ---------------------------------------------------------------------------------------------
 
 
-def _gib(n: int | float | None) -> str:
-    return "?" if n is None else f"{n / GIB:.1f} GiB"
-
-
 def judge_driver(raw: DriverRaw) -> Check:
     """``accelerator``: does the driver see a GPU, and how much of it is already taken?"""
     facts = read_driver(raw)
@@ -576,8 +546,8 @@ def judge_driver(raw: DriverRaw) -> Check:
                 names[g.get("name") or "?"] = names.get(g.get("name") or "?", 0) + 1
             desc = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in names.items())
             g0 = facts.gpus[0]
-            mem = (f"; GPU {g0['index']}: {_gib(g0.get('memory_used_bytes'))} of "
-                   f"{_gib(g0.get('memory_total_bytes'))} in use") if g0.get("memory_total_bytes") else ""
+            mem = (f"; GPU {g0['index']}: {format_bytes(g0.get('memory_used_bytes'), '?')} of "
+                   f"{format_bytes(g0.get('memory_total_bytes'), '?')} in use") if g0.get("memory_total_bytes") else ""
         else:
             desc, mem = "an NVIDIA GPU (nvidia-smi printed its header; this output has no GPU rows)", ""
         cuda = f", supports CUDA up to {facts.cuda_version}" if facts.cuda_version else ""
@@ -585,7 +555,7 @@ def judge_driver(raw: DriverRaw) -> Check:
         procs = list(facts.processes)
         if procs:
             top = sorted(procs, key=lambda p: -(p.get("used_bytes") or 0))[:3]
-            held = ", ".join(f"{p.get('name')} (pid {p['pid']}) {_gib(p.get('used_bytes'))}" for p in top)
+            held = ", ".join(f"{p.get('name')} (pid {p['pid']}) {format_bytes(p.get('used_bytes'), '?')}" for p in top)
             saw += f"; {len(procs)} process{'es' if len(procs) > 1 else ''} hold memory: {held}"
         def taken(g: dict[str, Any]) -> int:
             own = sum(p.get("used_bytes") or 0 for p in procs
@@ -602,7 +572,7 @@ def judge_driver(raw: DriverRaw) -> Check:
             g = busy[0]
             return Check(
                 "accelerator", "warn", saw,
-                fix=(f"{_gib(taken(g))} of GPU {g['index']} is taken by other processes: "
+                fix=(f"{format_bytes(taken(g), '?')} of GPU {g['index']} is taken by other processes: "
                      "plans assume the whole card. Stop the other processes, pick "
                      "another GPU with CUDA_VISIBLE_DEVICES, or lower the budget (vram_gib)."),
                 data=data,
@@ -979,8 +949,8 @@ def judge_step(raw: StepRaw | None, *, expect_accelerator: bool | None = None) -
            f"outputs on {', '.join(sorted(where)) or '?'}")
     if raw.memory_stats:
         ex = explain_memory(raw.memory_stats)
-        used = "?" if ex.in_use_bytes is None else format_bytes(ex.in_use_bytes)
-        peak = "?" if ex.peak_bytes is None else format_bytes(ex.peak_bytes)
+        used = format_bytes(ex.in_use_bytes, "?")
+        peak = format_bytes(ex.peak_bytes, "?")
         saw += f"; device memory in use {used}, peak {peak}"
         data["memory"] = ex.to_dict()
     else:

@@ -38,6 +38,9 @@ from dataclasses import asdict, dataclass, field, fields
 from types import ModuleType
 from typing import Any, Protocol
 
+from ._format import format_bytes
+from ._units import GiB, MiB
+
 __all__ = [
     "CLOCK_REASON_BITS",
     "cpu_percent_between",
@@ -45,7 +48,6 @@ __all__ = [
     "explain_memory",
     "Finding",
     "flags",
-    "format_bytes",
     "HostCpu",
     "load_nvml",
     "MemoryExplanation",
@@ -61,8 +63,6 @@ __all__ = [
     "summarize",
 ]
 
-GIB = 1024**3
-MIB = 1024**2
 
 # NVML clock event ("throttle") reason bits, from nvml.h (nvmlClocksEventReason*) and
 # `nvidia-smi --help-query-gpu`; the H100 capture in tests/fixtures/gpu reports the
@@ -378,16 +378,16 @@ class ReplaySampler:
             if not parts or not header:
                 continue
             rec = dict(zip(header, parts, strict=False))
-            if _num(rec.get("gpu")) != gpu:
+            if smi_number(rec.get("gpu")) != gpu:
                 continue
             rows.append(
                 Sample(
                     t_s=len(rows) * interval_s,
-                    gpu_util_pct=_num(rec.get("sm")),
-                    mem_util_pct=_num(rec.get("mem")),
-                    power_w=_num(rec.get("pwr")),
-                    temp_c=_num(rec.get("gtemp")),
-                    sm_clock_mhz=_num(rec.get("pclk")),
+                    gpu_util_pct=smi_number(rec.get("sm")),
+                    mem_util_pct=smi_number(rec.get("mem")),
+                    power_w=smi_number(rec.get("pwr")),
+                    temp_c=smi_number(rec.get("gtemp")),
+                    sm_clock_mhz=smi_number(rec.get("pclk")),
                 )
             )
         return cls(rows)
@@ -397,37 +397,56 @@ class ReplaySampler:
         """Replay rows of ``nvidia-smi --query-gpu=... --format=csv`` (with its header)."""
         rows: list[Sample] = []
         for i, rec in enumerate(parse_csv_with_header(text)):
-            used_mib = _num(rec.get("memory.used"))
+            used_mib = smi_number(rec.get("memory.used"))
             reasons = rec.get("clocks_event_reasons.active") or rec.get("clocks_throttle_reasons.active")
             rows.append(
                 Sample(
                     t_s=i * interval_s,
-                    gpu_util_pct=_num(rec.get("utilization.gpu")),
-                    mem_util_pct=_num(rec.get("utilization.memory")),
-                    mem_used_bytes=None if used_mib is None else int(used_mib * MIB),
-                    power_w=_num(rec.get("power.draw")),
-                    temp_c=_num(rec.get("temperature.gpu")),
-                    sm_clock_mhz=_num(rec.get("clocks.current.sm") or rec.get("clocks.sm")),
+                    gpu_util_pct=smi_number(rec.get("utilization.gpu")),
+                    mem_util_pct=smi_number(rec.get("utilization.memory")),
+                    mem_used_bytes=None if used_mib is None else int(used_mib * MiB),
+                    power_w=smi_number(rec.get("power.draw")),
+                    temp_c=smi_number(rec.get("temperature.gpu")),
+                    sm_clock_mhz=smi_number(rec.get("clocks.current.sm") or rec.get("clocks.sm")),
                     throttle_reasons=_hex(reasons),
                 )
             )
         return cls(rows)
 
 
+# ---- nvidia-smi's CSV (``--format=csv[,noheader][,nounits]``): the one parser, also the doctor's
 _UNIT_RE = re.compile(r"\s*\[[^\]]*\]$")
 _NUM_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:%|MiB|W|MHz|C|us)?\s*$")
+# names nvidia-smi prints in a header for fields queried under another name
+SMI_FIELD_ALIASES = {"used_gpu_memory": "used_memory", "gpu_name": "name"}
+
+
+def smi_csv_rows(text: str, fields: Sequence[str] | None = None) -> list[dict[str, str]]:
+    """Rows of nvidia-smi CSV keyed by field name, units stripped from the header. The first
+    line is read as the header when it names fields (always, when ``fields`` is None; a
+    header's names for fields queried under another name are mapped back to ``fields``');
+    otherwise (``noheader``) ``fields`` names the columns in order."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return []
+    first = [_UNIT_RE.sub("", c.strip()) for c in lines[0].split(",")]
+    if fields is None:
+        names, body = first, lines[1:]
+    else:
+        known = set(fields) | set(SMI_FIELD_ALIASES) | set(SMI_FIELD_ALIASES.values())
+        header = any(c in known for c in first) and not any(smi_number(c) is not None
+                                                            for c in first)
+        names, body = (([SMI_FIELD_ALIASES.get(c, c) for c in first], lines[1:]) if header
+                       else (list(fields), lines))
+    return [dict(zip(names, (v.strip() for v in ln.split(",")), strict=False)) for ln in body]
 
 
 def parse_csv_with_header(text: str) -> list[dict[str, str]]:
     """Rows of nvidia-smi ``--format=csv`` output keyed by field name (units stripped)."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return []
-    names = [_UNIT_RE.sub("", h.strip()) for h in lines[0].split(",")]
-    return [dict(zip(names, (v.strip() for v in ln.split(",")), strict=False)) for ln in lines[1:]]
+    return smi_csv_rows(text)
 
 
-def _num(value: Any) -> float | None:
+def smi_number(value: Any) -> float | None:
     """A number from an nvidia-smi cell (``"631.95 W"``, ``"100 %"``, ``"[N/A]"`` -> None)."""
     if value is None:
         return None
@@ -435,6 +454,7 @@ def _num(value: Any) -> float | None:
         return float(value)
     m = _NUM_RE.match(str(value))
     return float(m.group(1)) if m else None
+
 
 
 def _hex(value: Any) -> int | None:
@@ -755,17 +775,6 @@ class MemoryExplanation:
         return "\n".join([*self.lines, *(f"warning: {w}" for w in self.warnings)])
 
 
-def format_bytes(n: int | float) -> str:
-    """Bytes for people: GiB (2^30) down to MiB and KiB for small amounts."""
-    if abs(n) >= GIB:
-        return f"{n / GIB:.2f} GiB"
-    if abs(n) >= MIB:
-        return f"{n / MIB:.1f} MiB"
-    if abs(n) >= 1024:
-        return f"{n / 1024:.1f} KiB"
-    return f"{int(n)} B"
-
-
 def explain_memory(
     stats: Mapping[str, Any] | None, *, device_total_bytes: int | None = None
 ) -> MemoryExplanation:
@@ -865,7 +874,7 @@ def explain_memory(
             )
     if free_block is not None and limit is not None and held is None and in_use is not None:
         free_total = limit - in_use
-        if free_total > 0 and free_block < 0.5 * free_total and free_total > GIB:
+        if free_total > 0 and free_block < 0.5 * free_total and free_total > GiB:
             warnings.append(
                 f"largest free block {format_bytes(free_block)} is under half of the "
                 f"{format_bytes(free_total)} "

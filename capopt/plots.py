@@ -24,8 +24,6 @@ Artists that tests and readers look for carry a ``gid``: ``"budget"`` and ``"vra
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 import textwrap
 from typing import Iterable, Mapping, Sequence
@@ -35,16 +33,18 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
-from ._format import GiB
-from ._plan import MEMORY_TERMS, Plan
+from ._plan import Plan
 from ._scenario import load_scenario
-from ._specs import KNOBS, KnobDomain, Scenario
-from ._validity import config_problems
-from .cli import MEMORY_LABELS as _CLI_MEMORY_LABELS
-from .cost import estimate, numbers_pytree
+from ._specs import KNOBS, Scenario
+from ._terms import MEMORY_LABELS as _MEMORY_LABELS
+from ._terms import MEMORY_TERMS
+from ._units import GiB
+from .cost import estimate
+from .search.explore import (WORKLOAD_KNOBS, best_objective_within, best_pinned, best_row,
+                             evaluate_all, held_config)
 
 #: How each memory term is named on a figure: the CLI's words, one table for both.
-MEMORY_LABELS = dict(_CLI_MEMORY_LABELS)
+MEMORY_LABELS = dict(_MEMORY_LABELS)
 MEMORY_COLORS = {"params_bytes": "#4c72b0", "grads_bytes": "#dd8452",
                  "optimizer_bytes": "#55a868", "activations_bytes": "#c44e52",
                  "logits_bytes": "#8172b3", "comm_bytes": "#937860",
@@ -53,7 +53,6 @@ BUDGET_COLOR = "#d62728"
 VRAM_COLOR = "black"
 CHOSEN_COLOR = "#ff7f0e"
 #: Knobs of the workload (not of `Config`) that `sweep` can vary.
-WORKLOAD_KNOBS = ("seq_len", "global_batch")
 _SHORT = {"micro_batch": "mb", "grad_accum": "ga", "zero_stage": "zero",
           "sequence_parallel": "sp", "offload_optimizer": "offload",
           "flash_attention": "flash"}
@@ -122,35 +121,8 @@ def _objective_name(sc: Scenario) -> str:
     return "tokens per $" if sc.objective == "cost_efficiency" else "tokens/s"
 
 
-def _evaluate_all(sc: Scenario):
-    """Every real config of ``sc`` and its exact cost: (lattice, columns)."""
-    from .search._evaluate import evaluate
-    from .search._space import build_lattice
-    lat = build_lattice(sc)
-    mode = 1.0 if sc.objective == "cost_efficiency" else 0.0
-    return lat, evaluate(lat, numbers_pytree(sc), mode)
-
-
-def _best_row(res: dict, usable: float) -> int | None:
-    """The fitting row with the largest objective (first on ties), as the exhaustive search
-    ranks them; None when nothing fits."""
-    fits = np.nonzero(res["total_bytes"] <= usable)[0]
-    if not len(fits):
-        return None
-    return int(fits[np.argmax(res["objective"][fits])])
-
-
 def _plan_at(sc: Scenario, cfg) -> Plan:
     return Plan(sc, cfg, estimate(cfg, sc))
-
-
-def _pin(sc: Scenario, knob: str, value) -> Scenario:
-    """``sc`` with one knob pinned (a `Config` knob) or one workload field changed."""
-    if knob in WORKLOAD_KNOBS:
-        return dataclasses.replace(sc, workload=dataclasses.replace(sc.workload,
-                                                                    **{knob: value}))
-    knobs = tuple(k for k in sc.knobs if k.name != knob) + (KnobDomain(knob, (value,)),)
-    return dataclasses.replace(sc, knobs=knobs)
 
 
 def _budget_lines(ax, budgets: Sequence[float], vrams: Sequence[float], xs: Sequence[float],
@@ -261,59 +233,6 @@ def memory_breakdown(plans, labels: Sequence[str] | None = None,
 # --------------------------------------------------------------------------------------------
 # One knob at a time
 # --------------------------------------------------------------------------------------------
-def _held_config(sc: Scenario, base, knob: str, value):
-    """``base`` with ``knob`` set to ``value``, the rest rebalanced so the devices and the
-    global batch still add up, and knobs the new value rules out turned off (sequence
-    parallelism without tp, ZeRO without dp, ZeRO-2/3 with pp). Returns (scenario, config or
-    None when no such config is real, the knobs that had to change)."""
-    from ._specs import Config
-    cfg = base.config if isinstance(base, Plan) else base
-    if not isinstance(cfg, Config):
-        raise TypeError(f"config must be a capopt Config or Plan, got {type(cfg).__name__}")
-    sc2 = _pin(sc, knob, value) if knob in WORKLOAD_KNOBS else sc
-    old = cfg.to_dict()
-    d = dict(old) if knob in WORKLOAD_KNOBS else old | {knob: value}
-    n_dev, batch = sc2.count, sc2.workload.global_batch
-    if knob in ("tp", "pp"):
-        d["dp"] = max(n_dev // (d["tp"] * d["pp"]), 1)
-    elif knob == "dp":
-        d["tp"] = max(n_dev // (d["dp"] * d["pp"]), 1)
-    if knob == "grad_accum":
-        d["micro_batch"] = max(batch // (d["dp"] * d["grad_accum"]), 1)
-    else:
-        d["grad_accum"] = max(batch // (d["dp"] * d["micro_batch"]), 1)
-    if d["tp"] == 1 and knob != "sequence_parallel":
-        d["sequence_parallel"] = False
-    if knob != "zero_stage":
-        if d["dp"] == 1:
-            d["zero_stage"] = 0
-        elif d["pp"] > 1 and d["zero_stage"] >= 2:
-            d["zero_stage"] = 1
-    if knob != "ep" and d["ep"] > 1 and d["dp"] % d["ep"]:
-        d["ep"] = math.gcd(d["ep"], d["dp"])
-    changed = [k for k in d if k != knob and d[k] != old[k]
-               and k not in ("dp", "tp", "grad_accum", "micro_batch")]
-    try:
-        new = Config(**d)
-    except Exception:  # noqa: BLE001 - a value the knob cannot take: a gap in the sweep
-        return sc2, None, changed
-    # Validity of the config itself; the scenario's allowed values do not bind a what-if.
-    bare = dataclasses.replace(sc2, knobs=())
-    return sc2, (None if config_problems(new, bare) else new), changed
-
-
-def _best_pinned(sc: Scenario, knob: str, value):
-    """The best fitting config with ``knob`` pinned to ``value`` (else the least memory)."""
-    sc2 = _pin(sc, knob, value)
-    lat, res = _evaluate_all(sc2)
-    if not len(lat):
-        return sc2, None
-    i = _best_row(res, sc2.budget.usable_bytes)
-    if i is None:
-        i = int(np.argmin(res["total_bytes"]))
-    return sc2, lat.config(i)
-
-
 def sweep(scenario, knob: str, values: Sequence | None = None, *, config=None,
           title: str | None = None) -> Figure:
     """Memory per device and throughput as one knob moves.
@@ -340,7 +259,7 @@ def sweep(scenario, knob: str, values: Sequence | None = None, *, config=None,
     if values is None:
         if knob in WORKLOAD_KNOBS:
             raise ValueError(f"sweep over {knob!r} needs explicit values")
-        lat, _ = _evaluate_all(sc)
+        lat, _ = evaluate_all(sc)
         col = lat.cols[knob]
         vals = sorted(set(col.tolist()))
         if knob == "remat":
@@ -354,10 +273,10 @@ def sweep(scenario, knob: str, values: Sequence | None = None, *, config=None,
     notes: list[str] = []
     for v in values:
         if config is None:
-            sc2, cfg = _best_pinned(sc, knob, v)
+            sc2, cfg = best_pinned(sc, knob, v)
             changed: list[str] = []
         else:
-            sc2, cfg, changed = _held_config(sc, config, knob, v)
+            sc2, cfg, changed = held_config(sc, config, knob, v)
         plans.append(_plan_at(sc2, cfg) if cfg is not None else None)
         notes.append(_config_text(cfg.to_dict(), changed, width=14) if cfg and changed else "")
     if config is None:   # show the knobs the re-optimisation moved
@@ -449,7 +368,7 @@ def pareto(result_or_scenario, *, title: str | None = None) -> Figure:
         result = optimize(_scenario(result_or_scenario), method="exhaustive", top_k=1,
                           remedies=False)
     sc = result.scenario
-    lat, res = _evaluate_all(sc)
+    lat, res = evaluate_all(sc)
     usable, vram = sc.budget.usable_bytes, sc.budget.vram_bytes
     mem = _gib(res["total_bytes"])
     tps = res["tokens_per_s"]
@@ -550,7 +469,7 @@ def heatmap(scenario, x: str = "tp", y: str = "pp", *, title: str | None = None)
             raise ValueError(f"unknown knob {k!r}; allowed: {', '.join(COLUMNS)}")
     if x == y:
         raise ValueError("x and y must be different knobs")
-    lat, res = _evaluate_all(sc)
+    lat, res = evaluate_all(sc)
     usable = sc.budget.usable_bytes
     fig = _figure(8.0, 5.6)
     ax = fig.add_subplot()
@@ -602,7 +521,7 @@ def heatmap(scenario, x: str = "tp", y: str = "pp", *, title: str | None = None)
             else:
                 ax.add_patch(Rectangle((i - 0.5, j - 0.5), 1, 1, facecolor="0.92",
                                        edgecolor="0.8", hatch="..", lw=0.5, gid="invalid"))
-    b = _best_row(res, usable)
+    b = best_row(res, usable)
     if b is not None:
         bi, bj = int(xi[b]), int(yi[b])
         ax.add_patch(Rectangle((bi - 0.5, bj - 0.5), 1, 1, fill=False, edgecolor=CHOSEN_COLOR,
@@ -650,7 +569,7 @@ def shadow_price_curve(scenario, budgets_gib: Sequence[float] | None = None, *,
     if budgets_gib is None:
         budgets_gib = np.linspace(0.25 * vram_gib, 1.5 * vram_gib, 60)
     budgets = np.asarray(sorted(budgets_gib), float)
-    _, res = _evaluate_all(sc)
+    _, res = evaluate_all(sc)
     usable = np.floor(budgets * GiB) * (1.0 - sc.budget.headroom)
     best = best_objective_within(res, usable)
     price = best_objective_within(res, usable + GiB) - best
@@ -682,21 +601,6 @@ def shadow_price_curve(scenario, budgets_gib: Sequence[float] | None = None, *,
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title if title is not None else f"{sc.name}: what memory is worth")
     return fig
-
-
-def best_objective_within(res: Mapping[str, np.ndarray], usable_bytes) -> np.ndarray:
-    """The best objective among the configs whose memory is at most each ``usable_bytes``
-    (NaN where none fits); ``res`` is `evaluate`'s columns."""
-    total = np.asarray(res["total_bytes"], float)
-    obj = np.asarray(res["objective"], float)
-    u = np.atleast_1d(np.asarray(usable_bytes, float))
-    if not len(total):
-        return np.full(u.shape, np.nan)
-    order = np.argsort(total, kind="stable")
-    run = np.maximum.accumulate(obj[order])
-    k = np.searchsorted(total[order], u, side="right")
-    out = np.where(k > 0, run[np.maximum(k - 1, 0)], np.nan)
-    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from capopt import CapoptError
 from capopt._hardware import (DTYPES, GB, GiB, Hardware, get_hardware, list_hardware,
                               load_catalog, load_hardware_file)
+from capopt.validation.targets import xla_gpu_device_info
 
 EXPECTED = {
     "v100-sxm-16gb", "v100-sxm-32gb", "t4-pcie-16gb", "a10g-24gb", "l4-pcie-24gb",
@@ -292,7 +293,7 @@ def test_describe_is_one_line(catalog):
 
 def test_xla_device_info_matches_xlas_own_h100_spec():
     """Values from xla/backends/gpu/target_config/specs/h100_sxm.txtpb."""
-    info = get_hardware("h100").xla_gpu_device_info()
+    info = xla_gpu_device_info(get_hardware("h100"))
     assert info["core_count"] == 132
     assert info["clock_rate_ghz"] == pytest.approx(1.98)
     assert info["l2_cache_size"] == 52428800
@@ -308,9 +309,9 @@ def test_xla_device_info_for_every_gpu(catalog):
     for h in catalog.values():
         if h.kind != "gpu":
             with pytest.raises(CapoptError):
-                h.xla_gpu_device_info()
+                xla_gpu_device_info(h)
             continue
-        info = h.xla_gpu_device_info()
+        info = xla_gpu_device_info(h)
         assert info["device_memory_size"] == h.memory_bytes
         cap = info.get("cuda_compute_capability") or info.get("rocm_compute_capability")
         assert cap, h.name

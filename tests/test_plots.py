@@ -17,7 +17,7 @@ pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install -e 
 
 import capopt  # noqa: E402
 from capopt import plots  # noqa: E402
-from capopt._plan import MEMORY_TERMS  # noqa: E402
+from capopt._terms import MEMORY_TERMS  # noqa: E402
 from capopt.cost import numbers_pytree  # noqa: E402
 from capopt.search import build_lattice  # noqa: E402
 from capopt.search._evaluate import evaluate  # noqa: E402

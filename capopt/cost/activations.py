@@ -127,11 +127,4 @@ def backward_transient(k: Knobs, n: dict, tokens):
     return tf * jnp.maximum(scores, mlp) + stream
 
 
-def layer_activation_bytes(k: Knobs, n: dict, tokens) -> tuple:
-    """(none, selective, full) bytes of one block: `saved_bytes` (the Korthikanti tables
-    check this)."""
-    return saved_bytes(k, n, tokens)
-
-
-__all__ = ["backward_transient", "block_inventory", "layer_activation_bytes",
-           "saved_bytes", "shard"]
+__all__ = ["backward_transient", "block_inventory", "saved_bytes", "shard"]

@@ -57,17 +57,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .._terms import COMM_KINDS, STEP_TERMS
 from . import comm
 from ._inputs import Knobs
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import expert_layer_params, shard, stage_params, step_at_least
 
-KINDS = ("dp", "zero", "tp", "pp", "moe")
 # The time terms that add up to the step (unless a slower input pipeline sets it): exposed
 # communication by kind; hidden communication, gradient accumulation and kernel launches are
 # not among them (the first costs nothing, the others are parts of memory_bound_s).
-STEP_TERMS = ("compute_s", "memory_bound_s", *(f"comm_{k}_s" for k in KINDS), "bubble_s",
-              "optimizer_s", "offload_s")
+KINDS = COMM_KINDS
 
 
 # ---------------------------------------------------------------------------------------------

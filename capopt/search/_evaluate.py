@@ -20,15 +20,25 @@ CHUNKS = (512, 16384)     # padded batch sizes: two compilations, ever
 SMALL_CALLS = 8           # up to this many calls of the small program before the large one
 
 
-def objective_value(est, n, mode_cost):
-    """What the search maximises: tokens/s, or tokens per dollar when ``mode_cost`` is 1."""
-    tps = est.throughput["tokens_per_s"]
-    dollars_per_s = n["N"] * n["price"] / SECONDS_PER_HOUR
+def cost_mode(sc) -> float:
+    """The objective as the programs take it: 1.0 for tokens per dollar, 0.0 for tokens/s."""
+    return 1.0 if sc.objective == "cost_efficiency" else 0.0
+
+
+def objective_from(tokens_per_s, devices, price_per_hour, mode_cost):
+    """What the search maximises: tokens/s, or tokens per dollar when ``mode_cost`` is 1 and
+    the GPUs have a price (without one, tokens/s)."""
+    dollars_per_s = devices * price_per_hour / SECONDS_PER_HOUR
     # Select rather than blend: tokens/s over a zero price overflows float32, and 0 * inf
     # would turn every throughput objective into NaN.
     priced = (mode_cost > 0.5) & (dollars_per_s > 0.0)
-    per_dollar = tps / jnp.where(priced, dollars_per_s, 1.0)
-    return jnp.where(mode_cost > 0.5, per_dollar, tps)
+    per_dollar = tokens_per_s / jnp.where(priced, dollars_per_s, 1.0)
+    return jnp.where(priced, per_dollar, tokens_per_s)
+
+
+def objective_value(est, n, mode_cost):
+    """`objective_from` an `Estimate` (or its numbers) and the scenario's numbers ``n``."""
+    return objective_from(est.throughput["tokens_per_s"], n["N"], n["price"], mode_cost)
 
 
 def _eval_batch_impl(k: Knobs, n: dict, mode_cost, full: bool):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
-from .._specs import KNOBS, REMAT_POLICIES, Config, Scenario
+from .._specs import REMAT_POLICIES, Config, Scenario
 from ..cost._inputs import DTYPE, Knobs
 
 COLUMNS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "zero_stage",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,19 +12,20 @@ import optax
 
 from .. import _jaxcache
 from .._errors import CapoptError
-from .._format import GiB, gib, seconds, si, table
+from .._format import config_line, gib, seconds, si, table
 from .._plan import Plan
 from .._scenario import load_scenario
 from .._specs import Scenario
+from .._terms import STEP_TERMS
+from .._units import GiB
 from ..cost import numbers_pytree
 from ..cost.estimate import Estimate
-from ..cost.time import STEP_TERMS
-from ._evaluate import CHUNKS, compiled_sizes, evaluate
+from ._evaluate import CHUNKS, compiled_sizes, cost_mode, evaluate, objective_from
 from ._evaluate import estimates as _estimates
 from ._space import COLUMNS, Lattice, Space, build_lattice, factorizations
 from .relax import continuous_values, initial_points, make_solver, scenario_bounds
+from .remedies import remedies as find_remedies
 
-_SOLVERS: dict[Any, Any] = {}
 EXHAUSTIVE_BELOW = 500_000     # method='auto': lattices this small are evaluated whole
 # When the relaxed solve finds nothing that fits, a lattice this small is evaluated whole
 # before "infeasible" is said (about 2 s at this size): the rounding can miss a corner of the
@@ -59,7 +61,7 @@ def _in_background(fn, *args):
     return _POOL[0].submit(fn, *args)
 
 
-def _warm_up(sc: Scenario, space: Space, n, mode, x0, bounds):
+def _warm_up(sc: Scenario, space: Space, n, mode, x0, bounds, optimizer=None):
     """On a worker thread, while the solver compiles: start the layout programs of the
     pipeline depth (when the scenario asks for uneven stages and allows one depth >= 2; they
     are compiled per depth) on the other worker, and compile the batch evaluator here unless it
@@ -70,7 +72,7 @@ def _warm_up(sc: Scenario, space: Space, n, mode, x0, bounds):
         pps = sorted({f[2] for f in factorizations(sc)} - {1})
         if len(pps) == 1:
             from .stages import warm as warm_layouts
-            layouts = _in_background(warm_layouts, sc, n, pps[0])
+            layouts = _in_background(warm_layouts, sc, n, pps[0], optimizer)
     if CHUNKS[0] not in compiled_sizes():
         try:
             _warm(space, n, mode, x0, bounds)
@@ -90,11 +92,12 @@ def _await(future):
         return None
 
 
+@functools.lru_cache(maxsize=8)
 def _solver(optimizer, steps):
-    key = (id(optimizer) if optimizer is not None else None, steps)
-    if key not in _SOLVERS:
-        _SOLVERS[key] = make_solver(optimizer, steps)
-    return _SOLVERS[key]
+    """The jitted solver for an optax transformation (None: the default) and a step count.
+    Keyed by the transformation itself (a tuple of its two functions), which the cache holds:
+    a transformation made later can never be taken for one that is gone."""
+    return make_solver(optimizer, steps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,6 +297,12 @@ class OptimizeResult:
             elif sp.get("unused_bytes") is not None and sp["tokens_per_s_per_gib"] == 0:
                 line += "; no faster config was found at any memory size"
             lines.append(line)
+            if sp.get("relaxed_tokens_per_s_per_gib") is not None:
+                lines.append(
+                    f"  in the relaxation (continuous knobs, at "
+                    f"{100 * sp['relaxed_memory_fraction']:.0f}% of the budget): "
+                    f"{sp['relaxed_tokens_per_s_per_gib']:+,.0f} tok/s per GiB; the configs "
+                    f"are steps apart, so the two differ where no step fits in one GiB")
         lines.append(f"{self.method} search: {self.evaluated:,} configs evaluated exactly"
                      + (f" of {self.space_size:,}" if self.space_size else "")
                      + f" in {self.solve_s:.2f} s")
@@ -313,8 +322,7 @@ class OptimizeResult:
 
 
 def _cfg(c: dict) -> str:
-    from ..cli import _config_line
-    return _config_line(c)
+    return config_line(c)
 
 
 def why_lost(best: Plan, other: Plan) -> str:
@@ -344,6 +352,27 @@ def _rank(lat: Lattice, res: dict, usable: float, top_k: int, min_rate: float = 
     fits = np.nonzero(ok)[0]
     order = fits[np.argsort(-res["objective"][fits], kind="stable")]
     return [int(i) for i in order[:top_k]]
+
+
+# a start whose relaxed memory is at most this far over the budget counts as fitting (the
+# smoothed penalty lets the relaxation sit a little on either side of it)
+RELAXED_FITS = 0.01
+
+
+def _relaxed_price(sol, usable: float) -> dict[str, float] | None:
+    """The memory constraint's price in the relaxation, from the penalty's multiplier at the
+    best start that fits: loss = -log(objective) + penalty(total / usable - 1), so at a
+    stationary point d log(objective) / d(usable / usable) is the multiplier, and the
+    objective gained per GiB of budget is objective * multiplier * GiB / usable. A local
+    derivative of the continuous problem; the lattice's price (`_shadow_price`) is a step."""
+    over, obj, mult = (np.asarray(a, float) for a in (sol.over, sol.objective,
+                                                      sol.multiplier))
+    ok = (over <= RELAXED_FITS) & np.isfinite(obj) & np.isfinite(mult)
+    if not ok.any():
+        return None
+    i = int(np.flatnonzero(ok)[np.argmax(obj[ok])])
+    return {"relaxed_tokens_per_s_per_gib": float(obj[i] * mult[i] * GiB / usable),
+            "relaxed_memory_fraction": float(over[i] + 1.0)}
 
 
 def _shadow_price(res: dict, usable: float, best_obj: float | None) -> dict[str, float]:
@@ -395,7 +424,7 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         return _optimize_fleet(sc, remedies=remedies, **opts)
     t0 = time.perf_counter()
     n = numbers_pytree(sc)
-    mode = 1.0 if sc.objective == "cost_efficiency" else 0.0
+    mode = cost_mode(sc)
     usable = sc.budget.usable_bytes
     space = Space(sc)
     timings: dict[str, float] = {}
@@ -404,6 +433,7 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     if method == "gradient" and exhaustive_below > 0 and space.size() <= exhaustive_below:
         small = build_lattice(sc)
     layout_warm = None
+    relaxed = None
     if method == "exhaustive" or small is not None:
         lat = small if small is not None else build_lattice(sc)
         # the ranked plans are read back through the smallest batch program: compile it on a
@@ -423,8 +453,9 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         # compiles the solver (it releases the GIL; tracing would contend for it)
         started: list = []
         sol = _solver(optimizer, steps)(x0, n, bounds, on_traced=lambda: started.append(
-            _in_background(_warm_up, sc, space, n, mode, x0, bounds)))
+            _in_background(_warm_up, sc, space, n, mode, x0, bounds, optimizer)))
         x = np.asarray(sol.x)
+        relaxed = _relaxed_price(sol, usable)
         layout_warm = _await(started[0] if started else None)
         timings["continuous_s"] = time.perf_counter() - t0
         rows = discretise(space, continuous_values(x, bounds))
@@ -445,13 +476,15 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     best_obj = float(res["objective"][order[0]]) if order else None
     solve_s = time.perf_counter() - t0
     shadow = _shadow_price(res, usable, best_obj)
+    if relaxed is not None and best_obj is not None:
+        shadow.update(relaxed)
     configs = [lat.config(i) for i in order]
     plans = [Plan(sc, c, e) for c, e in zip(configs, _estimates(configs, n))]
     layouts = []
     if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
         t1 = time.perf_counter()
         _await(layout_warm)
-        layouts = _layouts(sc, lat, res, n, usable, seed)
+        layouts = _layouts(sc, lat, res, n, usable, seed, optimizer)
         # An uneven layout that fits and beats the best even-split plan leads the ranking
         # (its plan carries the stage layout).
         lay = layouts[0] if layouts else None
@@ -468,14 +501,13 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     if not plans:
         smallest = _smallest(sc, space, lat, res, n, mode)
         if remedies:
-            from .remedies import remedies as find_remedies
-            rem = find_remedies(sc)
+            rem = find_remedies(sc, optimize)
     return OptimizeResult(sc, status, method, plans, solve_s, len(lat), space_size, shadow,
                           smallest, rem, timings, layouts=layouts)
 
 
 def _layouts(sc: Scenario, lat: Lattice, res: dict, n, usable: float, seed: int,
-             per_pp: int = 2) -> list:
+             optimizer=None, per_pp: int = 2) -> list:
     """Uneven stage layouts for the best evaluated configs of each pipeline depth >= 2 (those
     within 1.5x the budget: recomputing more on the heavy stages can make them fit)."""
     from .stages import best_layouts
@@ -487,15 +519,14 @@ def _layouts(sc: Scenario, lat: Lattice, res: dict, n, usable: float, seed: int,
         fits = res["total_bytes"][idx] <= usable
         order = idx[np.lexsort((-res["objective"][idx], ~fits))]
         configs += [lat.config(int(i)) for i in order[:per_pp]]
-    return best_layouts(sc, n, configs, seed=seed)
+    return best_layouts(sc, n, configs, seed=seed, optimizer=optimizer)
 
 
 def plan_objective(p: Plan) -> float:
+    """A plan's objective, as the search computed it (`objective_from`)."""
     sc = p.scenario
-    tps = p.throughput["tokens_per_s"]
-    if sc.objective == "cost_efficiency":
-        return tps / (sc.count * (sc.gpu_hour_price or 0.0) / 3600.0)
-    return tps
+    return float(objective_from(p.throughput["tokens_per_s"], sc.count,
+                                sc.gpu_hour_price or 0.0, cost_mode(sc)))
 
 
 def _optimize_fleet(sc: Scenario, *, remedies: bool, **opts) -> OptimizeResult:
@@ -518,8 +549,7 @@ def _optimize_fleet(sc: Scenario, *, remedies: bool, **opts) -> OptimizeResult:
                                                       "basis": "infeasible"}
     rem = []
     if not top and remedies:
-        from .remedies import remedies as find_remedies
-        rem = find_remedies(sc.variants[0])
+        rem = find_remedies(sc.variants[0], optimize)
     # stage layouts: the winning variant's; with no winner, every variant's, fitting and
     # fastest first
     layouts = (best_res.layouts if best_res is not None and best_res.layouts else sorted(

@@ -28,7 +28,8 @@ from .._specs import Scenario
 from ..cost._inputs import DTYPE, Knobs
 from ..cost.estimate import estimate_numbers
 from .._compiled import Compiled
-from ._evaluate import objective_value
+from ._evaluate import cost_mode, objective_value
+from .penalty import memory_penalty, multiplier, penalty_solve
 from ._space import domain, factorizations
 
 DIM = 15
@@ -67,14 +68,12 @@ def scenario_bounds(sc: Scenario) -> Bounds:
     remat_mask = [0.0 if p in rem or (p == "full" and any(not isinstance(r, str) for r in rem))
                   else NEG for p in ("none", "selective", "full")]
 
-    def bool_range(name, default):
+    def bool_range(name):
         dom = sc.knob(name).values
         vals = [False, True] if dom is None else list(dom)
-        if sc.knob(name).values is None and default is not None:
-            vals = [False, True]
         return float(min(vals)), float(max(vals))
 
-    b = [bool_range(k, None) for k in ("sequence_parallel", "offload_optimizer",
+    b = [bool_range(k) for k in ("sequence_parallel", "offload_optimizer",
                                        "flash_attention")]
     f = lambda x: jnp.asarray(x, DTYPE)  # noqa: E731
     return Bounds(
@@ -82,7 +81,7 @@ def scenario_bounds(sc: Scenario) -> Bounds:
         mb_lo=f(mb_lo), mb_hi=f(mb_hi), ep_cap=f(ep_cap),
         zero_mask=f([0.0 if z in zeros else NEG for z in range(4)]), remat_mask=f(remat_mask),
         bool_lo=f([x[0] for x in b]), bool_hi=f([x[1] for x in b]),
-        mode_cost=f(1.0 if sc.objective == "cost_efficiency" else 0.0))
+        mode_cost=f(cost_mode(sc)))
 
 
 def decode(x: jax.Array, b: Bounds) -> Knobs:
@@ -101,9 +100,6 @@ def decode(x: jax.Array, b: Bounds) -> Knobs:
                  zero=zero, remat=remat, sp=bools[0], offload=bools[1], flash=bools[2])
 
 
-_SHARP = 30.0     # sharpness of the smoothed memory excess in the penalty
-
-
 def _loss_terms(x, n, b: Bounds, mu):
     """(loss, (relative memory excess, objective)) of variables ``x`` under penalty weight
     ``mu``: one evaluation of the cost model."""
@@ -114,8 +110,7 @@ def _loss_terms(x, n, b: Bounds, mu):
     shares = jnp.log2(jnp.stack([k.dp, k.tp, k.pp]))
     box = jnp.sum(jax.nn.relu(b.lo - shares) ** 2 + jax.nn.relu(shares - b.hi) ** 2)
     ga_short = jax.nn.relu(-(b.log2_batch - shares[0] - jnp.log2(k.micro_batch)))
-    sharp = _SHARP
-    penalty = mu * (jax.nn.softplus(sharp * over) / sharp) ** 2 + 10.0 * (box + ga_short ** 2)
+    penalty = memory_penalty(over, mu) + 10.0 * (box + ga_short ** 2)
     return -jnp.log(jnp.maximum(obj, 1e-30)) + penalty, (over, obj)
 
 
@@ -134,37 +129,11 @@ class SolveResult(NamedTuple):
 def make_solver(optimizer: optax.GradientTransformation | None = None, steps: int = 300,
                 mu0: float = 1.0, mu1: float = 1e4):
     """A jitted ``solve(x0, n, bounds) -> SolveResult`` for a batch of starts."""
-    opt = optimizer or optax.adam(0.08)
+    run = penalty_solve(_loss_terms, optimizer or optax.adam(0.08), steps, mu0, mu1)
 
     def solve(x0, n, b):
-        # The starts are vectorised inside the loop (vmap of the loss and of the optimizer
-        # step, each start its own optimizer state), not by batching the whole loop: that
-        # traces the solve in a fraction of the time.
-        value_and_grad = jax.vmap(jax.value_and_grad(_loss_terms, has_aux=True),
-                                  in_axes=(0, None, None, None))
-        update = jax.vmap(opt.update)
-        state = jax.vmap(opt.init)(x0)
-
-        # ``steps`` optimizer updates, then one more pass that only evaluates: the final
-        # point's loss, memory excess and objective come from the same (single) traced
-        # evaluation of the cost model and its gradient, not from a second copy of it.
-        def body(carry, t):
-            x, s, _ = carry
-            mu = mu0 * (mu1 / mu0) ** (jnp.minimum(t, steps - 1) / (steps - 1))
-            (loss, aux), g = value_and_grad(x, n, b, mu)
-            g = jnp.where(jnp.isfinite(g), g, 0.0)
-            upd, s_new = update(g, s, x)
-            last = t >= steps
-            x = jnp.where(last, x, optax.apply_updates(x, upd))
-            s = jax.tree.map(lambda new, old: jnp.where(last, old, new), s_new, s)
-            return (x, s, (loss, *aux)), None
-
-        zero = jnp.zeros(x0.shape[:1], DTYPE)
-        (x, _, (loss, over, obj)), _ = jax.lax.scan(
-            body, (x0, state, (zero, zero, zero)), jnp.arange(steps + 1, dtype=DTYPE))
-        sharp = _SHARP
-        mult = mu1 * 2 * (jax.nn.softplus(sharp * over) / sharp) * jax.nn.sigmoid(sharp * over)
-        return SolveResult(x, loss, over, obj, mult)
+        x, (loss, (over, obj)) = run(x0, n, b)
+        return SolveResult(x, loss, over, obj, multiplier(over, mu1))
 
     # the default optimizer is part of the source: its programs can be cached whole on disk
     name = (f"solver-{steps}-{float(mu0)!r}-{float(mu1)!r}".replace(".", "p")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from .._errors import CapoptError
 from .._specs import Config, KnobDomain, LoRA, Scenario
@@ -75,14 +76,15 @@ class Remedy:
                 **({"error": self.error} if self.error else {})}
 
 
-def remedies(sc: Scenario, *, starts: int = 32) -> list[Remedy]:
+def remedies(sc: Scenario, solve: Callable[..., Any], *, starts: int = 32) -> list[Remedy]:
     """Each change with whether it fits, its memory and its throughput; fitting ones first,
-    fastest first. ``starts`` is the main solve's (the same shapes: no second compilation)."""
-    from .optimize import optimize
+    fastest first. ``solve`` is `optimize` (passed in by it, so that this module does not
+    import it back); ``starts`` is the main solve's (the same shapes: no second
+    compilation)."""
     out = []
     for desc, changed in candidate_changes(sc):
         try:
-            res = optimize(changed, top_k=1, starts=starts, remedies=False)
+            res = solve(changed, top_k=1, starts=starts, remedies=False)
         except CapoptError as e:   # a change the scenario cannot take is reported, not fatal
             out.append(Remedy(desc, changed, False, None, None, None, str(e)))
             continue

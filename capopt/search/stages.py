@@ -12,6 +12,7 @@ recompute one layer more or fewer on a stage) with the same cost model (`capopt.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,10 +29,10 @@ from ..cost._inputs import DTYPE, Knobs, knobs_from_config, numbers_pytree
 from ..cost.stages import (assemble_estimate, layout_step, layout_tokens_per_s,
                            rest_from_terms)
 from .._compiled import Compiled
+from .penalty import memory_penalty, penalty_solve
 
 STEPS = 200
 STARTS = 16
-SHARP = 30.0
 
 
 @dataclass
@@ -101,53 +102,42 @@ def _decode(z, k: Knobs, L, p: int, flags):
     return layers, frac * layers
 
 
-def _loss(z, k, n, rest, inp, L, flags, mu, p):
+def _loss_terms(z, k, n, rest, inp, L, flags, mu, p):
+    """(log step time + memory penalty, nothing else) of layout variables ``z``."""
     layers, rec = _decode(z, k, L, p, flags)
     step, mem, _ = layout_step(k, n, layers, rec, rest, inp, smooth=50.0)
     over = mem / n["usable_bytes"] - 1.0
-    return jnp.log(step) + mu * jnp.sum((jax.nn.softplus(SHARP * over) / SHARP) ** 2)
+    return jnp.log(step) + memory_penalty(over, mu), ()
 
 
-_CACHE: dict = {}
+def _loss(z, k, n, rest, inp, L, flags, mu, p):
+    return _loss_terms(z, k, n, rest, inp, L, flags, mu, p)[0]
 
 
-def _solver(p: int):
-    """jit of the Adam solve for ``p`` stages over a batch of starts (one compilation per p).
-    The starts are vectorised inside the loop (vmap of the gradient and of the optimizer
-    step), not by batching the whole loop, which traces in a fraction of the time."""
-    if ("solve", p) in _CACHE:
-        return _CACHE[("solve", p)]
-    opt = optax.adam(0.1)
+@functools.lru_cache(maxsize=16)
+def _solver(p: int, optimizer: optax.GradientTransformation | None = None):
+    """The annealed-penalty solve (`penalty_solve`) of the layout of ``p`` stages over a batch
+    of starts, one compilation per p: Adam (learning rate 0.1) unless the search was given
+    another optax transformation. Keyed by the transformation itself (see
+    `optimize._solver`)."""
+    run = penalty_solve(lambda z, k, n, rest, inp, L, flags, mu: _loss_terms(
+        z, k, n, rest, inp, L, flags, mu, p), optimizer or optax.adam(0.1), STEPS)
 
     def solve(z0, k, n, rest, inp, L, flags):
-        grad = jax.vmap(jax.grad(_loss), in_axes=(0,) + (None,) * 8)
-        update = jax.vmap(opt.update)
-
-        def body(carry, t):
-            z, s = carry
-            mu = 1.0 * (1e4 / 1.0) ** (t / (STEPS - 1))
-            g = grad(z, k, n, rest, inp, L, flags, mu, p)
-            g = jnp.where(jnp.isfinite(g), g, 0.0)
-            upd, s = update(g, s, z)
-            return (optax.apply_updates(z, upd), s), None
-
-        (z, _), _ = jax.lax.scan(body, (z0, jax.vmap(opt.init)(z0)),
-                                 jnp.arange(STEPS, dtype=DTYPE))
+        z, _ = run(z0, k, n, rest, inp, L, flags)
         return jax.vmap(_decode, in_axes=(0, None, None, None, None))(z, k, L, p, flags)
 
-    f = Compiled(solve, name=f"layout-solver-{p}", compiler_options=compile_options())
-    _CACHE[("solve", p)] = f
-    return f
+    name = f"layout-solver-{p}" if optimizer is None else None
+    return Compiled(solve, name=name, compiler_options=compile_options())
 
 
+@functools.lru_cache(maxsize=1)
 def _evaluator():
-    if "eval" not in _CACHE:
-        def ev(layers, rec, k, n, rest, inp):
-            return jax.vmap(lambda a, b: layout_step(k, n, a, b, rest, inp, breakdown=True))(
-                layers, rec)
-        _CACHE["eval"] = Compiled(ev, name="layout-evaluator",
-                                  compiler_options=compile_options())
-    return _CACHE["eval"]
+    """The exact evaluator of a batch of integer layouts (one program, built on first use)."""
+    def ev(layers, rec, k, n, rest, inp):
+        return jax.vmap(lambda a, b: layout_step(k, n, a, b, rest, inp, breakdown=True))(
+            layers, rec)
+    return Compiled(ev, name="layout-evaluator", compiler_options=compile_options())
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,7 +271,8 @@ class LayoutProblem:
                       [float(v) for v in mem[0]], [float(v) for v in t[0]], float(step[0]), tps,
                       bool(mem[0].max() <= self.usable), self.usable, even_tps, even_fits)
 
-    def solve(self, starts: int = STARTS, seed: int = 0, polish: bool = True) -> Layout:
+    def solve(self, starts: int = STARTS, seed: int = 0, polish: bool = True,
+              optimizer: optax.GradientTransformation | None = None) -> Layout:
         t0 = time.perf_counter()
         p = self.p
         rng = np.random.default_rng(seed)
@@ -290,7 +281,7 @@ class LayoutProblem:
         z0[:, p:] = np.log(f0 / (1 - f0))
         z0[1:] += rng.normal(0, 1.0, (starts - 1, 2 * p)).astype(np.float32)
         flags = jnp.asarray([float(self.layers_on), float(self.rec_on)], DTYPE)
-        real_l, real_r = _solver(p)(jnp.asarray(z0), self.k, self.n, self.rest, self.inp,
+        real_l, real_r = _solver(p, optimizer)(jnp.asarray(z0), self.k, self.n, self.rest, self.inp,
                                     jnp.asarray(float(self.L), DTYPE), flags)
         real_l, real_r = np.asarray(real_l), np.asarray(real_r)
         t_relax = time.perf_counter() - t0
@@ -322,7 +313,8 @@ class LayoutProblem:
         return out
 
 
-def warm(sc: Scenario, n: dict, p: int) -> None:
+def warm(sc: Scenario, n: dict, p: int,
+         optimizer: optax.GradientTransformation | None = None) -> None:
     """Compile the layout programs of pipeline depth ``p``, the evaluator and the solver, by
     running them once on placeholder inputs (they depend on the shapes only: any config of
     that depth will do). Runs on a worker thread while the main solve compiles."""
@@ -331,12 +323,14 @@ def warm(sc: Scenario, n: dict, p: int) -> None:
     zero = jnp.zeros((), DTYPE)
     layers = jnp.full((128, p), L / p, DTYPE)
     jax.block_until_ready(_evaluator()(layers, layers * 0.0, k, n, zero, zero))
-    jax.block_until_ready(_solver(p)(jnp.zeros((STARTS, 2 * p), DTYPE), k, n, zero, zero,
-                                     jnp.asarray(L, DTYPE), jnp.ones(2, DTYPE)))
+    jax.block_until_ready(_solver(p, optimizer)(jnp.zeros((STARTS, 2 * p), DTYPE), k, n, zero,
+                                                zero, jnp.asarray(L, DTYPE), jnp.ones(2, DTYPE)))
 
 
-def best_layouts(sc: Scenario, n: dict, configs: list[Config], seed: int = 0) -> list[Layout]:
-    """Solve the layout of each base config (pp >= 2), best first (fitting, then faster)."""
+def best_layouts(sc: Scenario, n: dict, configs: list[Config], seed: int = 0,
+                 optimizer: optax.GradientTransformation | None = None) -> list[Layout]:
+    """Solve the layout of each base config (pp >= 2), best first (fitting, then faster);
+    ``optimizer`` is the search's optax transformation (None: the layout solve's Adam)."""
     layers_on = sc.pipeline_layers == "auto"
     rec_on = sc.stage_recompute == "auto"
     out = []
@@ -345,7 +339,8 @@ def best_layouts(sc: Scenario, n: dict, configs: list[Config], seed: int = 0) ->
             continue
         if rec_on and cfg.remat == "full":      # the recompute counts take its place
             cfg = dataclasses.replace(cfg, remat="none")
-        out.append(LayoutProblem(sc, cfg, n, layers_on, rec_on).solve(seed=seed))
+        out.append(LayoutProblem(sc, cfg, n, layers_on, rec_on).solve(seed=seed,
+                                                                      optimizer=optimizer))
     out.sort(key=lambda l: (not l.fits, -l.tokens_per_s))
     return out
 

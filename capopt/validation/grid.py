@@ -78,11 +78,6 @@ def extra_grid_points(points: int = 20, seed: int = 1) -> list[tuple[str, int, s
 
 def grid_points(points: int = 40, seed: int = 0) -> list[tuple[str, int, str, Config]]:
     """(model, seq_len, precision, config) for the calibration grid (see `GRID_DOC`)."""
-    return _draw(("gpt", "llama"), (512, 1024), (2, 8), points, seed, accum_of=None)
-
-
-def grid_points(points: int = 40, seed: int = 0) -> list[tuple[str, int, str, Config]]:
-    """(model, seq_len, precision, config) for the calibration grid (see `GRID_DOC`)."""
     import itertools
     combos = list(itertools.product(("gpt", "llama"), (512, 1024), (2, 8),
                                     ("none", "selective", "full"), (True, False),

@@ -23,7 +23,6 @@ implement them (`capopt.validation.step`), so no oracle can judge them.
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 
 import numpy as np

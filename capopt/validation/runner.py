@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .._errors import CapoptError
+from .._format import bar, config_line, format_bytes, seconds, table
 from .._specs import Config, Scenario
 from .predict import PARTS, TERMS, predicted_terms, relative_error
 from .tiers import TIERS, environment, xla_gpu_available
@@ -93,14 +94,12 @@ class ValidationReport:
         return [r for r in self.results if r["status"] == "ok"]
 
     def render(self) -> str:
-        from .._format import table
-        from ..cli import _config_line
         lines = [f"{self.scenario}: {len(self.results)} candidate(s), tier {self.tier}"]
         if self.tier == "exact":
             lines.append("(the exact tier compiles for the CPU: argument, output and alias bytes "
                          "compare; the CPU's temp is no GPU's, so no peak is compared)")
         for i, r in enumerate(self.results, 1):
-            head = (f"#{i} {r['tier']} {r['status'].upper()}  {_config_line(r['config'])}"
+            head = (f"#{i} {r['tier']} {r['status'].upper()}  {config_line(r['config'])}"
                     f"  [predicted by profile {r.get('runtime', '?')}]")
             if r.get("details", {}).get("compile_s") is not None:
                 head += f"  (compile {r['details']['compile_s']:.1f} s)"
@@ -117,7 +116,7 @@ class ValidationReport:
                 if m is None and p is None:
                     continue
                 e = r["error"].get(k) if isinstance(r.get("error"), dict) else None
-                unit = _seconds if k == "step_s" else _bytes
+                unit = _seconds if k == "step_s" else format_bytes
                 rows.append((k, unit(p), unit(m), "-" if e is None else f"{100 * e:+.3f}%"))
             lines.append(table(rows, ["term", "predicted", "measured", "error"], "lrrr"))
         for n in self.notes:
@@ -125,20 +124,8 @@ class ValidationReport:
         return "\n".join(lines)
 
 
-def _bytes(x) -> str:
-    if x is None:
-        return "-"
-    x = float(x)
-    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(x) >= f:
-            return f"{x / f:,.2f} {unit}"
-    return f"{x:,.0f} B"
-
-
 def _seconds(x) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1e3:,.2f} ms" if x < 1 else f"{x:,.3f} s"
+    return "-" if x is None else seconds(x)
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,7 +147,6 @@ class Progress:
         self.done += 1
         if not self.enabled:
             return
-        from .._format import bar
         text = (f"[{bar(self.done / max(self.total, 1), 20)}] {self.done}/{self.total} "
                 f"{status:<7} {label}  {time.perf_counter() - self.t0:,.0f} s")
         if self.tty:
@@ -423,8 +409,7 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
                       key=keys[i])
         if path is not None:
             _append(path, rec)
-        from ..cli import _config_line
-        bar.update(_config_line(rec["config"]), rec["status"])
+        bar.update(config_line(rec["config"]), rec["status"])
         return rec
 
     if jobs > 1 and len(todo) > 1:

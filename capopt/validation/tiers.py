@@ -6,7 +6,7 @@
   GPU's activations: the CPU backend ignores remat for memory and upcasts bf16).
 - ``xla-gpu``: compile the same step for the scenario's GPU without one, through a deviceless
   topology (`jax.experimental.topologies.get_topology_desc(platform="cuda", ...)`) built from
-  `Hardware.xla_gpu_device_info()`, autotuning off. Needs the CUDA PJRT plugin, which
+  `capopt.validation.targets.xla_gpu_device_info`, autotuning off. Needs the CUDA PJRT plugin, which
   ``capopt setup xla-gpu`` installs (`capopt.validation.plugin`); the CUDA libraries themselves
   are not needed to compile. XLA's GPU buffer assignment gives temp and peak.
 - ``device``: a real accelerator. Warm-up steps, then timed steps; the allocator's
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .plugin import PLUGIN_PATH_ENV, has_plugin, plugin_path
+from .targets import xla_gpu_device_info
 
 TIERS = ("exact", "xla-gpu", "device")
 # LLVM optimisation level 0 for the exact tier: it halves compile time on CPU and changes no
@@ -78,7 +79,7 @@ def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
 
 # --------------------------------------------------------------------------------------------
 def _device_info_text(info: dict[str, Any]) -> str:
-    """`Hardware.xla_gpu_device_info()` as ``GpuTargetConfigProto`` text."""
+    """`xla_gpu_device_info` as ``GpuTargetConfigProto`` text."""
     lines = []
     for k, v in info.items():
         if isinstance(v, dict):
@@ -107,7 +108,7 @@ def gpu_topology(hardware, n: int):
     from jax.experimental import topologies
 
     from .step import Unsupported
-    info = hardware.xla_gpu_device_info()
+    info = xla_gpu_device_info(hardware)
     missing = [k for k in REQUIRED_DEVICE_INFO if not info.get(k)]
     if "cuda_compute_capability" not in info:
         missing.append("compute_capability (an NVIDIA one: the plugin targets CUDA)")
