@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
 import typing
 from collections.abc import Callable, Mapping

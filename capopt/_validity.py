@@ -1,46 +1,115 @@
-"""Which integer configs are real: divisibility and device-count rules, shared by `plan`,
-the optimiser's rounding and the exhaustive reference."""
+"""Which integer configs are real: one table of rules, for one config (`config_problems`, what
+`plan` and the optimiser's rounding check) and over whole columns of configs at once
+(`broken`, what the search's lattice is filtered with).
+
+Each rule reads a few knobs (its ``reads``), says where it is broken as a boolean array over
+columns of knob values, and explains itself for one config. The search builds its lattice
+knob by knob and filters each step with the rules that read only the knobs known by then, so
+every row it builds obeys every rule; the tests check that on samples.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
 from ._specs import Config, Scenario
+
+Columns = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Rule:
+    field: str                                         # the knob a report names
+    reads: frozenset                                   # the knobs the rule looks at
+    broken: Callable[[Columns, Scenario], np.ndarray]  # True where the rule is broken
+    why: Callable[[Config, Scenario], str]             # the explanation for one config
+
+
+def _rule(field: str, reads: str, broken, why) -> Rule:
+    return Rule(field, frozenset(reads.split()), broken, why)
+
+
+def _attention(sc: Scenario) -> bool:
+    return sc.model.family != "mlp"
+
+
+RULES: tuple[Rule, ...] = (
+    _rule("config.dp", "dp tp pp",
+          lambda c, sc: c["dp"] * c["tp"] * c["pp"] != sc.count,
+          lambda cfg, sc: f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.devices} must equal "
+                          f"hardware.count {sc.count}"),
+    _rule("config.micro_batch", "micro_batch grad_accum dp",
+          lambda c, sc: c["micro_batch"] * c["grad_accum"] * c["dp"] != sc.workload.global_batch,
+          lambda cfg, sc: f"micro_batch*grad_accum*dp = {cfg.micro_batch}*{cfg.grad_accum}*"
+                          f"{cfg.dp} must equal training.global_batch "
+                          f"{sc.workload.global_batch}"),
+    _rule("config.tp", "tp",
+          lambda c, sc: _attention(sc) & (sc.model.num_attention_heads % c["tp"] != 0),
+          lambda cfg, sc: f"tp {cfg.tp} must divide num_attention_heads "
+                          f"{sc.model.num_attention_heads}"),
+    _rule("config.tp", "tp",
+          lambda c, sc: _attention(sc) & (sc.model.kv_heads % c["tp"] != 0)
+          & (c["tp"] % sc.model.kv_heads != 0),
+          lambda cfg, sc: f"tp {cfg.tp} and num_key_value_heads {sc.model.kv_heads} must "
+                          "divide one another"),
+    _rule("config.tp", "tp",
+          lambda c, sc: c["tp"] > sc.per_node,
+          lambda cfg, sc: f"tp {cfg.tp} must fit in a node ({sc.per_node} devices)"),
+    _rule("config.pp", "pp",
+          lambda c, sc: sc.model.num_hidden_layers % c["pp"] != 0,
+          lambda cfg, sc: f"pp {cfg.pp} must divide num_hidden_layers "
+                          f"{sc.model.num_hidden_layers}"),
+    _rule("config.ep", "ep dp",
+          lambda c, sc: (c["ep"] > 1) & ((sc.model.num_local_experts % c["ep"] != 0)
+                                         | (c["dp"] % c["ep"] != 0)),
+          lambda cfg, sc: f"ep {cfg.ep} must divide num_local_experts "
+                          f"{sc.model.num_local_experts} and dp {cfg.dp}"),
+    _rule("config.sequence_parallel", "sequence_parallel tp",
+          lambda c, sc: (c["sequence_parallel"] != 0) & (c["tp"] == 1),
+          lambda cfg, sc: "sequence parallelism needs tp > 1"),
+    _rule("config.zero_stage", "zero_stage dp",
+          lambda c, sc: (c["zero_stage"] > 0) & (c["dp"] == 1),
+          lambda cfg, sc: "ZeRO sharding needs dp > 1"),
+    _rule("config.zero_stage", "zero_stage pp",
+          lambda c, sc: (c["pp"] > 1) & (c["zero_stage"] >= 2),
+          lambda cfg, sc: "ZeRO-2/3 with pipeline parallelism is not supported by Megatron-LM "
+                          "or DeepSpeed; use stage 0 or 1"),
+)
+
+# the knobs of a config as integer columns (booleans as 0/1)
+_INT_KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "zero_stage",
+              "sequence_parallel")
+
+
+def broken(cols: Columns, sc: Scenario, known: set[str] | frozenset | None = None
+           ) -> np.ndarray:
+    """True where a row of ``cols`` (equal-length integer arrays keyed by knob) breaks a rule;
+    with ``known``, only the rules that read nothing but those knobs are applied (the
+    search's lattice, filtered as it is built)."""
+    arrays = {k: np.asarray(v, np.int64) for k, v in cols.items()}
+    n = len(next(iter(arrays.values()))) if arrays else 0
+    out = np.zeros(n, bool)
+    for rule in RULES:
+        if rule.reads <= (known if known is not None else rule.reads):
+            out |= np.broadcast_to(np.asarray(rule.broken(arrays, sc), bool), (n,))
+    return out
 
 
 def config_problems(cfg: Config, sc: Scenario) -> list[tuple[str, str]]:
-    """(field, why) for every rule ``cfg`` breaks in ``sc``; empty when the config is real."""
-    m, w = sc.model, sc.workload
-    out: list[tuple[str, str]] = []
-    if cfg.dp * cfg.tp * cfg.pp != sc.count:
-        out.append(("config.dp", f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.devices} "
-                                 f"must equal hardware.count {sc.count}"))
-    if cfg.micro_batch * cfg.grad_accum * cfg.dp != w.global_batch:
-        out.append(("config.micro_batch",
-                    f"micro_batch*grad_accum*dp = {cfg.micro_batch}*{cfg.grad_accum}*{cfg.dp} "
-                    f"must equal training.global_batch {w.global_batch}"))
-    if m.family != "mlp" and m.num_attention_heads % cfg.tp:
-        out.append(("config.tp", f"tp {cfg.tp} must divide num_attention_heads "
-                                 f"{m.num_attention_heads}"))
-    if m.family != "mlp" and m.kv_heads % cfg.tp and cfg.tp % m.kv_heads:
-        out.append(("config.tp", f"tp {cfg.tp} and num_key_value_heads {m.kv_heads} must "
-                                 f"divide one another"))
-    if cfg.tp > sc.per_node:
-        out.append(("config.tp", f"tp {cfg.tp} must fit in a node ({sc.per_node} devices)"))
-    if m.num_hidden_layers % cfg.pp:
-        out.append(("config.pp", f"pp {cfg.pp} must divide num_hidden_layers "
-                                 f"{m.num_hidden_layers}"))
-    if cfg.ep > 1 and (m.num_local_experts % cfg.ep or cfg.dp % cfg.ep):
-        out.append(("config.ep", f"ep {cfg.ep} must divide num_local_experts "
-                                 f"{m.num_local_experts} and dp {cfg.dp}"))
-    if cfg.sequence_parallel and cfg.tp == 1:
-        out.append(("config.sequence_parallel", "sequence parallelism needs tp > 1"))
-    if cfg.zero_stage > 0 and cfg.dp == 1:
-        out.append(("config.zero_stage", "ZeRO sharding needs dp > 1"))
-    if cfg.pp > 1 and cfg.zero_stage >= 2:
-        out.append(("config.zero_stage", "ZeRO-2/3 with pipeline parallelism is not supported "
-                                         "by Megatron-LM or DeepSpeed; use stage 0 or 1"))
+    """(field, why) for every rule ``cfg`` breaks in ``sc``, and every knob whose value the
+    scenario does not allow; empty when the config is real."""
+    cols = {k: np.asarray([int(getattr(cfg, k))], np.int64) for k in _INT_KNOBS}
+    out = [(rule.field, rule.why(cfg, sc)) for rule in RULES
+           if bool(np.asarray(rule.broken(cols, sc)).reshape(-1)[0])]
     for dom in sc.knobs:
         v = getattr(cfg, dom.name)
         if not dom.allows(v):
             out.append((f"config.{dom.name}", f"{v!r} is not among the scenario's allowed "
                                               f"values {list(dom.values)}"))
     return out
+
+
+__all__ = ["RULES", "Rule", "broken", "config_problems"]

@@ -259,7 +259,7 @@ def cmd_setup(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    from .doctor import run_doctor
+    from .gpu.doctor import run_doctor
     rep = run_doctor(run_step=not args.no_step)
     print(json.dumps(rep.to_dict(), indent=2) if args.json else rep.render())
     return rep.exit_code

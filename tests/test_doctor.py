@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from capopt.doctor import (
+from capopt.gpu.doctor import (
     Check,
     DoctorReport,
     DriverRaw,
@@ -213,7 +213,7 @@ def _fake_pynvml() -> types.ModuleType:
 
 def test_probe_driver_through_nvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
-    monkeypatch.setattr("capopt.doctor.shutil.which", lambda name: None)
+    monkeypatch.setattr("capopt.gpu.doctor.shutil.which", lambda name: None)
     raw = probe_driver()
     assert raw.nvml is not None and raw.nvml["cuda_driver_version"] == 13010
     c = judge_driver(raw)

@@ -17,11 +17,11 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "capopt"
 
 # The interfaces: they parse and print, and they may import anything below them (the package's
-# own ``__init__`` is the public API). `capopt.monitor` is not among them: it samples NVML for
-# the device tier as well as for the command line, a probe that validation uses.
-INTERFACES = {"capopt", "capopt.cli", "capopt.plots", "capopt.doctor"}
+# own ``__init__`` is the public API). `capopt.gpu.monitor` is not among them: it samples NVML
+# for the device tier as well as for the command line, a probe that validation uses.
+INTERFACES = {"capopt", "capopt.cli", "capopt.plots", "capopt.gpu.doctor"}
 # What nothing below the interfaces may import.
-UPWARD = {"capopt.cli", "capopt.plots", "capopt.doctor"}
+UPWARD = {"capopt.cli", "capopt.plots", "capopt.gpu.doctor"}
 
 
 def _module_name(path: Path) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from capopt.monitor import (
+from capopt.gpu.monitor import (
     CLOCK_REASON_BITS,
     HostCpu,
     Monitor,

@@ -1,7 +1,8 @@
 """The lattice of real configs a scenario allows, built as arrays (no per-config objects).
 
-Every row satisfies `capopt._validity.config_problems` by construction; the tests check that
-on samples. Rows convert to `Knobs` batches for the vectorised cost model and back to `Config`.
+Every row satisfies `capopt._validity`'s rules by construction: each knob's values are
+filtered with the rules that read it and the knobs chosen before it; the tests check that on
+samples. Rows convert to `Knobs` batches for the vectorised cost model and back to `Config`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._specs import REMAT_POLICIES, Config, Scenario
+from .._validity import broken
 from ..cost._inputs import DTYPE, Knobs
 
 COLUMNS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "zero_stage",
@@ -45,26 +47,24 @@ def remat_weights(v) -> tuple[float, float, float]:
     return (1.0 - float(v), 0.0, float(v))
 
 
+def _allowed(sc: Scenario, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Rows of ``cols`` that break none of the rules reading only these knobs."""
+    return ~broken(cols, sc, known=set(cols))
+
+
 def factorizations(sc: Scenario) -> list[tuple[int, int, int]]:
     """(dp, tp, pp) with dp*tp*pp = devices that the model and the scenario allow."""
-    m, N = sc.model, sc.count
-    out = []
+    N = sc.count
     tps = domain(sc, "tp", divisors(N))
     pps = domain(sc, "pp", divisors(N))
-    dps = domain(sc, "dp", divisors(N))
-    for tp in tps:
-        if N % tp or tp > sc.per_node:
-            continue
-        if m.family != "mlp" and (m.num_attention_heads % tp
-                                  or (m.kv_heads % tp and tp % m.kv_heads)):
-            continue
-        for pp in pps:
-            if (N // tp) % pp or m.num_hidden_layers % pp:
-                continue
-            dp = N // (tp * pp)
-            if dp in dps:
-                out.append((dp, tp, pp))
-    return out
+    dps = set(domain(sc, "dp", divisors(N)))
+    cand = [(N // (tp * pp), tp, pp) for tp in tps for pp in pps
+            if tp * pp <= N and N % (tp * pp) == 0 and N // (tp * pp) in dps]
+    if not cand:
+        return []
+    arr = np.asarray(cand, np.int64)
+    ok = _allowed(sc, {"dp": arr[:, 0], "tp": arr[:, 1], "pp": arr[:, 2]})
+    return [c for c, keep in zip(cand, ok) if keep]
 
 
 def no_layout_reason(sc: Scenario) -> str | None:
@@ -164,14 +164,23 @@ class Space:
     def expert_degrees(self, dp: int) -> list[int]:
         if self._experts == 1:
             return [1] if (self._ep is None or 1 in self._ep) else []
-        return [e for e in divisors(math.gcd(self._experts, dp))
+        cand = [e for e in divisors(math.gcd(self._experts, dp))
                 if self._ep is None or e in self._ep]
+        return self._keep(cand, "ep", dp=dp)
 
     def zero_stages(self, dp: int, pp: int) -> list[int]:
-        return [z for z in self.zeros if (z == 0 or dp > 1) and not (pp > 1 and z >= 2)]
+        return self._keep(self.zeros, "zero_stage", dp=dp, pp=pp)
 
     def seq_parallel(self, tp: int) -> list[bool]:
-        return [s for s in self.sps if not (s and tp == 1)]
+        return self._keep(self.sps, "sequence_parallel", tp=tp)
+
+    def _keep(self, values: list, knob: str, **fixed: int) -> list:
+        """The ``values`` of ``knob`` that the rules allow next to the ``fixed`` knobs."""
+        if not values:
+            return []
+        col = np.asarray([int(v) for v in values], np.int64)
+        cols = {knob: col, **{k: np.full(len(col), v, np.int64) for k, v in fixed.items()}}
+        return [v for v, ok in zip(values, _allowed(self.sc, cols)) if ok]
 
     def choices(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
                 offloads=None, flashes=None) -> list[list]:

@@ -10,7 +10,7 @@
   ``capopt setup xla-gpu`` installs (`capopt.validation.plugin`); the CUDA libraries themselves
   are not needed to compile. XLA's GPU buffer assignment gives temp and peak.
 - ``device``: a real accelerator. Warm-up steps, then timed steps; the allocator's
-  ``peak_bytes_in_use`` and ``bytes_in_use``; NVML samples through `capopt.monitor.Monitor`
+  ``peak_bytes_in_use`` and ``bytes_in_use``; NVML samples through `capopt.gpu.monitor.Monitor`
   when NVML is there.
 """
 
@@ -210,7 +210,7 @@ def run_device(scenario, config, *, warmup: int = 2, steps: int = 5,
     mon = None
     if monitor and platform == "gpu":
         try:
-            from ..monitor import Monitor
+            from ..gpu.monitor import Monitor
             mon = Monitor(interval_s=0.1).start()
         except Exception:  # monitoring is optional; never fail the measurement for it
             mon = None

@@ -30,7 +30,6 @@ from __future__ import annotations
 import ast
 import json
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,8 +37,9 @@ from dataclasses import asdict, dataclass, field, fields
 from types import ModuleType
 from typing import Any, Protocol
 
-from ._format import format_bytes
-from ._units import GiB, MiB
+from .._format import format_bytes
+from .._units import GiB, MiB
+from .smi import parse_csv_with_header, smi_number
 
 __all__ = [
     "CLOCK_REASON_BITS",
@@ -412,49 +412,6 @@ class ReplaySampler:
                 )
             )
         return cls(rows)
-
-
-# ---- nvidia-smi's CSV (``--format=csv[,noheader][,nounits]``): the one parser, also the doctor's
-_UNIT_RE = re.compile(r"\s*\[[^\]]*\]$")
-_NUM_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:%|MiB|W|MHz|C|us)?\s*$")
-# names nvidia-smi prints in a header for fields queried under another name
-SMI_FIELD_ALIASES = {"used_gpu_memory": "used_memory", "gpu_name": "name"}
-
-
-def smi_csv_rows(text: str, fields: Sequence[str] | None = None) -> list[dict[str, str]]:
-    """Rows of nvidia-smi CSV keyed by field name, units stripped from the header. The first
-    line is read as the header when it names fields (always, when ``fields`` is None; a
-    header's names for fields queried under another name are mapped back to ``fields``');
-    otherwise (``noheader``) ``fields`` names the columns in order."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return []
-    first = [_UNIT_RE.sub("", c.strip()) for c in lines[0].split(",")]
-    if fields is None:
-        names, body = first, lines[1:]
-    else:
-        known = set(fields) | set(SMI_FIELD_ALIASES) | set(SMI_FIELD_ALIASES.values())
-        header = any(c in known for c in first) and not any(smi_number(c) is not None
-                                                            for c in first)
-        names, body = (([SMI_FIELD_ALIASES.get(c, c) for c in first], lines[1:]) if header
-                       else (list(fields), lines))
-    return [dict(zip(names, (v.strip() for v in ln.split(",")), strict=False)) for ln in body]
-
-
-def parse_csv_with_header(text: str) -> list[dict[str, str]]:
-    """Rows of nvidia-smi ``--format=csv`` output keyed by field name (units stripped)."""
-    return smi_csv_rows(text)
-
-
-def smi_number(value: Any) -> float | None:
-    """A number from an nvidia-smi cell (``"631.95 W"``, ``"100 %"``, ``"[N/A]"`` -> None)."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    m = _NUM_RE.match(str(value))
-    return float(m.group(1)) if m else None
-
 
 
 def _hex(value: Any) -> int | None:
