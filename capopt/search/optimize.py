@@ -297,7 +297,8 @@ class OptimizeResult:
             elif sp.get("unused_bytes") is not None and sp["tokens_per_s_per_gib"] == 0:
                 line += "; no faster config was found at any memory size"
             lines.append(line)
-            if sp.get("relaxed_tokens_per_s_per_gib") is not None:
+            # the relaxation's price, where memory holds it back (it rounds to +0 elsewhere)
+            if (sp.get("relaxed_tokens_per_s_per_gib") or 0.0) >= 0.5:
                 lines.append(
                     f"  in the relaxation (continuous knobs, at "
                     f"{100 * sp['relaxed_memory_fraction']:.0f}% of the budget): "
