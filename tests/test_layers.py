@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "capopt"
 # The interfaces: they parse and print, and they may import anything below them (the package's
 # own ``__init__`` is the public API). `capopt.gpu.monitor` is not among them: it samples NVML
 # for the device tier as well as for the command line, a probe that validation uses.
-INTERFACES = {"capopt", "capopt.cli", "capopt.plots", "capopt.gpu.doctor"}
+INTERFACES = {"capopt", "capopt.__main__", "capopt.cli", "capopt.plots", "capopt.gpu.doctor"}
 # What nothing below the interfaces may import.
 UPWARD = {"capopt.cli", "capopt.plots", "capopt.gpu.doctor"}
 
