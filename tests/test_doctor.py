@@ -213,7 +213,7 @@ def _fake_pynvml() -> types.ModuleType:
 
 def test_probe_driver_through_nvml(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
-    monkeypatch.setattr("capopt.gpu.doctor.shutil.which", lambda name: None)
+    monkeypatch.setattr("capopt.gpu.probes.shutil.which", lambda name: None)
     raw = probe_driver()
     assert raw.nvml is not None and raw.nvml["cuda_driver_version"] == 13010
     c = judge_driver(raw)
@@ -434,3 +434,17 @@ def test_report_from_recordings_renders_fixes():
     assert "FAIL" in text and "WARN" in text and "fix:" in text
     s = report.to_dict()["summary"]
     assert (s["fail"], s["exit_code"], s["backend"]) == (1, 1, "cpu")
+
+
+def test_the_compile_only_plugin_is_found_and_named_by_the_judge():
+    """After `capopt setup xla-gpu` the doctor names the plugin it installed (kept off
+    sys.path) instead of saying that there is none."""
+    from capopt.gpu.probes import probe_jax
+    from capopt.validation.plugin import plugin_path
+    raw = probe_jax()
+    assert raw.compile_only_plugin == plugin_path()
+    if raw.compile_only_plugin is None:
+        pytest.skip("the compile-only CUDA plugin is not installed (capopt setup xla-gpu)")
+    check = judge_cuda_versions(raw, DriverRaw())
+    if check.status == "skip":                   # no GPU and no CUDA stack: the usual CI case
+        assert raw.compile_only_plugin in check.saw
