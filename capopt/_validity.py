@@ -10,6 +10,7 @@ every row it builds obeys every rule; the tests check that on samples.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -26,10 +27,12 @@ class Rule:
     reads: frozenset                                   # the knobs the rule looks at
     broken: Callable[[Columns, Scenario], np.ndarray]  # True where the rule is broken
     why: Callable[[Config, Scenario], str]             # the explanation for one config
+    # the change to ``field``'s knob that mends a broken config, where one is obvious
+    repair: Callable[[dict], object] | None = None
 
 
-def _rule(field: str, reads: str, broken, why) -> Rule:
-    return Rule(field, frozenset(reads.split()), broken, why)
+def _rule(field: str, reads: str, broken, why, repair=None) -> Rule:
+    return Rule(field, frozenset(reads.split()), broken, why, repair)
 
 
 def _attention(sc: Scenario) -> bool:
@@ -66,17 +69,21 @@ RULES: tuple[Rule, ...] = (
           lambda c, sc: (c["ep"] > 1) & ((sc.model.num_local_experts % c["ep"] != 0)
                                          | (c["dp"] % c["ep"] != 0)),
           lambda cfg, sc: f"ep {cfg.ep} must divide num_local_experts "
-                          f"{sc.model.num_local_experts} and dp {cfg.dp}"),
+                          f"{sc.model.num_local_experts} and dp {cfg.dp}",
+          lambda d: math.gcd(d["ep"], d["dp"])),
     _rule("config.sequence_parallel", "sequence_parallel tp",
           lambda c, sc: (c["sequence_parallel"] != 0) & (c["tp"] == 1),
-          lambda cfg, sc: "sequence parallelism needs tp > 1"),
+          lambda cfg, sc: "sequence parallelism needs tp > 1",
+          lambda d: False),
     _rule("config.zero_stage", "zero_stage dp",
           lambda c, sc: (c["zero_stage"] > 0) & (c["dp"] == 1),
-          lambda cfg, sc: "ZeRO sharding needs dp > 1"),
+          lambda cfg, sc: "ZeRO sharding needs dp > 1",
+          lambda d: 0),
     _rule("config.zero_stage", "zero_stage pp",
           lambda c, sc: (c["pp"] > 1) & (c["zero_stage"] >= 2),
           lambda cfg, sc: "ZeRO-2/3 with pipeline parallelism is not supported by Megatron-LM "
-                          "or DeepSpeed; use stage 0 or 1"),
+                          "or DeepSpeed; use stage 0 or 1",
+          lambda d: 1),
 )
 
 # the knobs of a config as integer columns (booleans as 0/1)
@@ -98,6 +105,22 @@ def broken(cols: Columns, sc: Scenario, known: set[str] | frozenset | None = Non
     return out
 
 
+def mend(knobs: dict, sc: Scenario, keep: str | None = None) -> dict:
+    """``knobs`` (a `Config.to_dict()`) with every rule that has a repair mended, in the
+    table's order, except the rules on ``keep`` (the knob a what-if holds): sequence
+    parallelism off without tp, ZeRO off without dp, ZeRO-1 with pp, ep down to what divides
+    dp. The rest (the device count, the batch) is the caller's to balance."""
+    d = dict(knobs)
+    for rule in RULES:
+        knob = rule.field.split(".", 1)[1]
+        if rule.repair is None or knob == keep:
+            continue
+        cols = {k: np.asarray([int(d[k])], np.int64) for k in rule.reads}
+        if bool(np.asarray(rule.broken(cols, sc)).reshape(-1)[0]):
+            d[knob] = rule.repair(d)
+    return d
+
+
 def config_problems(cfg: Config, sc: Scenario) -> list[tuple[str, str]]:
     """(field, why) for every rule ``cfg`` breaks in ``sc``, and every knob whose value the
     scenario does not allow; empty when the config is real."""
@@ -112,4 +135,4 @@ def config_problems(cfg: Config, sc: Scenario) -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["RULES", "Rule", "broken", "config_problems"]
+__all__ = ["RULES", "Rule", "broken", "config_problems", "mend"]

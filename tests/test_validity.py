@@ -52,3 +52,25 @@ def test_the_lattice_obeys_every_rule():
     lat = build_lattice(sc)
     assert len(lat) > 100
     assert not broken({k: lat.cols[k] for k in KNOBS}, sc).any()
+
+
+def test_mend_repairs_what_its_rules_can_and_leaves_the_held_knob():
+    sc = make_scenario(llama_like(layers=6, kv=2, num_local_experts=4, num_experts_per_tok=2),
+                       count=16, global_batch=64)
+    from capopt._validity import mend
+    rng = random.Random(2)
+    repairable = {r.field.split(".", 1)[1] for r in RULES if r.repair is not None}
+    mended = 0
+    for cfg in _random_configs(rng, 3000):
+        d = cfg.to_dict()
+        m = mend(d, sc)
+        if m != d:
+            mended += 1
+        fixed = Config(**m)
+        # what is still broken is a rule without a repair (devices, batch, heads, layers, or
+        # experts that ep cannot divide)
+        left = {f.split(".", 1)[1] for f, _ in config_problems(fixed, sc)}
+        assert not left & (repairable - {"ep"}), (d, m, left)
+        kept = mend(d, sc, keep="zero_stage")
+        assert kept["zero_stage"] == d["zero_stage"]
+    assert mended > 100

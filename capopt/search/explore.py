@@ -5,14 +5,13 @@ rebalanced. The same evaluator and objective as `optimize`'s exhaustive referenc
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Mapping
 
 import numpy as np
 
 from .._plan import Plan
 from .._specs import Config, KnobDomain, Scenario
-from .._validity import config_problems
+from .._validity import config_problems, mend
 from ..cost import numbers_pytree
 from ._evaluate import cost_mode, evaluate
 from ._space import build_lattice
@@ -47,8 +46,9 @@ def pin(sc: Scenario, knob: str, value) -> Scenario:
 
 def held_config(sc: Scenario, base, knob: str, value):
     """``base`` with ``knob`` set to ``value``, the rest rebalanced so the devices and the
-    global batch still add up, and knobs the new value rules out turned off (sequence
-    parallelism without tp, ZeRO without dp, ZeRO-2/3 with pp). Returns (scenario, config or
+    global batch still add up, and knobs the new value rules out mended by the rules' own
+    repairs (`capopt._validity.mend`: sequence parallelism without tp, ZeRO without dp,
+    ZeRO-2/3 with pp, ep that does not divide dp). Returns (scenario, config or
     None when no such config is real, the knobs that had to change)."""
     cfg = base.config if isinstance(base, Plan) else base
     if not isinstance(cfg, Config):
@@ -65,15 +65,7 @@ def held_config(sc: Scenario, base, knob: str, value):
         d["micro_batch"] = max(batch // (d["dp"] * d["grad_accum"]), 1)
     else:
         d["grad_accum"] = max(batch // (d["dp"] * d["micro_batch"]), 1)
-    if d["tp"] == 1 and knob != "sequence_parallel":
-        d["sequence_parallel"] = False
-    if knob != "zero_stage":
-        if d["dp"] == 1:
-            d["zero_stage"] = 0
-        elif d["pp"] > 1 and d["zero_stage"] >= 2:
-            d["zero_stage"] = 1
-    if knob != "ep" and d["ep"] > 1 and d["dp"] % d["ep"]:
-        d["ep"] = math.gcd(d["ep"], d["dp"])
+    d = mend(d, sc2, keep=knob)
     changed = [k for k in d if k != knob and d[k] != old[k]
                and k not in ("dp", "tp", "grad_accum", "micro_batch")]
     try:
