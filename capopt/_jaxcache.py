@@ -23,6 +23,7 @@ another program, each falls back to compiling, with at most one warning line per
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import logging
 import os
@@ -31,7 +32,6 @@ import sys
 import threading
 from pathlib import Path
 
-_done = False
 _log = logging.getLogger("capopt")
 _warned = threading.Event()      # set once the one warning line has been printed
 
@@ -64,11 +64,10 @@ def cache_root() -> Path | None:
     return path
 
 
+@functools.cache
 def enable() -> None:
-    global _done
-    if _done:
-        return
-    _done = True
+    """Point JAX's persistent compilation cache at `cache_root` (once per process), unless the
+    user chose a directory already."""
     import jax
     if jax.config.jax_compilation_cache_dir:     # the user chose one already
         return
@@ -97,8 +96,6 @@ def compile_options() -> dict | None:
 # Ahead-of-time executables
 # --------------------------------------------------------------------------------------------
 AOT_FORMAT = 3          # bump when the entry layout or the key changes
-_FIXED: list[str] = []
-_SOURCE: list[str] = []
 
 
 def source_hash() -> str:
@@ -113,7 +110,7 @@ def source_hash() -> str:
 
 # Taken when capopt is imported, i.e. of the code this process runs: a file edited while it
 # runs must not label this process's programs (`_write` checks the hash again).
-_SOURCE.append(source_hash())
+_SOURCE_HASH = source_hash()
 
 
 def _cpu_flags() -> str:
@@ -128,22 +125,21 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+@functools.cache
 def _fixed_part() -> str:
     """What cannot change while a process runs: source, versions, backend, host."""
-    if not _FIXED:
-        import platform
+    import platform
 
-        import jax
-        import jaxlib
-        import optax
-        devices = jax.devices()
-        parts = [f"format {AOT_FORMAT}", _SOURCE[0], jax.__version__, jaxlib.__version__,
-                 optax.__version__, sys.version, platform.machine(), _cpu_flags(),
-                 jax.default_backend(), getattr(devices[0].client, "platform_version", ""),
-                 repr(sorted({d.device_kind for d in devices})), repr(len(devices)),
-                 repr(compile_options()), os.environ.get("XLA_FLAGS", "")]
-        _FIXED.append(hashlib.sha256("\n".join(parts).encode()).hexdigest())
-    return _FIXED[0]
+    import jax
+    import jaxlib
+    import optax
+    devices = jax.devices()
+    parts = [f"format {AOT_FORMAT}", _SOURCE_HASH, jax.__version__, jaxlib.__version__,
+             optax.__version__, sys.version, platform.machine(), _cpu_flags(),
+             jax.default_backend(), getattr(devices[0].client, "platform_version", ""),
+             repr(sorted({d.device_kind for d in devices})), repr(len(devices)),
+             repr(compile_options()), os.environ.get("XLA_FLAGS", "")]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def fingerprint() -> str:
@@ -225,9 +221,7 @@ def store_program(path: Path, name: str, compiled) -> None:
     are written at exit (after the answer is printed) or when a long-lived process calls
     `flush_writes`. A program queued twice is written once."""
     with _LOCK:
-        if not _AT_EXIT:        # registered after JAX's own exit handler: runs before it
-            atexit.register(flush_writes)
-            _AT_EXIT.append(True)
+        _flush_at_exit()
         _PENDING[path] = (name, compiled)
 
 
@@ -238,7 +232,7 @@ def flush_writes() -> None:
     with _LOCK:
         jobs = list(_PENDING.items())
         _PENDING.clear()
-    if not jobs or source_hash() != _SOURCE[0]:
+    if not jobs or source_hash() != _SOURCE_HASH:
         return
     from jax.experimental.serialize_executable import serialize
     for path, (name, compiled) in jobs:
@@ -262,7 +256,12 @@ def flush_writes() -> None:
 
 _LOCK = threading.Lock()
 _PENDING: dict = {}
-_AT_EXIT: list[bool] = []
+
+
+@functools.cache
+def _flush_at_exit() -> None:
+    """Register `flush_writes` at exit, once (after JAX's own exit handler: it runs first)."""
+    atexit.register(flush_writes)
 
 
 KEEP_PER_NAME = 8      # entries kept per program name, most recently used first
@@ -278,13 +277,18 @@ def _prune(folder: Path, name: str) -> None:
 
 
 _TLS = threading.local()
-_LISTENING: list[bool] = []
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 def _on_event(event: str, **_) -> None:
     if event == CACHE_HIT_EVENT and getattr(_TLS, "watching", False):
         _TLS.hit = True
+
+
+@functools.cache
+def _listen_for_cache_hits() -> None:
+    import jax
+    jax.monitoring.register_event_listener(_on_event)
 
 
 def compile_for_cache(lowered):
@@ -298,9 +302,7 @@ def compile_for_cache(lowered):
 
     import jax
     with _LOCK:
-        if not _LISTENING:
-            jax.monitoring.register_event_listener(_on_event)
-            _LISTENING.append(True)
+        _listen_for_cache_hits()
     try:
         from jax._src import config as jax_config
         no_writes = jax_config.persistent_cache_min_compile_time_secs(float("inf"))

@@ -73,7 +73,7 @@ def test_other_shapes_names_or_code_miss(cache_dir, monkeypatch):
     longer(jnp.arange(5.0), _args()[1])                 # another argument shape
     other = _program(name="another-program")
     other(*_args())
-    monkeypatch.setattr(_jaxcache, "_FIXED", ["different source or versions"])
+    monkeypatch.setattr(_jaxcache, "_fixed_part", lambda: "different source or versions")
     changed = _program()
     changed(*_args())
     with jax.default_matmul_precision("highest"):       # another JAX configuration
@@ -110,7 +110,7 @@ def test_an_empty_cache_dir_setting_turns_the_cache_off(monkeypatch, tmp_path):
 def test_old_entries_of_a_program_are_pruned(cache_dir, monkeypatch):
     monkeypatch.setattr(_jaxcache, "KEEP_PER_NAME", 2)
     for i in range(4):                       # four versions of the code, one entry each
-        monkeypatch.setattr(_jaxcache, "_FIXED", [f"version {i}"])
+        monkeypatch.setattr(_jaxcache, "_fixed_part", lambda i=i: f"version {i}")
         _program()(*_args())
         _jaxcache.flush_writes()
         for entry in (cache_dir / "aot").glob("test-program-*.pkl"):   # older: used earlier
