@@ -34,15 +34,18 @@ from pathlib import Path
 
 _log = logging.getLogger("capopt")
 _warned = threading.Event()      # set once the one warning line has been printed
+_WARN_LOCK = threading.Lock()    # the solver and the warm-up threads may fail at once
 
 
 def _cannot_use(what: Path, err: BaseException | str) -> None:
     """Say, once per process, that the cache cannot be used and the program is compiled."""
-    if not _warned.is_set():
+    with _WARN_LOCK:
+        if _warned.is_set():
+            return
         _warned.set()
-        why = str(err).splitlines()[0] if str(err) else type(err).__name__
-        _log.warning("capopt: not using the compilation cache at %s (%s); compiling instead",
-                     what, why)
+    why = str(err).splitlines()[0] if str(err) else type(err).__name__
+    _log.warning("capopt: not using the compilation cache at %s (%s); compiling instead",
+                 what, why)
 
 
 def cache_root() -> Path | None:
@@ -181,8 +184,9 @@ def has_program(path: Path) -> bool:
 def load_program(path: Path):
     """The executable cached at ``path`` (a `jax.stages.Compiled`), or None: missing,
     unreadable (a partial write, another JAX, no permission) or written for another entry (a
-    file renamed or copied over another), which counts as a miss. An entry that cannot be
-    used is discarded, so that the next run does not trip on it again."""
+    file renamed or copied over another), which counts as a miss. An entry written for
+    another is discarded (and said once), so that the next run does not trip on it again; one
+    that does not unpickle is left to be overwritten by the next write."""
     try:
         blob = path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
@@ -270,8 +274,12 @@ KEEP_PER_NAME = 8      # entries kept per program name, most recently used first
 def _prune(folder: Path, name: str) -> None:
     """Drop all but the `KEEP_PER_NAME` most recently used entries of ``name``: every change
     to capopt's source or to JAX makes new ones (about 4 MB each for the solver)."""
-    entries = sorted(folder.glob(f"{name}-*.pkl"), key=lambda p: p.stat().st_mtime_ns,
-                     reverse=True)
+    def used(p: Path) -> int:
+        try:
+            return p.stat().st_mtime_ns
+        except FileNotFoundError:       # pruned by another process meanwhile
+            return -1
+    entries = sorted(folder.glob(f"{name}-*.pkl"), key=used, reverse=True)
     for old in entries[KEEP_PER_NAME:]:
         old.unlink(missing_ok=True)
 
@@ -300,7 +308,6 @@ def compile_for_cache(lowered):
     either, where JAX lets a thread say so."""
     import contextlib
 
-    import jax
     with _LOCK:
         _listen_for_cache_hits()
     try:

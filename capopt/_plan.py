@@ -12,7 +12,6 @@ from ._validity import config_problems
 from .cost import Estimate, estimate
 
 
-
 @dataclass(frozen=True)
 class Plan:
     scenario: Scenario

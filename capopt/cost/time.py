@@ -63,9 +63,10 @@ from ._inputs import Knobs
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import expert_layer_params, shard, stage_params, step_at_least
 
-# The time terms that add up to the step (unless a slower input pipeline sets it): exposed
-# communication by kind; hidden communication, gradient accumulation and kernel launches are
-# not among them (the first costs nothing, the others are parts of memory_bound_s).
+# The kinds of communication priced (their names and the step's terms, `STEP_TERMS`, are in
+# `capopt._terms`): exposed communication by kind adds up to the step; hidden communication,
+# gradient accumulation and kernel launches do not (the first costs nothing, the others are
+# parts of memory_bound_s).
 KINDS = COMM_KINDS
 
 

@@ -4,7 +4,6 @@ same inputs parsed from a pasted ``jax.print_environment_info()`` report."""
 
 from __future__ import annotations
 
-import platform
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field

@@ -25,15 +25,16 @@ def cost_mode(sc) -> float:
     return 1.0 if sc.objective == "cost_efficiency" else 0.0
 
 
-def objective_from(tokens_per_s, devices, price_per_hour, mode_cost):
+def objective_from(tokens_per_s, devices, price_per_hour, mode_cost, xp=jnp):
     """What the search maximises: tokens/s, or tokens per dollar when ``mode_cost`` is 1 and
-    the GPUs have a price (without one, tokens/s)."""
+    the GPUs have a price (without one, tokens/s). ``xp``: `jax.numpy` inside the programs,
+    `numpy` for one plan's figures (float64, no dispatch)."""
     dollars_per_s = devices * price_per_hour / SECONDS_PER_HOUR
     # Select rather than blend: tokens/s over a zero price overflows float32, and 0 * inf
     # would turn every throughput objective into NaN.
     priced = (mode_cost > 0.5) & (dollars_per_s > 0.0)
-    per_dollar = tokens_per_s / jnp.where(priced, dollars_per_s, 1.0)
-    return jnp.where(priced, per_dollar, tokens_per_s)
+    per_dollar = tokens_per_s / xp.where(priced, dollars_per_s, 1.0)
+    return xp.where(priced, per_dollar, tokens_per_s)
 
 
 def objective_value(est, n, mode_cost):

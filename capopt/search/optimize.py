@@ -526,8 +526,8 @@ def _layouts(sc: Scenario, lat: Lattice, res: dict, n, usable: float, seed: int,
 def plan_objective(p: Plan) -> float:
     """A plan's objective, as the search computed it (`objective_from`)."""
     sc = p.scenario
-    return float(objective_from(p.throughput["tokens_per_s"], sc.count,
-                                sc.gpu_hour_price or 0.0, cost_mode(sc)))
+    return float(objective_from(float(p.throughput["tokens_per_s"]), float(sc.count),
+                                float(sc.gpu_hour_price or 0.0), cost_mode(sc), xp=np))
 
 
 def _optimize_fleet(sc: Scenario, *, remedies: bool, **opts) -> OptimizeResult:
