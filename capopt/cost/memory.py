@@ -73,6 +73,15 @@ def expert_layer_params(k: Knobs, n):
     return n["E"] / k.ep * (n["P_expert"] / k.tp + n["P_expert_rep"] * (1.0 - 1.0 / k.tp))
 
 
+def zero_shard(frac, total, expert, k: Knobs):
+    """One device's share of ``total`` elements, ``expert`` of them in experts, when ``frac``
+    of the state is ZeRO-sharded: dense tensors over the data-parallel group, expert tensors
+    (already split over ep) over the expert-data-parallel group dp / ep, as DeepSpeed-MoE
+    does."""
+    edp = jnp.maximum(k.dp / k.ep, 1.0)
+    return (total - expert) * shard(frac, k.dp) + expert * shard(frac, edp)
+
+
 def stage_params(k: Knobs, n):
     """Parameters held by one device of the first and of the last pipeline stage.
 
@@ -137,17 +146,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     dense_params = layers * per_layer + extra_params
     expert_params = layers * expert_layer_params(k, n)
 
-    def zshard(frac, total, expert):
-        """One device's share of ``total`` parameters (``expert`` of them in experts) when
-        ``frac`` of the state is ZeRO-sharded."""
-        return (total - expert) * shard(frac, dp) + expert * shard(frac, edp)
-
     lora = n["lora"]
     lora_tp = n["lora_layer"] / k.tp
     kv_base = n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
     base_wrapped = (n["lora_base_layer"] / k.tp + kv_base) * layers
     base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"]) * layers
-    full_params_bytes = zshard(f_param, dense_params, expert_params) * n["param_bytes"]
+    full_params_bytes = zero_shard(f_param, dense_params, expert_params, k) * n["param_bytes"]
     lora_params_bytes = (base_wrapped * n["base_bytes"] + base_scales
                          + (dense_params - base_wrapped) * n["frozen_bytes"]
                          + layers * lora_tp * n["param_bytes"]) * shard(f_param, dp)
@@ -160,7 +164,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
 
     # --- optimizer state (+ fp32 master weights), maybe offloaded to the host ---
     opt_per_param = n["master_bytes"] + n["opt_bytes"]
-    opt_device = zshard(f_opt, trainable, trainable_expert) * opt_per_param
+    opt_device = zero_shard(f_opt, trainable, trainable_expert, k) * opt_per_param
     optimizer_bytes = opt_device * (1.0 - k.offload)
 
     # --- gradients ---
@@ -168,9 +172,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # (a dense scatter-add target in the gradient dtype, created before the backward pass;
     # the head's gradient lands in it when tied). ZeRO-2/3 keep a 1/dp slice.
     gb = n["grad_bytes"]
-    grad_layer = (trainable_layer - trainable_layer_expert) * shard(f_grad, dp) * gb \
-        + trainable_layer_expert * shard(f_grad, edp) * gb
-    grads_all = zshard(f_grad, trainable, trainable_expert) * gb
+    grad_layer = zero_shard(f_grad, trainable_layer, trainable_layer_expert, k) * gb
+    grads_all = zero_shard(f_grad, trainable, trainable_expert, k) * gb
     accumulating = step_at_least(k.grad_accum, 2.0)
     # (under accumulation the embedding's accumulator is that buffer, counted in ``accum``)
     embed_grad = (first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"])
@@ -188,7 +191,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # and reduce-scatter combiners, up to ``grad_combine_bytes`` per collective) keeps each
     # gradient (before its reduce-scatter: unsharded) until its group's collective runs, and
     # the group is copied into one flat buffer for it.
-    unsharded_all = zshard(0.0, trainable, trainable_expert) * gb
+    unsharded_all = zero_shard(0.0, trainable, trainable_expert, k) * gb
     multi_dp = step_at_least(dp, 2.0)
     combine = n["rt_grad_combine_bytes"]
     pending = multi_dp * jnp.minimum(unsharded_all, combine)
@@ -336,7 +339,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
         # every gradient on this device (ZeRO-2/3: its slice): the model states' gradients
         "grads_all_bytes": grads_all,
         # the trainable state's bytes on this device (ZeRO-3 splits it, experts over dp / ep)
-        "trainable_bytes": zshard(f_param, trainable, trainable_expert) * n["param_bytes"],
+        "trainable_bytes": zero_shard(f_param, trainable, trainable_expert, k) * n["param_bytes"],
     })
     return out
 
@@ -380,4 +383,4 @@ def memory(k: Knobs, n) -> dict:
 
 __all__ = ["PHASES", "end_stage_args", "end_stage_memory", "expert_layer_params",
            "indivisible", "largest_module", "memory", "shard", "stage_memory", "stage_params",
-           "step_at_least", "tp_replication"]
+           "step_at_least", "tp_replication", "zero_shard"]

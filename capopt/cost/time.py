@@ -61,7 +61,7 @@ from .._terms import COMM_KINDS, STEP_TERMS
 from . import comm
 from ._inputs import Knobs
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
-from .memory import expert_layer_params, shard, stage_params, step_at_least
+from .memory import expert_layer_params, shard, stage_params, step_at_least, zero_shard
 
 # The kinds of communication priced (their names and the step's terms, `STEP_TERMS`, are in
 # `capopt._terms`): exposed communication by kind adds up to the step; hidden communication,
@@ -184,12 +184,11 @@ def stage_grad_elems(k: Knobs, n: dict, layers, extra_params):
     over dp / ep), as `memory` counts the gradient buffers."""
     per_layer, _, _, _ = stage_params(k, n)
     f_grad = k.zero[2] + k.zero[3]
-    edp = jnp.maximum(k.dp / k.ep, 1.0)
     lora = n["lora"]
     dense = layers * per_layer + extra_params
     trainable = lora * layers * n["lora_layer"] / k.tp + (1.0 - lora) * dense
     expert = (1.0 - lora) * layers * expert_layer_params(k, n)
-    return (trainable - expert) * shard(f_grad, k.dp) + expert * shard(f_grad, edp)
+    return zero_shard(f_grad, trainable, expert, k)
 
 
 def stage_kernels(k: Knobs, n: dict, layers):
