@@ -100,24 +100,42 @@ SCHEMA: dict[str, Coeff] = {
     "accum_buffer": _c(1, "gradient accumulation keeps one accumulator of every gradient"),
     "embed_grad_early": _c(0, "1: the embedding gradient's dense buffer is created before the "
                               "backward pass and live through it"),
+    "embed_grad_last": _c(0, "1: the embedding's dense gradient is written after every "
+                             "block's, beside every kept gradient; a tied table's head gradient "
+                             "waits to be summed with it, and an accumulated one is added to "
+                             ".grad after"),
     "rebuild_fraction": _c(1, "share of a recomputed block's activations live while it is "
                               "rebuilt"),
     "selective_saves_dots": _c(0, "selective recomputation: 0 Korthikanti et al. (all but the "
                                   "attention core), 1 dots_with_no_batch_dims_saveable"),
+    "selective_saves_down": _c(0, "1: selective recomputation also keeps the MLP's down "
+                                  "projection output (a policy that saves every matmul)"),
     # --- one block's saved activations (capopt.cost.activations) ---
     "resid_saved": _c(4, "h-wide residual-stream tensors saved per block"),
     "norm_stats": _c(0, "float32 statistics saved per norm and token"),
+    "layernorm_mean_saved": _c(0, "1: a LayerNorm also saves its float32 mean per token"),
+    "autocast_casts": _c(0, "1: mixed precision by autocast: the residual stream and the norms "
+                            "keep the parameter dtype, and every matmul saves its own "
+                            "compute-dtype cast of its input"),
     "mlp_gelu_saved": _c(2, "f-wide tensors a GELU MLP saves"),
     "mlp_gelu_lowp_saved": _c(0, "extra f-wide tensors a GELU MLP saves in 16-bit"),
     "mlp_gated_saved": _c(4, "f-wide tensors a gated MLP saves"),
     "score_copies": _c(1, "score-sized tensors saved per materialised attention, compute dtype"),
+    "score_cast_lowp_only": _c(0, "1: the compute-dtype score copies exist only in 16-bit (a "
+                                  "cast to float32 of a float32 tensor is the tensor itself)"),
     "score_fp32_copies": _c(0, "score-sized tensors saved per materialised attention, float32"),
     "softmax_stats": _c(0, "float32 softmax statistics saved per head and token (materialised)"),
     "attn_dropout_out_saved": _c(1, "attention dropout's output kept for the backward pass"),
+    "attn_dropout_replaces_probs": _c(0, "1: under attention dropout the probabilities' "
+                                         "compute-dtype copy is not saved (dropout keeps its "
+                                         "mask; its output feeds the matmul)"),
     "attn_lse_bytes": _c(4, "blockwise attention: bytes of softmax statistics per head and token"),
     "attn_chunk_queries": _c(0, "queries per block of the runtime's blockwise attention (0: a "
                                 "fused kernel that tiles any sequence)"),
     "score_grad_copies": _c(0, "float32 score gradients live in one block's backward, per head"),
+    "score_grad_after_release": _c(0, "1: materialised score gradients peak after the block's "
+                                      "MLP tensors and the probabilities' later copies are "
+                                      "released (an eager backward, op by op)"),
     "mlp_grad_saved": _c(0, "compute-dtype MLP input gradients live in one block's backward, "
                             "per f-wide projection"),
     # --- the loss ---
@@ -133,6 +151,8 @@ SCHEMA: dict[str, Coeff] = {
                               "slice of the sequence (logits split over tp)"),
     # --- weights ---
     "weight_copy_fraction": _c(0, "share of the compute-dtype weight casts kept live"),
+    "adam_update_copies": _c(0, "parameter-sized optimizer-state-dtype temporaries of an Adam "
+                                "update (on the device's share of the state)"),
     "moe_capacity_factor": _c(1, "expert slots per routed token (1: dropless)"),
     "base_bytes_8bit": _c(1, "bytes per weight of an 8-bit frozen base"),
     # --- time: kernels ---
@@ -245,7 +265,7 @@ class RuntimeProfile:
 
 
 def _parse(data: dict, file: str) -> RuntimeProfile:
-    allowed = {"name", "source", "coeffs", "precision", "notes"}
+    allowed = {"name", "source", "base", "coeffs", "precision", "notes"}
     unknown = set(data) - allowed
     if unknown:
         raise CapoptError(f"unknown key {sorted(unknown)[0]!r}", file=file, field="profile",
@@ -253,7 +273,15 @@ def _parse(data: dict, file: str) -> RuntimeProfile:
     try:
         if not isinstance(data["coeffs"], dict):
             raise CapoptError("must be a table of numbers", file=file, field="coeffs")
-        coeffs = complete_coeffs(data["coeffs"], file)
+        given = dict(data["coeffs"])
+        base = data.get("base")
+        if base is not None:
+            if base not in list_profiles():
+                raise CapoptError(f"unknown base profile {base!r}", file=file, field="base",
+                                  allowed=", ".join(list_profiles()))
+            inherited = _load_builtin(base).coeff_dict()
+            given = {**inherited, **given}
+        coeffs = complete_coeffs(given, file)
         precisions = []
         for pname, fields in data["precision"].items():
             missing = set(PRECISION_FIELDS) - set(fields)

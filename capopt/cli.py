@@ -331,11 +331,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0, help="seed of the starting points")
     p.set_defaults(func=cmd_optimize)
 
-    p = sub.add_parser("validate", help="compile (and on a GPU run) candidates as Flax steps")
+    p = sub.add_parser("validate", help="compile (and on a GPU run) candidates as Flax steps, "
+                                        "or meter them as PyTorch steps")
     scenario_args(p, optional=True)
     p.add_argument("--top", type=_positive_int, default=3,
                    help="optimiser candidates to validate")
-    p.add_argument("--tier", choices=["exact", "xla-gpu", "device"], default="exact")
+    p.add_argument("--tier", choices=["exact", "xla-gpu", "torch", "device"], default="exact",
+                   help="exact: compile for CPU devices; xla-gpu: XLA's GPU buffer assignment "
+                        "(no GPU); torch: the step in PyTorch on fake tensors (no GPU); "
+                        "device: run on this machine's accelerator")
     p.add_argument("--pinned", action="store_true", help="validate the pinned config only")
     p.add_argument("--out", metavar="FILE.jsonl", help="stream results here (resumable)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per candidate")

@@ -11,11 +11,27 @@ from capopt._runtime import NF4_BYTES_PER_WEIGHT, SCHEMA, get_profile, list_prof
 
 
 def test_every_builtin_profile_sets_only_schema_keys_and_gets_every_key():
-    assert set(list_profiles()) == {"pytorch", "xla-cpu", "xla-gpu"}
+    assert set(list_profiles()) == {"pytorch", "pytorch-eager", "xla-cpu", "xla-gpu"}
     for name in list_profiles():
         d = get_profile(name).coeff_dict()
         assert set(d) == set(SCHEMA), name
         assert all(math.isfinite(v) and v >= 0 for v in d.values()), name
+
+
+def test_a_profile_takes_its_base_profiles_coefficients_and_overrides_its_own():
+    eager, base = get_profile("pytorch-eager"), get_profile("pytorch")
+    assert eager.coeff("gemm_eff_max") == base.coeff("gemm_eff_max")
+    assert eager.coeff("autocast_casts") == 1.0 != base.coeff("autocast_casts")
+
+
+def test_an_unknown_base_profile_is_named(tmp_path):
+    p = tmp_path / "prof.toml"
+    p.write_text('name = "p"\nbase = "nope"\n\n[coeffs]\n\n[precision."fp32"]\n'
+                 'param_bytes = 4.0\ngrad_bytes = 4.0\nmaster_bytes = 0.0\nact_bytes = 4.0\n'
+                 'weight_copy_bytes = 0.0\nstate_bytes = 4.0\nmatmul_dtype = "tf32"\n')
+    with pytest.raises(CapoptError) as e:
+        get_profile(str(p))
+    assert "nope" in str(e.value) and "base" in str(e.value)
 
 
 def _write(tmp_path, coeffs: str):

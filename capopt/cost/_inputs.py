@@ -195,7 +195,8 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
              topk=m.num_experts_per_tok, s=s,
              gated=float(m.mlp_type == "gated"), mlp=float(m.family == "mlp"),
              causal=float(m.family == "decoder"),
-             hidden_dropout=float(m.hidden_dropout > 0), attn_dropout=float(m.attention_dropout > 0))
+             hidden_dropout=float(m.hidden_dropout > 0), attn_dropout=float(m.attention_dropout > 0),
+             layernorm=float(m.norm_type == "layernorm"))
     n["P_total"] = float(m.num_params())
     n["P_active"] = float(m.active_params())
     # Parameter groups by how tensor parallelism shards them (Megatron-LM layout, as
@@ -260,6 +261,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
         n["opt_bytes"] = float(prec["state_bytes"]) * OPT_STATES[opt]
     n["opt_states"] = OPT_STATES.get(opt) or (2.0 if opt == "adamw-8bit" else 1.0)
     n["grad_clip"] = float(w.grad_clip)
+    n["adam"] = float(opt in ("adam", "adamw"))
 
     # --- LoRA / QLoRA ---
     if w.lora is not None:

@@ -38,6 +38,20 @@ def shard(fraction, degree):
     return 1.0 - fraction + fraction / degree
 
 
+def autocast_mixed(n: dict):
+    """1 where the runtime mixes precision by autocast (``autocast_casts``) and the compute
+    dtype is narrower than the parameters, else 0."""
+    return n["rt_autocast_casts"] * (n["param_bytes"] > n["act_bytes"]).astype(
+        jnp.result_type(float))
+
+
+def stream_bytes(n: dict):
+    """Bytes per element of the residual stream: the compute dtype, or under autocast the
+    parameter dtype (the embedding's output and every residual add keep it)."""
+    mixed = autocast_mixed(n)
+    return (1.0 - mixed) * n["act_bytes"] + mixed * n["param_bytes"]
+
+
 def _moe_slots(n: dict):
     """Expert slots per token: top-k x capacity factor for an MoE, else 1."""
     return jnp.where(n["E"] > 1, n["topk"] * n["rt_moe_capacity_factor"], 1.0)
@@ -58,17 +72,27 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     slots = _moe_slots(n)
     extra_norms = jnp.maximum(n["norms_per_layer"] - 2.0, 0.0)
 
-    rep = ab * (n["rt_resid_saved"] + extra_norms) * h + 2.0 * n["hidden_dropout"] * h
-    rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"], 0.0)            # float32 router probabilities
-    rep = rep + 4.0 * n["rt_norm_stats"] * n["norms_per_layer"]      # float32 norm statistics
     lowp = (ab < 4.0).astype(jnp.result_type(float))
+    # autocast (``autocast_casts``): the stream keeps the parameter dtype; the two norms save
+    # their inputs in it, and each projection saves its own cast of its norm's output (q, k,
+    # v; up, and gate when gated) instead of the ``resid_saved`` shared copies
+    mixed = autocast_mixed(n)
+    casts = (3.0 + 1.0 + n["gated"]) * ab * h
+    stream = n["param_bytes"] * 2.0 * h + casts
+    rep = ((1.0 - mixed) * ab * n["rt_resid_saved"] * h + mixed * stream
+           + ab * extra_norms * h + 2.0 * n["hidden_dropout"] * h)
+    rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"], 0.0)            # float32 router probabilities
+    stats = n["rt_norm_stats"] + n["rt_layernorm_mean_saved"] * n["layernorm"]
+    rep = rep + 4.0 * stats * n["norms_per_layer"]                   # float32 norm statistics
     gelu = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
     mlp = n["gated"] * n["rt_mlp_gated_saved"] + (1.0 - n["gated"]) * gelu
     attn = ab * (2.0 * q + 2.0 * kvw)
     tp = attn + ab * mlp * f * slots
 
+    score_copies = (n["rt_score_copies"] * (1.0 - n["rt_score_cast_lowp_only"] * (1.0 - lowp))
+                    * (1.0 - n["attn_dropout"] * n["rt_attn_dropout_replaces_probs"]))
     mask_a = n["attn_dropout"]
-    materialised = a * s * (n["rt_score_copies"] * ab + n["rt_score_fp32_copies"] * 4.0
+    materialised = a * s * (score_copies * ab + n["rt_score_fp32_copies"] * 4.0
                             + mask_a * (1.0 + n["rt_attn_dropout_out_saved"] * ab))
     materialised = materialised + 4.0 * a * n["rt_softmax_stats"]
     blockwise = a * n["rt_attn_lse_bytes"]
@@ -77,7 +101,10 @@ def block_inventory(k: Knobs, n: dict) -> dict:
 
     # dots_with_no_batch_dims_saveable: the block input, the attention's output projection
     # (and a four-norm block's MLP output, both norm inputs), q, k, v, gate and up
-    sel_rep = ab * (2.0 + 0.5 * extra_norms) * h
+    # (under autocast the block input is in the stream's dtype; a runtime whose policy keeps
+    # every matmul's output, ``selective_saves_down``, keeps the MLP's down projection too)
+    sel_rep = (ab * (2.0 + 0.5 * extra_norms + n["rt_selective_saves_down"]) * h
+               + mixed * (n["param_bytes"] - ab) * h)
     sel_tp = ab * ((q + 2.0 * kvw) + (1.0 + n["gated"]) * f * slots)
 
     plain = ab * 2.0 * h                                 # family "mlp": input and activation
@@ -86,7 +113,7 @@ def block_inventory(k: Knobs, n: dict) -> dict:
         "rep": jnp.where(tf > 0, rep, plain),
         "tp": jnp.where(tf > 0, tp, zero),
         "scores": jnp.where(tf > 0, scores, zero),
-        "input": ab * h,
+        "input": ((1.0 - mixed) * ab + mixed * n["param_bytes"]) * h,
         "sel_rep": jnp.where(tf > 0, sel_rep, ab * h),
         "sel_tp": jnp.where(tf > 0, sel_tp, zero),
     }
@@ -123,8 +150,24 @@ def backward_transient(k: Knobs, n: dict, tokens):
     scores = per_head * n["s"] * ((1.0 - fl) * n["s"]
                                   + fl * jnp.minimum(n["rt_attn_chunk_queries"], n["s"]))
     mlp = tokens * ab * n["rt_mlp_grad_saved"] * (1.0 + n["gated"]) * n["f"] * _moe_slots(n) / k.tp
-    stream = tokens * ab * 2.0 * n["h"] * shard(k.sp, k.tp)
+    stream = tokens * stream_bytes(n) * 2.0 * n["h"] * shard(k.sp, k.tp)
+    # ``score_grad_after_release``: the score gradients of materialised attention peak in the
+    # softmax's backward, after the MLP's backward released its saved tensors and the
+    # probabilities' copies downstream of the softmax (the compute-dtype cast, dropout's mask
+    # and output) were consumed: those bytes of the block's own are no longer live
+    lowp = (ab < 4.0).astype(jnp.result_type(float))
+    gated = n["gated"]
+    gelu = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
+    mlp_saved = ab * (gated * n["rt_mlp_gated_saved"] + (1.0 - gated) * gelu) * n["f"]
+    copies = (n["rt_score_copies"] * (1.0 - n["rt_score_cast_lowp_only"] * (1.0 - lowp))
+              * (1.0 - n["attn_dropout"] * n["rt_attn_dropout_replaces_probs"]))
+    post_softmax = n["a"] * n["s"] * (copies * ab + n["attn_dropout"]
+                                      * (1.0 + n["rt_attn_dropout_out_saved"] * ab))
+    released = (n["rt_score_grad_after_release"] * (1.0 - fl) * tokens
+                * (mlp_saved * _moe_slots(n) + post_softmax) / k.tp)
+    scores = jnp.maximum(scores - released, 0.0)
     return tf * jnp.maximum(scores, mlp) + stream
 
 
-__all__ = ["backward_transient", "block_inventory", "saved_bytes", "shard"]
+__all__ = ["autocast_mixed", "backward_transient", "block_inventory", "saved_bytes", "shard",
+           "stream_bytes"]

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from ._inputs import Knobs
-from .activations import backward_transient, saved_bytes, shard
+from .activations import backward_transient, saved_bytes, shard, stream_bytes
 
 PHASES = ("loss", "top", "rebuild", "bottom", "update")
 
@@ -176,8 +176,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     grads_all = zero_shard(f_grad, trainable, trainable_expert, k) * gb
     accumulating = step_at_least(k.grad_accum, 2.0)
     # (under accumulation the embedding's accumulator is that buffer, counted in ``accum``)
-    embed_grad = (first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"])
-                  * shard(f_grad, dp) * gb * n["rt_embed_grad_early"]
+    embed_table = (first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"])
+                   * shard(f_grad, dp) * gb)
+    embed_grad = (embed_table * n["rt_embed_grad_early"]
                   * (1.0 - accumulating * n["rt_accum_buffer"]))
     head_grad = logits_mb * (1 - lora) * (n["P_head_tp"] * vocab_share + n["P_head_rep"]) \
         * shard(f_grad, dp) * gb
@@ -187,6 +188,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     keep_all = 1.0 - fused * (1.0 - n["grad_clip"])
     keep_all = keep_all * (1.0 - fused * accumulating)     # XLA adds into the accumulator
     accum = accumulating * n["rt_accum_buffer"] * grads_all
+    # a runtime whose .grad is the accumulator (no buffer of its own, gradients kept): from
+    # the second micro-batch on, every gradient is live in every phase
+    in_grad = accumulating * (1.0 - n["rt_accum_buffer"]) * (1.0 - fused) * grads_all
     # Data parallelism: a runtime that combines the gradients' collectives (XLA's all-reduce
     # and reduce-scatter combiners, up to ``grad_combine_bytes`` per collective) keeps each
     # gradient (before its reduce-scatter: unsharded) until its group's collective runs, and
@@ -207,7 +211,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     rebuilt_full = jnp.maximum(a_none - a_full, 0.0) * n["rt_rebuild_fraction"]
     rep_div = shard(k.sp, k.tp)
     # the stage's input edge, kept for every micro-batch in flight on the first stage
-    edge = tokens * (n["act_bytes"] + n["hidden_dropout"]) * n["h"] * rep_div
+    edge = tokens * (stream_bytes(n) + n["hidden_dropout"]) * n["h"] * rep_div
     edge_bytes = edge * (first * in_flight + (1.0 - first))
     stored = layers * per_block * in_flight
     # the block under backward is its own micro-batch's: what it adds on top of the stored
@@ -237,7 +241,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     logit_div = split * k.tp + (1.0 - split)
     logits_bytes = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * per_elem / logit_div
     # the final norm's input and output (the head's input) at the loss
-    head_acts = logits_mb * tokens * n["act_bytes"] * n["h"] * 2.0 * rep_div * (1.0 - n["mlp"])
+    # (under autocast: the norm's input in the stream's dtype, the head's cast of its output)
+    head_acts = (logits_mb * tokens * (stream_bytes(n) + n["act_bytes"]) * n["h"] * rep_div
+                 * (1.0 - n["mlp"]))
 
     # --- weight casts to the compute dtype (a matmul's operand) ---
     # A stored block keeps its casts for the backward pass, a recomputed block casts again
@@ -282,13 +288,14 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     kept_bottom = keep_all * (head_grad + above_bottom)
     kept_rebuild = keep_all * (head_grad + layers * stored_share * grad_layer)
     grads = {
-        "loss": accum + embed_grad + keep_all * head_grad,
-        "top": accum + embed_grad + keep_all * head_grad + grad_layer,
+        "loss": accum + jnp.maximum(embed_grad + keep_all * head_grad, in_grad),
+        "top": accum + jnp.maximum(embed_grad + keep_all * head_grad, in_grad) + grad_layer,
         # (pending: only what the blocks above have produced, the stored ones)
-        "rebuild": accum + embed_grad + grad_layer + jnp.maximum(
+        "rebuild": accum + grad_layer + jnp.maximum(embed_grad + jnp.maximum(
             kept_rebuild, jnp.minimum(pending, multi_dp * (head_grad + layers * stored_share
-                                                           * grad_layer))),
-        "bottom": accum + embed_grad + jnp.maximum(kept_bottom, pending) + grad_layer,
+                                                           * grad_layer))), in_grad),
+        "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
+                                      in_grad) + grad_layer,
         "update": accum + jnp.maximum(keep_all * (grads_all + embed_grad), pending) + flat,
     }
     acts = {
@@ -296,7 +303,15 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
         "top": stored + edge_bytes + top_own,
         "rebuild": stored_remat + edge_bytes + rebuild_own,
         "bottom": edge_bytes + bottom_own + (in_flight - 1.0) * layers * per_block,
-        "update": 0.0 * stored,
+        # after the blocks' backward pass, the larger of: the embedding's backward (a runtime
+        # that writes its dense gradient last: the table's gradient, a tied head's waiting
+        # contribution and their sum, or the addition into an accumulated .grad) and an Adam
+        # update's temporaries (torch's foreach path: the square root of every second moment
+        # at once), on the device's share of the state
+        "update": jnp.maximum(
+            n["rt_embed_grad_last"] * embed_table * (2.0 * n["tied"] + accumulating),
+            n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
+            * zero_shard(f_opt, trainable, trainable_expert, k)) + 0.0 * stored,
     }
     logits = {"loss": logits_bytes, "top": 0.0 * logits_bytes, "rebuild": 0.0 * logits_bytes,
               "bottom": 0.0 * logits_bytes, "update": 0.0 * logits_bytes}

@@ -70,6 +70,48 @@ def predicted_terms(config: Config, scenario: Scenario, *, input_bytes: int = 0,
     }
 
 
+# --------------------------------------------------------------------------------------------
+# The torch tier measures live tensor bytes (`capopt.validation.torch_step`): the peak and what
+# was live at it by category. The cost model's allocated figure is its peak with nothing the
+# allocator or the CUDA runtime adds (context, workspaces, fragmentation set to 0), plus the
+# batch the step holds: token ids and labels of one micro-batch as int64 (exact by
+# construction, counted on both sides as with XLA's ``input_bytes``).
+TORCH_TERMS = ("peak_bytes",)
+TORCH_PARTS = ("params_bytes", "optimizer_bytes", "grads_bytes", "rest_bytes", "input_bytes",
+               "reserved_bytes")
+TORCH_ID_BYTES = 8
+
+
+def torch_input_bytes(scenario: Scenario, config: Config) -> int:
+    return 2 * TORCH_ID_BYTES * config.micro_batch * scenario.seq_len
+
+
+def predicted_torch_terms(config: Config, scenario: Scenario) -> dict[str, float]:
+    """The cost model's live-tensor peak and its parts, as the torch tier measures them, and
+    the allocator's figures: ``reserved_bytes`` (the peak with the profile's fragmentation,
+    to compare with the caching allocator's replay) and ``device_bytes`` (reserved + CUDA
+    context + workspaces, what nvidia-smi shows)."""
+    rt = scenario.runtime
+    inputs = float(torch_input_bytes(scenario, config))
+    layers = {}
+    for name, coeffs in (("reserved", dict(context_bytes=0.0, workspace_bytes=0.0)),
+                         ("device", {})):
+        est = estimate(config, scenario.replace(runtime=rt.with_coeffs(**coeffs)))
+        layers[name] = float(est.memory["total_bytes"]) + inputs
+    rt = rt.with_coeffs(context_bytes=0.0, workspace_bytes=0.0, fragmentation=0.0)
+    est = estimate(config, scenario.replace(runtime=rt))
+    m = {k: float(v) for k, v in est.memory.items()}
+    rest = (m["activations_bytes"] + m["logits_bytes"] + m["comm_bytes"]
+            + m["weight_copy_bytes"])
+    return {"peak_bytes": m["total_bytes"] + inputs, "params_bytes": m["params_bytes"],
+            "optimizer_bytes": m["optimizer_bytes"], "grads_bytes": m["grads_bytes"],
+            "rest_bytes": rest, "input_bytes": inputs, "step_s": float(est.time["step_s"]),
+            "activations_bytes": m["activations_bytes"], "logits_bytes": m["logits_bytes"],
+            "weight_copy_bytes": m["weight_copy_bytes"], "comm_bytes": m["comm_bytes"],
+            "peak_phase": m["peak_phase"], "reserved_bytes": layers["reserved"],
+            "device_bytes": layers["device"]}
+
+
 def measured_terms(memory_analysis, *, params_bytes: int, optimizer_bytes: int,
                    input_bytes: int) -> dict[str, float]:
     """XLA's `CompiledMemoryStats` as the contract's terms, with the argument breakdown."""
@@ -89,4 +131,11 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
     return (float(predicted) - float(measured)) / float(measured)
 
 
-__all__ = ["PARTS", "TERMS", "measured_terms", "predicted_terms", "relative_error"]
+def tier_terms(tier: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the terms a tier measures, the parts it breaks them into)."""
+    return (TORCH_TERMS, TORCH_PARTS) if tier == "torch" else (TERMS, PARTS)
+
+
+__all__ = ["PARTS", "TERMS", "TORCH_PARTS", "TORCH_TERMS", "measured_terms",
+           "predicted_terms", "predicted_torch_terms", "relative_error", "tier_terms",
+           "torch_input_bytes"]

@@ -262,6 +262,53 @@ def draw_cases(n: int = 160, seed: int = 0, *, hardware: Hardware | None = None,
     return cases
 
 
+# The torch tier's share of the draw: decoder styles it builds, one device, the precisions and
+# optimizers it runs (`capopt.validation.torch_step`), no LoRA.
+TORCH_STYLES = ("gpt", "llama", "gqa-wide-head", "mqa", "gemma")
+
+
+def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = None,
+                     runtime: RuntimeProfile | str = "pytorch-eager", per_shape: int = 2,
+                     ranks: tuple[int, ...] = (1, 8)) -> list[Case]:
+    """``n`` cases the torch tier runs, drawn as `draw_cases` draws (the same card styles and
+    sizes, micro-batches, sequences, accumulation, remat, flash), with the torch tier's
+    precisions and optimizers; a card's configs take the data-parallel degrees of ``ranks``
+    in turn (more than one: FSDP2 as ZeRO-2 or ZeRO-3, drawn); split by card shape the same
+    way."""
+    from .._hardware import get_hardware
+    from .torch_step import OPTIMIZERS as TORCH_OPTIMIZERS
+    from .torch_step import PRECISIONS as TORCH_PRECISIONS
+    hw = hardware or get_hardware("h100-sxm-80gb")
+    rt = get_profile(runtime) if isinstance(runtime, str) else runtime
+    rng = np.random.default_rng(seed)
+    cases: list[Case] = []
+    i = 0
+    while len(cases) < n:
+        style = TORCH_STYLES[i % len(TORCH_STYLES)]
+        i += 1
+        m = draw_model(rng, style)
+        shape = model_shape(m)
+        split = shape_split(shape)
+        for j in range(per_shape):
+            if len(cases) >= n:
+                break
+            wl, cfg = draw_config(rng, m, single_device_share=1.0)
+            wl.update(precision=_pick(rng, TORCH_PRECISIONS),
+                      optimizer=_pick(rng, TORCH_OPTIMIZERS), lora=None)
+            dp = ranks[j % len(ranks)]
+            zero = int(_pick(rng, (2, 3))) if dp > 1 else 0
+            cfg = cfg.replace(dp=dp, zero_stage=zero, sequence_parallel=False, ep=1)
+            wl["global_batch"] = cfg.micro_batch * cfg.grad_accum * dp
+            sc = Scenario(name=f"torch{seed}-{len(cases):03d}-{style}", model=m, hardware=hw,
+                          count=dp, per_node=dp, workload=Workload(**wl),
+                          budget=Budget(vram_bytes=hw.memory_bytes), runtime=rt)
+            if config_problems(cfg, sc):
+                continue
+            cases.append(Case(name=sc.name, shape=shape, split=split, scenario=sc, config=cfg,
+                              features=features(sc, cfg, style)))
+    return cases
+
+
 def describe(case: Case) -> str:
     """One line: the card's sizes and the config's knobs."""
     m, w, c = case.scenario.model, case.scenario.workload, case.config
@@ -279,5 +326,6 @@ def describe(case: Case) -> str:
             f"remat={r} {'flash' if c.flash_attention else 'mat'}")
 
 
-__all__ = ["Case", "STYLES", "describe", "draw_cases", "draw_config", "draw_model",
+__all__ = ["Case", "STYLES", "TORCH_STYLES", "describe", "draw_cases", "draw_config",
+           "draw_model", "draw_torch_cases",
            "features", "model_shape", "shape_split"]

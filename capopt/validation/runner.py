@@ -27,8 +27,8 @@ from typing import Any, Iterable
 from .._errors import CapoptError
 from .._format import bar, config_line, format_bytes, seconds, table
 from .._specs import Config, Scenario
-from .predict import PARTS, TERMS, predicted_terms, relative_error
-from .tiers import TIERS, environment, xla_gpu_available
+from .predict import predicted_terms, predicted_torch_terms, relative_error, tier_terms
+from .tiers import TIERS, environment, torch_available, xla_gpu_available
 from .worker import looks_like_oom
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -37,11 +37,15 @@ DEFAULT_TIMEOUT_S = 900.0
 def tier_scenario(scenario: Scenario, tier: str, profile: str | None = None) -> Scenario:
     """The scenario with the runtime profile of what the tier runs: ``xla-cpu`` for exact,
     ``xla-gpu`` (or the scenario's own ``xla-gpu*`` profile, e.g. a calibrated one) for the
-    GPU tiers; ``profile`` (a name or a path) overrides."""
+    GPU tiers, ``pytorch-eager`` for the torch tier; ``profile`` (a name or a path)
+    overrides."""
     from .._runtime import get_profile
     if profile is not None:
         return scenario.replace(runtime=get_profile(profile))
     own = scenario.runtime.name
+    if tier == "torch":
+        return (scenario if own.startswith("pytorch-eager")
+                else scenario.replace(runtime=get_profile("pytorch-eager")))
     if tier == "exact":
         return scenario if own == "xla-cpu" else scenario.replace(runtime=get_profile("xla-cpu"))
     if own.startswith("xla-gpu"):
@@ -109,7 +113,8 @@ class ValidationReport:
                 continue
             rows = []
             skip = ("temp_bytes", "peak_bytes") if r["tier"] == "exact" else ()
-            for k in TERMS + PARTS + ("step_s",):
+            terms, parts = tier_terms(r["tier"])
+            for k in terms + parts + ("step_s",):
                 if k in skip:
                     continue
                 p, m = r["predicted"].get(k), r["measured"].get(k)
@@ -240,16 +245,20 @@ def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int
     """The contract's record: config, tier, status, predicted, measured, error."""
     measured = result.get("measured") or {}
     details = result.get("details") or {}
+    terms, parts = tier_terms(tier)
     try:
-        predicted = predicted_terms(config, sc, input_bytes=input_bytes(sc, config),
-                                    output_leaves=int(details.get("output_leaves", 0)))
+        if tier == "torch":
+            predicted = predicted_torch_terms(config, sc)
+        else:
+            predicted = predicted_terms(config, sc, input_bytes=input_bytes(sc, config),
+                                        output_leaves=int(details.get("output_leaves", 0)))
     except Exception as e:   # a prediction that fails is itself a finding; keep going
         predicted = {}
         details["prediction_error"] = f"{type(e).__name__}: {e}"
     rec: dict[str, Any] = {
         "config": config.to_dict(), "tier": tier, "status": result.get("status", "error"),
-        "predicted": {k: predicted.get(k) for k in (*TERMS, *PARTS, "step_s")},
-        "measured": {k: measured.get(k) for k in (*TERMS, *PARTS, "step_s")},
+        "predicted": {k: predicted.get(k) for k in (*terms, *parts, "step_s")},
+        "measured": {k: measured.get(k) for k in (*terms, *parts, "step_s")},
     }
     extra_pred = {k: v for k, v in predicted.items() if k not in rec["predicted"]}
     if extra_pred:
@@ -302,7 +311,8 @@ def finished(rec: dict) -> bool:
     status = rec.get("status")
     if status == "ok":
         m = rec.get("measured")
-        return isinstance(m, dict) and all(isinstance(m.get(k), (int, float)) for k in TERMS)
+        terms = tier_terms(str(rec.get("tier")))[0]
+        return isinstance(m, dict) and all(isinstance(m.get(k), (int, float)) for k in terms)
     return status in ("oom", "error") and isinstance(rec.get("error"), str)
 
 
@@ -375,8 +385,8 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
     else:
         cands = [_as_config(c) for c in configs]
     tsc = tier_scenario(sc, tier, profile)
-    if tier == "xla-gpu":
-        ok, why = xla_gpu_available()
+    if tier in ("xla-gpu", "torch"):
+        ok, why = (xla_gpu_available if tier == "xla-gpu" else torch_available)()
         if not ok:
             raise CapoptError(why, field="--tier")
     path = Path(out) if out is not None else None

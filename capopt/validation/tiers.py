@@ -1,4 +1,4 @@
-"""The three measurement tiers. Each runs in a process whose JAX was set up for it
+"""The four measurement tiers. Each runs in a process whose JAX was set up for it
 (`environment`): call one tier per process.
 
 - ``exact``: lower and compile for ``dp * tp`` virtual CPU devices; XLA's memory analysis
@@ -9,6 +9,9 @@
   `capopt.validation.targets.xla_gpu_device_info`, autotuning off. Needs the CUDA PJRT plugin, which
   ``capopt setup xla-gpu`` installs (`capopt.validation.plugin`); the CUDA libraries themselves
   are not needed to compile. XLA's GPU buffer assignment gives temp and peak.
+- ``torch``: the step in PyTorch on fake tensors (`capopt.validation.torch_step`): the live
+  tensor bytes of every op, the peak and what was live at it by category. Needs torch
+  (``pip install 'capopt[torch]'``); no GPU.
 - ``device``: a real accelerator. Warm-up steps, then timed steps; the allocator's
   ``peak_bytes_in_use`` and ``bytes_in_use``; NVML samples through `capopt.gpu.monitor.Monitor`
   when NVML is there.
@@ -27,7 +30,7 @@ from typing import Any
 from .plugin import PLUGIN_PATH_ENV, has_plugin, plugin_path
 from .targets import xla_gpu_device_info
 
-TIERS = ("exact", "xla-gpu", "device")
+TIERS = ("exact", "xla-gpu", "torch", "device")
 # LLVM optimisation level 0 for the exact tier: it halves compile time on CPU and changes no
 # buffer (HLO passes and buffer assignment run as usual; measured identical on tiny-gpt).
 EXACT_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
@@ -54,6 +57,18 @@ def xla_gpu_available() -> tuple[bool, str]:
                    f"(or set {PLUGIN_PATH_ENV} to a folder holding it)")
 
 
+def torch_available() -> tuple[bool, str]:
+    """Whether the torch tier can run here, and why not."""
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return True, ""
+    return False, ("the torch tier needs PyTorch: pip install 'capopt[torch]' (a CPU build is "
+                   "enough; no GPU is used)")
+
+
 def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
     """Environment variables for a worker process measuring ``config`` on ``tier``."""
     env = dict(os.environ if base is None else base)
@@ -71,6 +86,9 @@ def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
         extra = plugin_path()
         if extra:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (extra, env.get("PYTHONPATH")) if p)
+    elif tier == "torch":
+        env["JAX_PLATFORMS"] = "cpu"                     # the worker imports capopt, not JAX's GPU
+        env.setdefault("OMP_NUM_THREADS", "1")           # fake tensors compute nothing
     elif tier != "device":
         raise ValueError(f"unknown tier {tier!r}")
     env["XLA_FLAGS"] = " ".join(dict.fromkeys(flags))
@@ -242,6 +260,9 @@ def run_tier(tier: str, scenario, config, **options) -> dict[str, Any]:
         return run_exact(scenario, config)
     if tier == "xla-gpu":
         return run_xla_gpu(scenario, config)
+    if tier == "torch":
+        from .torch_step import run_torch
+        return run_torch(scenario, config)
     if tier == "device":
         return run_device(scenario, config, **options)
     raise ValueError(f"unknown tier {tier!r} (allowed: {', '.join(TIERS)})")
@@ -263,4 +284,4 @@ def configure_jax_for(tier: str) -> None:
 
 
 __all__ = ["TIERS", "devices_needed", "environment", "gpu_topology", "run_device",
-           "run_exact", "run_tier", "run_xla_gpu", "xla_gpu_available"]
+           "run_exact", "run_tier", "run_xla_gpu", "torch_available", "xla_gpu_available"]

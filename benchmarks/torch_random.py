@@ -1,0 +1,254 @@
+"""Live-tensor peak on configs drawn at random, judged by the torch tier (PyTorch, fake tensors).
+
+    python benchmarks/torch_random.py [--cases 60] [--jobs 2] [--no-measure]
+
+Draws ``--cases`` configs with `capopt.validation.random_configs.draw_torch_cases` (fixed
+seed; half on one device, half on 8 ranks as FSDP2 ZeRO-2 or ZeRO-3; card shapes split into
+fitting and held-out by a hash of their sizes), runs each as a real PyTorch training step on
+fake tensors (the torch tier, one process per case, as ``capopt validate --tier torch`` does)
+and compares the ``pytorch-eager`` profile's predicted peak of live tensor bytes (its memory
+model with no context, workspace or fragmentation) with the peak the tier counted, whole and
+by part (parameters, optimizer state, gradients, the rest). It also times one tier run of a
+tiny card and of an 8B-class card (``llama-3-8b``, seq 2048, micro-batch 1, full remat).
+
+Measurements go to a JSONL file as they finish and a rerun resumes (a measurement does not
+depend on the cost model); the tables and ``--out`` (JSON) are recomputed from the current
+model every time. Needs torch (``pip install 'capopt[torch]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from capopt.validation.random_configs import Case, describe, draw_torch_cases  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+TARGETS = {"median": 0.03, "worst": 0.10}
+GROUPS = ("layout", "style", "optimizer", "clipping", "grad_accum", "precision", "remat",
+          "flash", "tied", "attention")
+PARTS = ("params_bytes", "optimizer_bytes", "grads_bytes", "rest_bytes")
+
+
+def measurement_key(case: Case) -> str:
+    sc = case.scenario
+    text = repr(("torch", sc.model, sc.workload, json.dumps(case.config.to_dict(),
+                                                            sort_keys=True)))
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def measure(cases: list[Case], path: Path, jobs: int, timeout_s: float) -> dict[str, dict]:
+    from capopt.validation.runner import _append, _run_one, load_results
+    done = {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
+    todo = [c for c in cases if measurement_key(c) not in done]
+    if not todo:
+        return done
+    print(f"measuring {len(todo)} case(s) on the torch tier ({len(done)} already in "
+          f"{path.name})", file=sys.stderr)
+    t0 = time.perf_counter()
+
+    def one(case: Case) -> dict:
+        job = {"tier": "torch", "scenario": case.scenario, "config": case.config, "index": 0,
+               "options": {}}
+        res = _run_one(job, timeout_s)
+        rec = {"key": measurement_key(case), "case": case.name, "split": case.split,
+               "describe": describe(case), "status": res.get("status", "error"),
+               "measured": res.get("measured"), "details": res.get("details", {}),
+               "error": res.get("error"), "wall_s": res.get("wall_s")}
+        _append(path, rec)
+        print(f"  [{time.perf_counter() - t0:6.0f} s] {rec['status']:<5} {rec['describe']}",
+              file=sys.stderr)
+        return rec
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for rec in pool.map(one, todo):
+            if rec["status"] == "ok":
+                done[rec["key"]] = rec
+    return done
+
+
+def summary(errors: list[float]) -> dict:
+    e = np.asarray(errors, float)
+    if not e.size:
+        return {"n": 0}
+    a = np.abs(e)
+    worst = int(np.argmax(a))
+    return {"n": int(a.size), "median_abs": float(np.median(a)),
+            "p90_abs": float(np.percentile(a, 90)), "worst_abs": float(a[worst]),
+            "worst_signed": float(e[worst]), "mean_signed": float(e.mean()),
+            "under_predicted": int((e < 0).sum())}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:5.1f}%"
+
+
+def timing_cases() -> list[tuple[str, Case]]:
+    """A tiny card and an 8B-class card, one tier run each (seconds per run)."""
+    from capopt._cards import load_card
+    from capopt._hardware import get_hardware
+    from capopt._runtime import get_profile
+    from capopt._specs import Budget, Config, Scenario, Workload
+    from capopt.validation.random_configs import features
+    hw, rt = get_hardware("h100-sxm-80gb"), get_profile("pytorch-eager")
+    out = []
+    for card, seq, cfg in (("gpt2-124m", 1024, Config(micro_batch=4)),
+                           ("llama-3-8b", 2048, Config(micro_batch=1, remat="full"))):
+        m = load_card(card)
+        sc = Scenario(name=f"timing-{card}", model=m, hardware=hw, count=1, per_node=1,
+                      workload=Workload(seq_len=seq, global_batch=cfg.micro_batch,
+                                        precision="bf16-mixed", optimizer="adamw"),
+                      budget=Budget(vram_bytes=hw.memory_bytes), runtime=rt)
+        out.append((card, Case(name=sc.name, shape=card, split="timing", scenario=sc,
+                               config=cfg, features=features(sc, cfg, "timing"))))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=120)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--measurements", default=str(RESULTS / "torch_random.jsonl"))
+    ap.add_argument("--out", default=str(RESULTS / "torch_random.json"))
+    ap.add_argument("--no-measure", action="store_true",
+                    help="only recompute the predictions for what is already measured")
+    args = ap.parse_args(argv)
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.runner import load_results
+    from capopt.validation.tiers import torch_available
+    ok, why = torch_available()
+    if not ok and not args.no_measure:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    cases = draw_torch_cases(args.cases, args.seed)
+    timing = timing_cases()
+    path = Path(args.measurements)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    every = cases + [c for _, c in timing]
+    done = ({r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
+            if args.no_measure else measure(every, path, args.jobs, args.timeout))
+    failed = [c for c in cases if measurement_key(c) not in done]
+    points = []
+    for case in cases:
+        rec = done.get(measurement_key(case))
+        if rec is None:
+            continue
+        p = predicted_torch_terms(case.config, case.scenario)
+        m = rec["measured"]
+        err = (p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"]
+        res_err = (p["reserved_bytes"] - m["reserved_bytes"]) / m["reserved_bytes"]
+        points.append({"case": case.name, "split": case.split, "describe": describe(case),
+                       "features": case.features, "measured": m, "error": err,
+                       "reserved_error": res_err,
+                       "replayed_slack": m["reserved_bytes"] / m["peak_bytes"] - 1.0,
+                       "replayed_slack_expandable": (m["reserved_expandable_bytes"]
+                                                     / m["peak_bytes"] - 1.0),
+                       "predicted": {k: p[k] for k in ("peak_bytes", *PARTS, "reserved_bytes",
+                                                       "device_bytes")},
+                       "measured_phase": rec["details"].get("peak_phase"),
+                       "predicted_phase": int(p["peak_phase"]),
+                       "wall_s": rec.get("wall_s")})
+    splits = {s: summary([q["error"] for q in points if q["split"] == s])
+              for s in ("heldout", "fit") if any(q["split"] == s for q in points)}
+    groups = {}
+    for g in GROUPS:
+        vals = sorted({str(q["features"][g]) for q in points if q["split"] == "heldout"})
+        groups[g] = {v: summary([q["error"] for q in points if q["split"] == "heldout"
+                                 and str(q["features"][g]) == v]) for v in vals}
+    parts = {}
+    for k in PARTS:
+        errs = [(q["predicted"][k] - q["measured"][k]) / q["measured"]["peak_bytes"]
+                for q in points if q["split"] == "heldout"]
+        parts[k] = summary(errs)
+    print("\nLive tensor bytes at the peak of one step, predicted (pytorch-eager profile) "
+          "against the torch tier\n")
+    print(f"{'split':<10} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7} {'mean':>7} {'under':>6}")
+    for split, s in splits.items():
+        print(f"{split:<10} {s['n']:>4} {_pct(s['median_abs']):>7} {_pct(s['p90_abs']):>7} "
+              f"{100 * s['worst_signed']:+6.1f}% {100 * s['mean_signed']:+6.1f}% "
+              f"{s['under_predicted']:>6}")
+    print("\nheld-out, error of each part as a share of the measured peak:")
+    for k, s in parts.items():
+        if s["n"]:
+            print(f"  {k:<16} median {_pct(s['median_abs'])}  worst {100 * s['worst_signed']:+6.1f}%")
+    print("\nheld-out, by feature:")
+    print(f"{'group':<12} {'value':<16} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7}")
+    for g, vals in groups.items():
+        for v, s in vals.items():
+            if s["n"]:
+                print(f"{g:<12} {v:<16} {s['n']:>4} {_pct(s['median_abs']):>7} "
+                      f"{_pct(s['p90_abs']):>7} {100 * s['worst_signed']:+6.1f}%")
+    worst = sorted((q for q in points if q["split"] == "heldout"), key=lambda q: -abs(q["error"]))
+    print("\nworst held-out cases:")
+    for q in worst[:8]:
+        print(f"  {100 * q['error']:+6.1f}%  {q['describe']}  (peak in {q['measured_phase']})")
+    held_pts = [q for q in points if q["split"] == "heldout"]
+    allocator = {
+        "reserved_error": summary([q["reserved_error"] for q in held_pts]),
+        "replayed_slack": summary([q["replayed_slack"] for q in held_pts]),
+        "replayed_slack_expandable": summary([q["replayed_slack_expandable"]
+                                              for q in held_pts]),
+        "reserved_error_by_layout": {
+            v: summary([q["reserved_error"] for q in held_pts
+                        if q["features"]["layout"] == v])
+            for v in sorted({q["features"]["layout"] for q in held_pts})},
+    }
+    if held_pts:
+        a = allocator
+        print("\nthe allocator layer (held-out): the caching allocator's rules replayed on each "
+              "step's allocation sequence (two steps, the second's reserved)")
+        print(f"  replayed reserved over the live peak: median "
+              f"{_pct(a['replayed_slack']['median_abs'])}, largest "
+              f"{_pct(a['replayed_slack']['worst_abs'])}; with expandable_segments median "
+              f"{_pct(a['replayed_slack_expandable']['median_abs'])}")
+        print(f"  predicted reserved (profile fragmentation) against replayed: median "
+              f"{_pct(a['reserved_error']['median_abs'])}, worst "
+              f"{100 * a['reserved_error']['worst_signed']:+.1f}%")
+        for v, sm in a["reserved_error_by_layout"].items():
+            print(f"    {v:<12} n={sm['n']:<3} median {_pct(sm['median_abs'])}  worst "
+                  f"{100 * sm['worst_signed']:+.1f}%")
+    times = {}
+    for card, case in timing:
+        rec = done.get(measurement_key(case))
+        if rec is not None:
+            times[card] = {"wall_s": rec.get("wall_s"), "step_s": rec["details"].get("step_s"),
+                           "params": rec["details"].get("params"),
+                           "peak_bytes": rec["measured"]["peak_bytes"]}
+    if times:
+        print("\ntime per tier run (one process: import, build, one metered step):")
+        for card, t in times.items():
+            print(f"  {card:<12} {t['params'] / 1e9:6.2f} B params  {t['wall_s']:6.1f} s in the "
+                  f"worker ({t['step_s']:.1f} s building and stepping)")
+    if failed:
+        print(f"\n{len(failed)} case(s) not measured: " + ", ".join(c.name for c in failed[:10]))
+    held = splits.get("heldout", {})
+    checks = {"median": held.get("median_abs"), "worst": held.get("worst_abs")}
+    print("\ntargets (held-out): " + "  ".join(
+        f"{k} {_pct(v)} {'<=' if v is not None and v <= TARGETS[k] else '>'} "
+        f"{100 * TARGETS[k]:.0f}%" for k, v in checks.items()))
+    import torch
+    out = {"tier": "torch", "profile": "pytorch-eager", "torch": torch.__version__,
+           "cases": args.cases, "seed": args.seed, "splits": splits, "by_feature": groups,
+           "parts": parts, "allocator": allocator, "targets": TARGETS, "checks": checks, "timing": times,
+           "points": points, "not_measured": [c.name for c in failed],
+           "total_s": time.perf_counter() - t0}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {args.out} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

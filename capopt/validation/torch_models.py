@@ -1,0 +1,270 @@
+"""PyTorch modules of the decoder family, built from a `ModelSpec` (the torch tier's models).
+
+The same architecture as `capopt.validation.models.DecoderLM`, written the way PyTorch
+training code writes it (Hugging Face Llama / GPT-2, torchtitan): ``nn.Linear`` (weight
+(out, in)), ``nn.Embedding``, ``nn.LayerNorm`` or an RMSNorm, rotary embeddings applied to
+q and k, ``F.scaled_dot_product_attention`` for fused attention (its flash kernel, grouped-query
+heads read in place) or the softmax written out when flash attention is off (as Hugging Face's
+eager attention: a float32 softmax cast back), GELU or gated SiLU MLPs, dropout where the
+card has it, a tied or untied head.
+
+Two ops are pinned to what a GPU runs, where the CPU's would save other tensors: the RMSNorm
+is an autograd function that saves its input and float32 rstd, as CUDA's fused
+``torch._fused_rms_norm`` does (the CPU's composite saves the normalised tensor too); dropout
+is ``torch.native_dropout`` with its bool mask, which ``F.dropout`` calls on CUDA (on the CPU
+it keeps a mask in the input's dtype). Parameter shapes follow
+`ModelSpec`'s groups one to one, so ``count_params(build_torch_model(spec)) ==
+spec.num_params()`` exactly.
+
+Only ``import torch`` at call time: `capopt` and the other tiers never need torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .._model import ModelSpec
+
+SUPPORTED_FAMILIES = ("decoder",)
+
+
+def _unsupported(msg: str):
+    from .step import Unsupported
+    return Unsupported(msg)
+
+
+def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple = (),
+                      param_dtype=None):
+    """The ``nn.Module`` for ``spec``; ``checkpoint[i]`` is block i's recomputation ("none",
+    "full" or "selective"); create it under a `FakeTensorMode` to allocate nothing."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    if spec.family not in SUPPORTED_FAMILIES:
+        raise _unsupported(f"the torch tier implements the {', '.join(SUPPORTED_FAMILIES)} "
+                           f"family, not {spec.family!r}")
+    if spec.is_moe:
+        raise _unsupported("the torch tier does not implement mixture-of-experts layers")
+    if spec.norms_per_layer not in (2, 4):
+        raise _unsupported(f"norms_per_layer {spec.norms_per_layer} (2 or 4)")
+    dtype = param_dtype or torch.float32
+    RMSNorm = _rms_norm_module()
+    h, hd = spec.hidden_size, spec.head_size
+    heads, kvh = spec.num_attention_heads, spec.kv_heads
+
+    def norm():
+        if spec.norm_type == "rmsnorm":
+            return RMSNorm(h, dtype)
+        return nn.LayerNorm(h, eps=1e-6, dtype=dtype)
+
+    def dropout(x, rate: float, training: bool):
+        if rate <= 0.0 or not training:
+            return x
+        return torch.native_dropout(x, rate, True)[0]
+
+    def act(x):
+        name = spec.hidden_act
+        if name in ("silu", "swish"):
+            return F.silu(x)
+        if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_tanh"):
+            return F.gelu(x, approximate="tanh")
+        if name == "relu":
+            return F.relu(x)
+        return F.gelu(x)
+
+    def rotary(x, s):
+        # (b, heads, s, d), as Hugging Face's apply_rotary_pos_emb on the first 2*(d//2) dims
+        d = x.shape[-1]
+        half = d // 2
+        freq = 1.0 / 10000.0 ** (torch.arange(half, dtype=torch.float32) / half)
+        ang = torch.arange(s, dtype=torch.float32)[:, None] * freq[None, :]
+        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+        x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            lin = lambda i, o, b: nn.Linear(i, o, bias=b, dtype=dtype)  # noqa: E731
+            self.q = lin(h, heads * hd, spec.attention_bias)
+            self.k = lin(h, kvh * hd, spec.attention_bias)
+            self.v = lin(h, kvh * hd, spec.attention_bias)
+            self.o = lin(heads * hd, h, spec.attention_out_bias)
+            self.rate = float(spec.attention_dropout)
+            self.rotary = spec.position_embedding == "rotary"
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q = self.q(x).view(b, s, heads, hd).transpose(1, 2)
+            k = self.k(x).view(b, s, kvh, hd).transpose(1, 2)
+            v = self.v(x).view(b, s, kvh, hd).transpose(1, 2)
+            if self.rotary:
+                q, k = rotary(q, s), rotary(k, s)
+            rate = self.rate if self.training else 0.0
+            if flash:
+                # the flash kernel called directly: SDPA's dispatcher on the CPU falls back to
+                # the math path (scores saved) under dropout, where CUDA's flash kernel runs;
+                # it saves what CUDA's does, the output and a float32 log-sum-exp per head
+                out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q, k, v, rate, True)[0]
+            else:
+                if kvh != heads:
+                    k = k.repeat_interleave(heads // kvh, dim=1)
+                    v = v.repeat_interleave(heads // kvh, dim=1)
+                scores = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+                mask = torch.ones(s, s, dtype=torch.bool).tril()
+                scores = scores.masked_fill(~mask, float("-inf"))
+                p = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+                p = dropout(p, rate, self.training)
+                out = p @ v
+            return self.o(out.transpose(1, 2).reshape(b, s, heads * hd))
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            f, bias = spec.intermediate_size, spec.mlp_bias
+            self.gated = spec.mlp_type == "gated"
+            self.gate = nn.Linear(h, f, bias=bias, dtype=dtype) if self.gated else None
+            self.up = nn.Linear(h, f, bias=bias, dtype=dtype)
+            self.down = nn.Linear(f, h, bias=bias, dtype=dtype)
+
+        def forward(self, x):
+            if self.gated:
+                return self.down(act(self.gate(x)) * self.up(x))
+            return self.down(act(self.up(x)))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.attn, self.norm2, self.mlp = norm(), Attention(), norm(), MLP()
+            four = spec.norms_per_layer == 4
+            self.norm3 = norm() if four else None
+            self.norm4 = norm() if four else None
+            self.rate = float(spec.hidden_dropout)
+
+        def forward(self, x):
+            a = self.attn(self.norm1(x))
+            if self.norm3 is not None:
+                a = self.norm3(a)
+            x = x + dropout(a, self.rate, self.training)
+            m = self.mlp(self.norm2(x))
+            if self.norm4 is not None:
+                m = self.norm4(m)
+            return x + dropout(m, self.rate, self.training)
+
+    class DecoderLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(spec.vocab_size, h, dtype=dtype)
+            self.pos_embed = (nn.Embedding(spec.max_position_embeddings, h, dtype=dtype)
+                              if spec.position_embedding == "learned" else None)
+            self.rate = float(spec.hidden_dropout)
+            self.blocks = nn.ModuleList([Block() for _ in range(spec.num_hidden_layers)])
+            self.final_norm = norm()
+            self.tied = spec.tie_word_embeddings
+            self.lm_head = (None if self.tied else
+                            nn.Linear(h, spec.vocab_size, bias=spec.lm_head_bias, dtype=dtype))
+            self.lm_head_bias = (nn.Parameter(torch.zeros(spec.vocab_size, dtype=dtype))
+                                 if (self.tied and spec.lm_head_bias) else None)
+            self.plan = tuple(checkpoint) + ("none",) * spec.num_hidden_layers
+
+        def forward(self, ids):
+            x = self.embed(ids)
+            if self.pos_embed is not None:
+                x = x + self.pos_embed(torch.arange(ids.shape[1]))[None]
+            x = dropout(x, self.rate, self.training)
+            for i, blk in enumerate(self.blocks):
+                x = recompute(blk, x, self.plan[i])
+            x = self.final_norm(x)
+            if self.tied:
+                logits = F.linear(x, self.embed.weight, self.lm_head_bias)
+            else:
+                logits = self.lm_head(x)
+            return logits
+
+    return DecoderLM()
+
+
+RMS_EPS = 1e-6
+
+
+def _rms_norm_function():
+    import torch
+
+    class RMSNormFunction(torch.autograd.Function):
+        """y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) in float32; saves x and
+        rstd (what CUDA's fused RMSNorm saves)."""
+
+        @staticmethod
+        def forward(ctx, x, weight):
+            x32 = x.float()
+            rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+            ctx.save_for_backward(x, weight, rstd)
+            return (x32 * rstd).to(x.dtype) * weight
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, weight, rstd = ctx.saved_tensors
+            x32, g32 = x.float(), grad.float()
+            xhat = x32 * rstd
+            gw = (g32 * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+            gx = g32 * weight.float()
+            gx = rstd * (gx - xhat * (gx * xhat).mean(-1, keepdim=True))
+            return gx.to(x.dtype), gw
+
+    return RMSNormFunction
+
+
+def _rms_norm_module():
+    import torch
+    from torch import nn
+    fn = _rms_norm_function()
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim: int, dtype):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+
+        def forward(self, x):
+            return fn.apply(x, self.weight)
+
+    return RMSNorm
+
+
+def selective_policy():
+    """PyTorch's selective activation checkpointing that keeps the projections' outputs and
+    recomputes everything else (`torch.utils.checkpoint.create_selective_checkpoint_contexts`
+    with a policy on ``mm`` and ``addmm``: the matmuls without batch dimensions, as JAX's
+    ``dots_with_no_batch_dims_saveable``; attention's batched matmuls are recomputed)."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+    save = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return (CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE)
+    return policy
+
+
+def recompute(block, x, mode: str):
+    """``block(x)`` under the recomputation ``mode`` (non-reentrant `torch.utils.checkpoint`)."""
+    if mode == "none":
+        return block(x)
+    import functools
+
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    if mode == "full":
+        return checkpoint(block, x, use_reentrant=False)
+    if mode == "selective":
+        ctx = functools.partial(create_selective_checkpoint_contexts, selective_policy())
+        return checkpoint(block, x, use_reentrant=False, context_fn=ctx)
+    raise ValueError(f"unknown recomputation {mode!r}")
+
+
+def count_params(module) -> int:
+    """Distinct parameters of ``module`` (a tied table counts once)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+__all__ = ["SUPPORTED_FAMILIES", "build_torch_model", "count_params", "recompute",
+           "selective_policy"]

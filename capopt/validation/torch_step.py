@@ -1,0 +1,270 @@
+"""The torch tier: one PyTorch training step of a candidate on fake tensors, metered.
+
+The step is what a PyTorch training loop does, from the same scenario and config as the
+other tiers: the card's model (`capopt.validation.torch_models`), ``grad_accum``
+micro-batches of ``micro_batch`` sequences, each a forward pass under autocast (bf16-mixed and
+fp16-mixed: float32 parameters are the master weights; bf16: bfloat16 parameters and state;
+fp32: none), a float32 cross-entropy and ``loss.backward()`` accumulating into ``.grad``;
+then ``clip_grad_norm_`` when the workload clips, ``optimizer.step()`` and
+``zero_grad(set_to_none=True)``. The optimizer is torch's (AdamW, Adam, SGD with or without
+momentum) on its multi-tensor (``foreach``) path, which is PyTorch's default for CUDA
+tensors. Its state is created by a first update before the metered step, so the step is a
+steady-state one.
+
+Everything runs under `FakeTensorMode` on CPU tensors: shapes, dtypes and the autograd graph
+are real, no memory is allocated, and an 8B-parameter model fits this machine. What the step
+measures is the live tensor bytes of `capopt.validation.torch_memory.LiveBytes`, not the
+caching allocator's reserved memory.
+
+Limits (what a GPU would do differently): CPU's autocast op lists; SDPA's CPU flash kernel
+(the same saved tensors as CUDA's flash attention: output and log-sum-exp); no CUDA context,
+cuBLAS or NCCL workspaces; tensor and pipeline parallelism are not run here.
+
+Data parallelism (``dp > 1``) is FSDP2 (``fully_shard``, each block and the root a group)
+over PyTorch's fake process group: this process is rank 0 of ``dp``, the collectives return
+buffers of the right shape, and the meter sees rank 0's shards, its all-gather and
+reduce-scatter buffers and the unsharded parameters FSDP2 resizes in place. ZeRO-3 reshards
+after the forward pass, ZeRO-2 does not; ZeRO-1 and plain DDP are not run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .._specs import Config, Scenario
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
+LEARNING_RATE = 1e-4
+CLIP_NORM = 1.0
+
+
+def _unsupported(msg: str):
+    from .step import Unsupported
+    return Unsupported(msg)
+
+
+def check_supported(scenario: Scenario, config: Config) -> None:
+    """Raise `Unsupported` for what the torch tier does not run."""
+    w = scenario.workload
+    if w.precision not in PRECISIONS:
+        raise _unsupported(f"the torch tier runs precisions {', '.join(PRECISIONS)}, "
+                           f"not {w.precision!r}")
+    if w.optimizer not in OPTIMIZERS:
+        raise _unsupported(f"the torch tier runs optimizers {', '.join(OPTIMIZERS)}, "
+                           f"not {w.optimizer!r}")
+    if w.lora is not None:
+        raise _unsupported("the torch tier does not run LoRA yet")
+    if config.tp > 1 or config.pp > 1 or config.ep > 1 or config.offload_optimizer:
+        raise _unsupported("the torch tier runs one device or data parallelism (tp = pp = "
+                           "ep = 1, no offload)")
+    if config.dp > 1 and config.zero_stage not in (2, 3):
+        raise _unsupported("the torch tier runs data parallelism as FSDP2 over a fake "
+                           "process group: ZeRO-2 (reshard_after_forward=False) or ZeRO-3")
+    if config.dp == 1 and config.zero_stage:
+        raise _unsupported("ZeRO needs dp > 1")
+
+
+def _dtypes(precision: str):
+    import torch
+    return {"fp32": (torch.float32, None), "bf16-mixed": (torch.float32, torch.bfloat16),
+            "fp16-mixed": (torch.float32, torch.float16),
+            "bf16": (torch.bfloat16, None)}[precision]
+
+
+def _optimizer(name: str, params):
+    import torch
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=True)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=LEARNING_RATE, foreach=True)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=LEARNING_RATE, foreach=True)
+    return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
+
+
+def remat_plan(config: Config, layers: int) -> tuple[str, ...]:
+    from .step import remat_plan as plan
+    return plan(config, layers)
+
+
+def _state_tensors(opt):
+    import torch
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                yield v
+
+
+def _fake_mesh(dp: int):
+    """A device mesh of ``dp`` CPU ranks over PyTorch's fake process group (this process is
+    rank 0; collectives return tensors of the right shape and move nothing). Built outside
+    `FakeTensorMode`: the mesh reads its rank table."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    if dist.is_initialized() and dist.get_world_size() != dp:
+        dist.destroy_process_group()
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dp)
+    return init_device_mesh("cpu", (dp,))
+
+
+def _local(t):
+    """The rank's own shard of a (D)Tensor."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+class _TrackResize:
+    """Route ``UntypedStorage.resize_`` (FSDP2's free and refill of unsharded parameters) to
+    the meter while the step runs."""
+
+    def __init__(self, meter):
+        self.meter = meter
+
+    def __enter__(self):
+        import torch
+        self.orig = orig = torch.UntypedStorage.resize_
+        meter = self.meter
+
+        def resize_(storage, nbytes):
+            out = orig(storage, nbytes)
+            meter.resized(storage, int(nbytes))
+            return out
+        torch.UntypedStorage.resize_ = resize_
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+        torch.UntypedStorage.resize_ = self.orig
+        return False
+
+
+def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> dict[str, Any]:
+    """Measure one steady-state step: ``{"measured": {...}, "details": {...}}``; with
+    ``explain``, ``details["live_at_peak"]`` lists what was live at the peak (category, op,
+    dtype, shape, bytes), largest first."""
+    check_supported(scenario, config)
+    import torch
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .torch_memory import LiveBytes
+    from .torch_models import build_torch_model, count_params
+
+    spec, w = scenario.model, scenario.workload
+    param_dtype, autocast = _dtypes(w.precision)
+    plan = remat_plan(config, spec.num_hidden_layers)
+    t0 = time.perf_counter()
+    mesh = _fake_mesh(config.dp) if config.dp > 1 else None
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        model = build_torch_model(spec, flash=config.flash_attention, checkpoint=plan,
+                                  param_dtype=param_dtype)
+        model.train()
+        if mesh is not None:
+            # FSDP2, torchtitan's wrapping: each block its own group, the root (embeddings,
+            # final norm, head) another; ZeRO-3 frees a block's unsharded parameters after
+            # its forward pass, ZeRO-2 keeps them to its backward pass
+            from torch.distributed.fsdp import fully_shard
+            reshard = config.zero_stage == 3
+            for blk in model.blocks:
+                fully_shard(blk, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = _optimizer(w.optimizer, params)
+        # fp16-mixed: dynamic loss scaling as torch.amp.GradScaler does it (the loss times the
+        # scale, then _amp_foreach_non_finite_check_and_unscale_ on every gradient), with the
+        # step taken unconditionally: GradScaler's skip reads found_inf on the host, which
+        # fake tensors cannot answer, and a skipped step allocates nothing more
+        scale = torch.full((), 2.0 ** 16) if w.precision == "fp16-mixed" else None
+        # a first update creates the optimizer state: the metered step is a steady one
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        b, s = config.micro_batch, scenario.seq_len
+        meter = LiveBytes()
+        meter.explain = explain
+        with meter, _TrackResize(meter):
+            meter.register([_local(t) for t in list(model.parameters()) + list(model.buffers())],
+                           "params")
+            meter.register([_local(t) for t in _state_tensors(opt)], "optimizer")
+            if scale is not None:
+                meter.register([scale], "optimizer")
+            meter.reset_peak()
+            hooks = [blk.register_full_backward_pre_hook(
+                lambda mod, g, i=i: meter.set_phase(f"backward:block{i}"))
+                for i, blk in enumerate(model.blocks)]
+            for _ in range(config.grad_accum):
+                meter.set_phase("data")          # one micro-batch at a time, as a loader
+                ids = torch.randint(0, spec.vocab_size, (b, s))
+                labels = torch.randint(0, spec.vocab_size, (b, s))
+                meter.mark([ids, labels], "inputs")
+                meter.set_phase("forward")
+                ctx = (torch.autocast("cpu", dtype=autocast) if autocast is not None
+                       else _null())
+                with ctx:
+                    logits = model(ids)
+                meter.set_phase("loss")
+                loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
+                                       labels.view(-1)) / config.grad_accum
+                del logits
+                meter.set_phase("backward")
+                (loss * scale if scale is not None else loss).backward()
+                del loss, ids, labels
+            meter.set_phase("update")
+            grads = [_local(p.grad) for p in params if p.grad is not None]
+            meter.mark(grads, "grads")
+            del grads
+            if scale is not None:
+                found_inf = torch.zeros(())
+                torch._amp_foreach_non_finite_check_and_unscale_(
+                    [_local(p.grad) for p in params if p.grad is not None], found_inf,
+                    scale.reciprocal())
+                del found_inf
+            if w.grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, CLIP_NORM, foreach=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            meter.set_phase("done")
+            for hk in hooks:
+                hk.remove()
+        n_params = count_params(model)
+    by_cat = meter.breakdown()
+    measured = {"peak_bytes": int(meter.peak), "params_bytes": by_cat["params"],
+                "optimizer_bytes": by_cat["optimizer"], "grads_bytes": by_cat["grads"],
+                "rest_bytes": (by_cat["weight_casts"] + by_cat["activations"]
+                               + by_cat["temporaries"] + by_cat["gathered"]),
+                "input_bytes": by_cat["inputs"], "weight_casts_bytes": by_cat["weight_casts"],
+                "gathered_bytes": by_cat["gathered"],
+                "activations_bytes": by_cat["activations"],
+                "temporaries_bytes": by_cat["temporaries"]}
+    details = {"peak_phase": meter.peak_phase, "phase_peaks": dict(meter.phase_peaks),
+               "params": n_params, "param_tensors": len(params), "events": len(meter.events),
+               "torch": torch.__version__, "step_s": time.perf_counter() - t0,
+               "remat": list(plan), "attention": "sdpa" if config.flash_attention else "math"}
+    # the caching allocator's view of the same sequence (`capopt.validation.caching_allocator`)
+    from .caching_allocator import replay
+    for expandable, tag in ((False, ""), (True, "_expandable")):
+        r = replay(meter.events, start=meter.step_start, expandable_segments=expandable)
+        measured[f"allocated_blocks{tag}_bytes"] = r["peak_allocated_bytes"]
+        measured[f"reserved{tag}_bytes"] = r["reserved_after_pass2"]
+        details[f"reserved{tag}_after_first_step_bytes"] = r["reserved_after_pass1"]
+    if explain:
+        rows = [(meter.category(sid), *meter.origin.get(sid, ("(before the step)", "", ())),
+                 nbytes) for sid, nbytes in meter.live_at_peak().items()]
+        details["live_at_peak"] = sorted(rows, key=lambda r: -r[-1])
+    return {"measured": measured, "details": details}
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+__all__ = ["OPTIMIZERS", "PRECISIONS", "check_supported", "run_torch"]
