@@ -92,6 +92,13 @@ SCHEMA: dict[str, Coeff] = {
     "zero3_prefetch_layers": _c(2, "blocks gathered at once: the one in use and the prefetched"),
     "zero3_max_live_params": _c(1e15, "gathered parameters resident at most, elements "
                                       "(DeepSpeed stage3_max_live_parameters)"),
+    "zero3_root_group": _c(0, "1: the embeddings, final norm and head are one sharded group, "
+                              "gathered from the forward pass to the end of the backward pass "
+                              "(ZeRO-3), its unsharded gradient live from the head's backward "
+                              "to the end (ZeRO-2/3)"),
+    "zero_unsharded_grad_copies": _c(0, "unsharded copies of a block's gradients live while "
+                                        "it is differentiated under ZeRO-2/3 (before the "
+                                        "reduce-scatter)"),
     "zero3_keeps_stored_gathered": _c(0, "1: a block that is not recomputed keeps its gathered "
                                          "(compute-dtype) weights for its backward pass"),
     # --- which buffers are live together (the phase walk, capopt.cost.memory) ---

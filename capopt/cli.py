@@ -47,6 +47,11 @@ def render_plan(p: dict, title: str | None = None) -> str:
             for key, label in MEMORY_LABELS]
     rows.append(("total", gib(total), "100.0%", ""))
     lines.append(table(rows, ["per device (GiB)", "GiB", "share", ""], "lrrl"))
+    if "allocated_bytes" in mem and mem["allocated_bytes"] < total:
+        lines.append(f"of the total: live tensors {gib(mem['allocated_bytes'])} GiB "
+                     f"(allocated), held by the allocator {gib(mem['reserved_bytes'])} GiB "
+                     "(reserved);\nthe total adds the CUDA context and library workspaces "
+                     "(what nvidia-smi shows)")
     budget = mem["budget_bytes"]
     verdict = "FITS" if p["fits"] else "DOES NOT FIT"
     lines.append(f"budget {gib(budget)} GiB usable of {gib(mem['vram_bytes'])} GiB: {verdict} "

@@ -59,6 +59,22 @@ def test_plan_json_follows_the_output_contract(tmp_path, capsys):
     assert d["config"]["micro_batch"] == 2 and d["config"]["grad_accum"] == 2
 
 
+def test_plan_reports_allocated_reserved_and_device_memory_apart(capsys):
+    """Published figures are torch.cuda.max_memory_allocated, max_memory_reserved or
+    nvidia-smi: the three are reported, ordered, and they differ by the profile's
+    fragmentation and its CUDA context + workspaces."""
+    code, out, _ = run(["plan", "llama2-13b-zero3-8xa100", "--json"], capsys)
+    assert code == 0
+    m = json.loads(out)["memory"]
+    assert m["allocated_bytes"] < m["reserved_bytes"] < m["total_bytes"]
+    from capopt._runtime import get_profile
+    rt = get_profile("pytorch")
+    gap = m["total_bytes"] - m["reserved_bytes"]
+    assert abs(gap - rt.coeff("context_bytes") - rt.coeff("workspace_bytes")) < 1.0
+    code, out, _ = run(["plan", "llama2-13b-zero3-8xa100"], capsys)
+    assert "live tensors" in out and "reserved" in out and "nvidia-smi" in out
+
+
 def test_plan_table_shows_memory_time_and_throughput(tmp_path, capsys):
     code, out, _ = run(["plan", write(tmp_path, GOOD), "--set", "remat=full"], capsys)
     assert code == 0

@@ -275,9 +275,19 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     gather_window = f_param * jnp.minimum(in_use * gathered_layer, bounded) * gather_bytes
     gather_stored = f_param * keep * layers * w_none * gathered_layer * gather_bytes
     gathered = jnp.maximum(gather_window, gather_stored)
+    # FSDP-style groups (``zero3_root_group``): the embeddings, final norm and head are one
+    # group; under ZeRO-3 it is gathered whole from the forward pass to the end of the
+    # backward pass. Under ZeRO-2/3 its unsharded gradient lives from the head's backward to
+    # the end, and each block's unsharded gradients sit beside their flat reduce-scatter
+    # input (``zero_unsharded_grad_copies``) while the block is differentiated.
+    root = n["rt_zero3_root_group"] * (1.0 - 1.0 / dp) * extra_params
+    root_gathered = f_param * root * n["param_bytes"]
+    root_grad = f_grad * (1 - lora) * root * gb
+    block_unsharded = (f_grad * n["rt_zero_unsharded_grad_copies"]
+                       * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * gb)
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
     p2p = step_at_least(k.pp, 2.0) * 2.0 * tokens * n["h"] * n["act_bytes"] * rep_div
-    comm_bytes = gathered + buckets + p2p
+    comm_bytes = gathered + buckets + p2p + root_gathered
 
     # --- the phases ---
     # gradients live in each phase: the accumulator always (under accumulation), the head's
@@ -287,15 +297,17 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     stored_share = jnp.where(layers > 0, w_none, 0.0)
     kept_bottom = keep_all * (head_grad + above_bottom)
     kept_rebuild = keep_all * (head_grad + layers * stored_share * grad_layer)
+    dp_bwd = root_grad + block_unsharded       # (FSDP groups' unsharded gradients)
     grads = {
         "loss": accum + jnp.maximum(embed_grad + keep_all * head_grad, in_grad),
-        "top": accum + jnp.maximum(embed_grad + keep_all * head_grad, in_grad) + grad_layer,
+        "top": accum + jnp.maximum(embed_grad + keep_all * head_grad, in_grad) + grad_layer
+        + dp_bwd,
         # (pending: only what the blocks above have produced, the stored ones)
         "rebuild": accum + grad_layer + jnp.maximum(embed_grad + jnp.maximum(
             kept_rebuild, jnp.minimum(pending, multi_dp * (head_grad + layers * stored_share
-                                                           * grad_layer))), in_grad),
+                                                           * grad_layer))), in_grad) + dp_bwd,
         "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
-                                      in_grad) + grad_layer,
+                                      in_grad) + grad_layer + dp_bwd,
         "update": accum + jnp.maximum(keep_all * (grads_all + embed_grad), pending) + flat,
     }
     acts = {
@@ -324,8 +336,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     }
     comm = {
         "loss": comm_bytes, "top": comm_bytes,
-        "rebuild": gather_window + buckets + p2p,
-        "bottom": gather_window + buckets + p2p,
+        "rebuild": gather_window + buckets + p2p + root_gathered,
+        "bottom": gather_window + buckets + p2p + root_gathered,
         "update": buckets + 0.0 * comm_bytes,
     }
     # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)
@@ -346,6 +358,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     out["optimizer_bytes"] = w * optimizer_bytes
     out["total_bytes"] = totals[which]
     out["weight_copy_bytes"] = w * cast[which]
+    # the three figures people compare: live tensors (allocated), what the caching allocator
+    # holds (reserved: + fragmentation) and what the device shows (+ context, workspaces)
+    frag = w * n["rt_fragmentation"] * dynamic[which]
+    out["reserved_bytes"] = (out["total_bytes"] - w * (n["rt_context_bytes"]
+                                                       + n["rt_workspace_bytes"]))
+    out["allocated_bytes"] = out["reserved_bytes"] - frag
     out["peak_phase"] = which.astype(totals.dtype)
     out.update({f"phase_{p}_bytes": totals[i] for i, p in enumerate(PHASES)})
     out.update({
