@@ -224,14 +224,18 @@ def main(argv=None) -> int:
     for card, case in timing:
         rec = done.get(measurement_key(case))
         if rec is not None:
+            pred = predicted_torch_terms(case.config, case.scenario)["peak_bytes"]
+            meas = rec["measured"]["peak_bytes"]
             times[card] = {"wall_s": rec.get("wall_s"), "step_s": rec["details"].get("step_s"),
-                           "params": rec["details"].get("params"),
-                           "peak_bytes": rec["measured"]["peak_bytes"]}
+                           "params": rec["details"].get("params"), "peak_bytes": meas,
+                           "predicted_peak_bytes": pred, "error": (pred - meas) / meas,
+                           "describe": describe(case)}
     if times:
         print("\ntime per tier run (one process: import, build, one metered step):")
         for card, t in times.items():
             print(f"  {card:<12} {t['params'] / 1e9:6.2f} B params  {t['wall_s']:6.1f} s in the "
-                  f"worker ({t['step_s']:.1f} s building and stepping)")
+                  f"worker ({t['step_s']:.1f} s building and stepping); peak "
+                  f"{t['peak_bytes'] / 2**30:.2f} GiB, predicted {100 * t['error']:+.1f}%")
     if failed:
         print(f"\n{len(failed)} case(s) not measured: " + ", ".join(c.name for c in failed[:10]))
     held = splits.get("heldout", {})

@@ -157,6 +157,9 @@ SCHEMA: dict[str, Coeff] = {
     "logits_follow_sp": _c(0, "1: under sequence parallelism the head runs on the device's "
                               "slice of the sequence (logits split over tp)"),
     # --- weights ---
+    "autocast_weight_cache": _c(0, "1: every weight's compute-dtype cast is cached to the end "
+                                   "of the forward pass, recomputed blocks' too (autocast's "
+                                   "cast cache)"),
     "weight_copy_fraction": _c(0, "share of the compute-dtype weight casts kept live"),
     "adam_update_copies": _c(0, "parameter-sized optimizer-state-dtype temporaries of an Adam "
                                 "update (on the device's share of the state)"),

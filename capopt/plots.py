@@ -711,13 +711,21 @@ def predicted_vs_measured(results, keys: Sequence[str] = MEASURED_BYTES, *,
     return fig
 
 
-def peak_errors(points: Sequence[Mapping], *, title: str | None = None) -> Figure:
-    """Error of the predicted peak against XLA's, case by case, per split.
+PEAK_ERROR_GROUPS = {"fit": ("fitting split", "o", "C0"),
+                     "heldout": ("held-out split", "s", "C3"),
+                     "full-size": ("full-size cards", "D", "C2")}
+
+
+def peak_errors(points: Sequence[Mapping], *, title: str | None = None,
+                groups: Mapping[str, tuple[str, str, str]] | None = None) -> Figure:
+    """Error of the predicted peak against an oracle's, case by case, per group.
 
     Args:
       points: the ``points`` of ``benchmarks/results/memory_random.json``, each with
         ``split`` (``fit``, ``heldout`` or ``full-size``), ``measured_peak_bytes`` and
         ``error`` (predicted / measured - 1).
+      groups: ``split`` value -> (legend name, marker, colour); the memory_random splits by
+        default. The first group is drawn hollow.
 
     Returns:
       A `Figure`: error (%) against measured peak (MiB, log), one series per split
@@ -729,19 +737,18 @@ def peak_errors(points: Sequence[Mapping], *, title: str | None = None) -> Figur
     for band, shade in ((8, "0.94"), (5, "0.88"), (2, "0.80")):
         ax.axhspan(-band, band, color=shade, gid=f"band{band}", label=f"within {band}%")
     ax.axhline(0, color="0.3", lw=0.8)
-    style = {"fit": ("o", "C0"), "heldout": ("s", "C3"), "full-size": ("D", "C2")}
-    names = {"fit": "fitting split", "heldout": "held-out split",
-             "full-size": "full-size cards"}
-    for group, (marker, colour) in style.items():
+    groups = dict(groups or PEAK_ERROR_GROUPS)
+    first = next(iter(groups), None)
+    for group, (name, marker, colour) in groups.items():
         sel = [p for p in points if p.get("split") == group and p.get("error") is not None]
         if not sel:
             continue
         x = [p["measured_peak_bytes"] / 2**20 for p in sel]
         y = [100 * p["error"] for p in sel]
         a = np.abs(y)
-        ax.scatter(x, y, marker=marker, facecolors="none" if group == "fit" else colour,
+        ax.scatter(x, y, marker=marker, facecolors="none" if group == first else colour,
                    edgecolors=colour, s=30, lw=1.0, gid=f"err:{group}",
-                   label=f"{names[group]}: median {np.median(a):.1f}%, "
+                   label=f"{name}: median {np.median(a):.1f}%, "
                          f"p90 {np.percentile(a, 90):.1f}%, worst {a.max():.1f}% (n={len(sel)})")
     ax.set_xscale("log")
     ax.set_xlabel("measured peak per device (MiB)")

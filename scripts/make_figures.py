@@ -13,6 +13,8 @@ Figures:
   xla_gpu_peak_errors.png  predicted vs XLA-measured peak on random configs (fitting and
                         held-out splits, full-size cards), from
                         benchmarks/results/memory_random.json (no compiling)
+  torch_peak_errors.png  predicted vs torch-tier peak of live tensors on the never-examined
+                        draw (seed 1), by layout, from benchmarks/results/torch_random_seed1.json
 """
 
 from __future__ import annotations
@@ -73,10 +75,24 @@ def validation_figure():
     return plots.peak_errors(d["points"])
 
 
+def torch_figure():
+    import json
+    d = json.loads((ROOT / "benchmarks" / "results" / "torch_random_seed1.json").read_text())
+    pts = [{"split": q["features"]["layout"], "measured_peak_bytes": q["measured"]["peak_bytes"],
+            "error": q["error"]} for q in d["points"]]
+    groups = {"1 device": ("one device", "o", "C0"),
+              "dp ZeRO-2": ("FSDP2 ZeRO-2, 8 ranks", "s", "C1"),
+              "dp ZeRO-3": ("FSDP2 ZeRO-3, 8 ranks", "D", "C3")}
+    return plots.peak_errors(pts, groups=groups, title=(
+        "live-tensor peak on random configs (seed 1, never examined): pytorch-eager profile "
+        "against the torch tier"))
+
+
 FIGURES = {"memory": ("memory_breakdown.png", memory_figure),
            "pareto": ("pareto.png", pareto_figure),
            "heatmap": ("heatmap_tp_pp.png", heatmap_figure),
-           "validation": ("xla_gpu_peak_errors.png", validation_figure)}
+           "validation": ("xla_gpu_peak_errors.png", validation_figure),
+           "torch": ("torch_peak_errors.png", torch_figure)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,11 @@ inventory). What is live at once is a walk over the phases of one step on one de
 ``bottom``    the backward pass of the first block: its own activations and transients and
               every other block's gradients when they must stay live;
 ``update``    after the backward pass: every gradient (when clipping needs them all) and the
-              optimizer's temporaries.
+              optimizer's temporaries;
+``forward``   the forward pass's end, before the loss: every block's saved activations, the
+              head's output, and every weight cast a runtime caches for the whole forward
+              pass (autocast: recomputed blocks' too). Last in the order, so that a tie goes
+              to the phases above.
 
 Between ``top`` and ``bottom`` the live set is linear in the block index, so its largest
 value is at one of the ends. Which gradients stay live is the runtime's rule:
@@ -36,7 +40,7 @@ import jax.numpy as jnp
 from ._inputs import Knobs
 from .activations import backward_transient, saved_bytes, shard, stream_bytes
 
-PHASES = ("loss", "top", "rebuild", "bottom", "update")
+PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward")
 
 
 def step_at_least(x, threshold):
@@ -178,6 +182,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # (under accumulation the embedding's accumulator is that buffer, counted in ``accum``)
     embed_table = (first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"])
                    * shard(f_grad, dp) * gb)
+    # (the dense gradient itself is the whole table: ZeRO splits it only once reduced)
+    embed_full = first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"]) * gb
     embed_grad = (embed_table * n["rt_embed_grad_early"]
                   * (1.0 - accumulating * n["rt_accum_buffer"]))
     head_grad = logits_mb * (1 - lora) * (n["P_head_tp"] * vocab_share + n["P_head_rep"]) \
@@ -249,12 +255,16 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # A stored block keeps its casts for the backward pass, a recomputed block casts again
     # when it is rebuilt (one block's worth); the head's cast is live at the loss; the
     # embedding table is read by a gather, never cast whole.
+    # (autocast casts the weight the module holds: under ZeRO-3 / FSDP the gathered one)
+    cast_share = n["rt_autocast_casts"] + (1.0 - n["rt_autocast_casts"]) * shard(f_param, dp)
     wcb = n["weight_copy_bytes"] * (1 - lora) * n["rt_weight_copy_fraction"]
-    cast_layer = wcb * shard(f_param, dp) * per_layer
-    cast_head = logits_mb * wcb * shard(f_param, dp) * (
+    cast_layer = wcb * cast_share * per_layer
+    cast_head = logits_mb * wcb * cast_share * (
         n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share
     casts_stored = layers * w_none * cast_layer
     casts_rebuilt = (w_sel + w_full) * cast_layer
+    # a runtime that caches every cast for the whole forward pass (``autocast_weight_cache``)
+    casts_cached = jnp.maximum(casts_stored, n["rt_autocast_weight_cache"] * layers * cast_layer)
 
     # --- ZeRO-3 gathered weights ---
     # Whole blocks gathered for compute (the layer in use plus prefetch); the device's own
@@ -309,6 +319,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
         "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
                                       in_grad) + grad_layer + dp_bwd,
         "update": accum + jnp.maximum(keep_all * (grads_all + embed_grad), pending) + flat,
+        "forward": accum + in_grad,
     }
     acts = {
         "loss": stored + edge_bytes + head_acts,
@@ -317,28 +328,36 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
         "bottom": edge_bytes + bottom_own + (in_flight - 1.0) * layers * per_block,
         # after the blocks' backward pass, the larger of: the embedding's backward (a runtime
         # that writes its dense gradient last: the table's gradient, a tied head's waiting
-        # contribution and their sum, or the addition into an accumulated .grad) and an Adam
+        # contribution and their sum, or the addition into an accumulated .grad; with FSDP
+        # groups, the root's gathered weights and unsharded gradient still live) and an Adam
         # update's temporaries (torch's foreach path: the square root of every second moment
         # at once), on the device's share of the state
         "update": jnp.maximum(
-            n["rt_embed_grad_last"] * embed_table * (2.0 * n["tied"] + accumulating),
+            n["rt_embed_grad_last"] * (embed_full * (2.0 * n["tied"] + accumulating)
+                                       + root_gathered + root_grad),
             n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
             * zero_shard(f_opt, trainable, trainable_expert, k)) + 0.0 * stored,
+        "forward": stored + edge_bytes + head_acts,
     }
+    # (at the forward pass's end: the head's output, one compute-dtype copy)
+    logits_fwd = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * n["act_bytes"] / logit_div
     logits = {"loss": logits_bytes, "top": 0.0 * logits_bytes, "rebuild": 0.0 * logits_bytes,
-              "bottom": 0.0 * logits_bytes, "update": 0.0 * logits_bytes}
+              "bottom": 0.0 * logits_bytes, "update": 0.0 * logits_bytes,
+              "forward": logits_fwd}
     casts = {
         "loss": casts_stored + cast_head,
         "top": casts_stored + casts_rebuilt,
         "rebuild": casts_rebuilt,
         "bottom": jnp.minimum(casts_stored, cast_layer) + casts_rebuilt,
         "update": 0.0 * casts_stored,
+        "forward": casts_cached + cast_head,
     }
     comm = {
         "loss": comm_bytes, "top": comm_bytes,
         "rebuild": gather_window + buckets + p2p + root_gathered,
         "bottom": gather_window + buckets + p2p + root_gathered,
         "update": buckets + 0.0 * comm_bytes,
+        "forward": comm_bytes,
     }
     # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)
     exists = {"rebuild": remat_share}

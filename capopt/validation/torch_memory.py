@@ -20,7 +20,8 @@ reads what was live at the peak by category:
                  unsharded parameters of a sharded module while it runs).
 
 Under `FakeTensorMode` nothing is allocated: the sizes are those the real step would ask the
-allocator for (``nbytes`` of each storage, before the allocator's rounding).
+allocator for (``nbytes`` of each storage, before the allocator's rounding). A DTensor (FSDP2's
+sharded parameters, their gradients and optimizer state) is counted by its local shard.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ import weakref
 CATEGORIES = ("params", "optimizer", "inputs", "grads", "weight_casts", "activations",
               "temporaries", "gathered")
 FORWARD_PHASES = ("forward", "loss")
+
+
+def _local(t):
+    """A DTensor's local shard (its wrapper's storage stands for the global shape and holds
+    nothing); any other tensor itself."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if inner is not None else t
 
 
 def _dispatch_base():
@@ -63,6 +71,7 @@ class LiveBytes(_dispatch_base()):
         import torch
         if not isinstance(t, torch.Tensor):
             return None
+        t = _local(t)
         st = t.untyped_storage()
         sid = self._ids.get(st)
         if sid is not None:
@@ -146,10 +155,11 @@ class LiveBytes(_dispatch_base()):
         out = func(*args, **(kwargs or {}))
         cast_of_param = (func in (torch.ops.aten._to_copy.default,)
                          and args and isinstance(args[0], torch.Tensor)
-                         and self._ids.get(args[0].untyped_storage()) in self._param_storages)
+                         and self._ids.get(_local(args[0]).untyped_storage())
+                         in self._param_storages)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                known = self._ids.get(t.untyped_storage()) is not None
+                known = self._ids.get(_local(t).untyped_storage()) is not None
                 sid = self._storage_id(t)
                 if cast_of_param and not known and sid is not None:
                     self._kind[sid] = "weight_casts"
