@@ -292,7 +292,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # input (``zero_unsharded_grad_copies``) while the block is differentiated.
     root = n["rt_zero3_root_group"] * (1.0 - 1.0 / dp) * extra_params
     root_gathered = f_param * root * n["param_bytes"]
-    root_grad = f_grad * (1 - lora) * root * gb
+    # (through the backward pass the root's unsharded gradient is the head's: a tied table's
+    # contribution, or the head's own weights; the embedding's comes at the end)
+    head_share = (n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share + n["P_head_rep"]
+    root_grad = (f_grad * (1 - lora) * n["rt_zero3_root_group"] * (1.0 - 1.0 / dp)
+                 * logits_mb * head_share * gb)
     block_unsharded = (f_grad * n["rt_zero_unsharded_grad_copies"]
                        * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * gb)
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
@@ -334,7 +338,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
         # at once), on the device's share of the state
         "update": jnp.maximum(
             n["rt_embed_grad_last"] * (embed_full * (2.0 * n["tied"] + accumulating)
-                                       + root_gathered + root_grad),
+                                       + root_gathered + root_grad
+                                       + f_grad * n["rt_zero3_root_group"] * (1.0 - 1.0 / dp)
+                                       * (1.0 - n["tied"]) * embed_full),
             n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
             * zero_shard(f_opt, trainable, trainable_expert, k)) + 0.0 * stored,
         "forward": stored + edge_bytes + head_acts,
@@ -352,12 +358,15 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
         "update": 0.0 * casts_stored,
         "forward": casts_cached + cast_head,
     }
+    # FSDP-style groups are gathered when the pass reaches them (pre-forward and pre-backward
+    # hooks): at the forward pass's end only the root is, at the loss's backward none yet
+    fsdp = n["rt_zero3_root_group"]
     comm = {
-        "loss": comm_bytes, "top": comm_bytes,
+        "loss": comm_bytes - fsdp * (gathered + root_gathered), "top": comm_bytes,
         "rebuild": gather_window + buckets + p2p + root_gathered,
         "bottom": gather_window + buckets + p2p + root_gathered,
         "update": buckets + 0.0 * comm_bytes,
-        "forward": comm_bytes,
+        "forward": comm_bytes - fsdp * gathered,
     }
     # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)
     exists = {"rebuild": remat_share}
