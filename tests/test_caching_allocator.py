@@ -72,3 +72,20 @@ def test_replay_reuses_the_cache_on_the_second_step():
     events = [(1, 0, 12 * MiB), (0, 0, 0), (0, 0, 12 * MiB)]
     r = replay(events, start=1, passes=1)
     assert r["reserved_after_pass1"] == 12 * MiB
+
+
+def test_expandable_segments_reuse_the_mapped_tail_and_holes():
+    """The mapped range past a request is a free block (``map_block``): a later request
+    that fits it, or a freed hole, takes no new page."""
+    a = CachingAllocator(expandable_segments=True)
+    x = a.malloc(3 * MiB)
+    a.malloc(14 * MiB + 512 * KiB)        # 17.5 MiB used of one 20 MiB page
+    a.free(x)                             # a 3 MiB hole at the start
+    a.malloc(2 * MiB)                     # fits the 2.5 MiB left at the end, or the hole
+    a.malloc(3 * MiB)                     # fits what is left of those
+    assert a.reserved == 20 * MiB
+
+
+def test_a_resize_between_two_sizes_holds_both_while_it_copies():
+    r = replay([(1, 0, 8 * MiB), (0, 0, 9 * MiB)], start=0, passes=1)
+    assert r["peak_allocated_bytes"] == 8 * MiB + 9 * MiB

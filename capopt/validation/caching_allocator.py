@@ -141,7 +141,9 @@ class CachingAllocator:
             pages = -(-(need - pool.mapped) // pool.page)
             pool.mapped += pages * pool.page
             self.reserved += pages * pool.page
-        blk.size = max(blk.size, size)
+        # the whole mapped range after the block's start is one block (``map_block``); the
+        # split in `malloc` returns what the request does not use to the free list
+        blk.size = base + pool.mapped - blk.addr
         return blk
 
     def malloc(self, nbytes: int) -> _Block | None:
@@ -212,7 +214,13 @@ def replay(events, *, start: int = 0, expandable_segments: bool = False,
 
     def run(evs) -> None:
         for sign, sid, nbytes in evs:
-            alloc.free(blocks.pop(sid, None))
+            old = blocks.pop(sid, None)
+            if sign == 0 and nbytes and old is not None:
+                # a resize from one size to another allocates, copies, then frees
+                blocks[sid] = alloc.malloc(nbytes)
+                alloc.free(old)
+                continue
+            alloc.free(old)
             if sign > 0 or (sign == 0 and nbytes):
                 blocks[sid] = alloc.malloc(nbytes)
 

@@ -153,13 +153,20 @@ class LiveBytes(_dispatch_base()):
         import torch
         from torch.utils._pytree import tree_leaves
         out = func(*args, **(kwargs or {}))
-        cast_of_param = (func in (torch.ops.aten._to_copy.default,)
-                         and args and isinstance(args[0], torch.Tensor)
-                         and self._ids.get(_local(args[0]).untyped_storage())
-                         in self._param_storages)
+        cast_of_param = False
+        if (func is torch.ops.aten._to_copy.default and args
+                and isinstance(args[0], torch.Tensor)):
+            src = self._ids.get(_local(args[0]).untyped_storage())
+            # a parameter's cast: of a registered parameter, or of the unsharded one FSDP2
+            # gathered into a storage it resizes
+            cast_of_param = src in self._param_storages or self._kind.get(src) == "gathered"
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                known = self._ids.get(_local(t).untyped_storage()) is not None
+                st = _local(t).untyped_storage()
+                sid = self._ids.get(st)
+                known = sid is not None
+                if known and int(st.nbytes()) != self._size.get(sid, 0):
+                    self.resized(st, int(st.nbytes()))   # grown in place by an op (out=)
                 sid = self._storage_id(t)
                 if cast_of_param and not known and sid is not None:
                     self._kind[sid] = "weight_casts"

@@ -104,7 +104,8 @@ def _fake_mesh(dp: int):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
-    if dist.is_initialized() and dist.get_world_size() != dp:
+    if dist.is_initialized() and (dist.get_world_size() != dp
+                                  or dist.get_backend() != "fake"):
         dist.destroy_process_group()
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dp)
@@ -152,12 +153,14 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .torch_memory import LiveBytes
-    from .torch_models import build_torch_model, count_params
+    from .torch_models import SUPPORTED_FAMILIES, build_torch_model, count_params
 
     spec, w = scenario.model, scenario.workload
     param_dtype, autocast = _dtypes(w.precision)
     plan = remat_plan(config, spec.num_hidden_layers)
     t0 = time.perf_counter()
+    if spec.family not in SUPPORTED_FAMILIES or spec.is_moe:
+        build_torch_model(spec)                  # raises Unsupported, naming what
     mesh = _fake_mesh(config.dp) if config.dp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=False):
         model = build_torch_model(spec, flash=config.flash_attention, checkpoint=plan,
@@ -213,7 +216,7 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                 del logits
                 meter.set_phase("backward")
                 (loss * scale if scale is not None else loss).backward()
-                del loss, ids, labels
+                del loss              # (the batch stays referenced, as a loader's loop keeps it)
             meter.set_phase("update")
             grads = [_local(p.grad) for p in params if p.grad is not None]
             meter.mark(grads, "grads")
