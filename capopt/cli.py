@@ -283,6 +283,27 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _seconds(text: str) -> float:
+    import math
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number of seconds > 0")
+    return v
+
+
+def _share(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= v < 1.0:              # (nan fails this too)
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a share from 0 to below 1")
+    return v
+
+
 def _seed(text: str) -> int:
     try:
         v = int(text)
@@ -347,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "device: run on this machine's accelerator")
     p.add_argument("--pinned", action="store_true", help="validate the pinned config only")
     p.add_argument("--out", metavar="FILE.jsonl", help="stream results here (resumable)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per candidate")
+    p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds per candidate")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="why a pinned config does not fit, and what would fix it")
@@ -370,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=["peak_bytes", "temp_bytes"], default="peak_bytes")
     p.add_argument("--coeffs", metavar="A,B,..", help="profile coefficients to fit")
     p.add_argument("--profile", metavar="NAME|FILE", help="profile to start from")
-    p.add_argument("--holdout", type=float, default=0.25, help="share kept out of the fit")
+    p.add_argument("--holdout", type=_share, default=0.25, help="share kept out of the fit")
     p.add_argument("--profile-out", metavar="FILE.toml", help="write the fitted profile here")
     p.add_argument("--set", action="append", metavar="KNOB=VALUE", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true")

@@ -75,6 +75,21 @@ def test_plan_reports_allocated_reserved_and_device_memory_apart(capsys):
     assert "live tensors" in out and "reserved" in out and "nvidia-smi" in out
 
 
+@pytest.mark.parametrize("value", ["-0.1", "1", "nan", "half"])
+def test_calibrate_refuses_a_holdout_share_outside_0_to_1(value, capsys):
+    code, _, err = run(["calibrate", "llama2-13b-zero3-8xa100", "--measurements", "m.jsonl",
+                        "--holdout", value], capsys)
+    assert code == 2 and "--holdout" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "soon"])
+def test_validate_refuses_a_timeout_that_is_not_a_positive_number(value, capsys):
+    code, _, err = run(["validate", "llama2-13b-zero3-8xa100", "--tier", "torch",
+                        "--timeout", value], capsys)
+    assert code == 2
+    assert "--timeout" in err and "Traceback" not in err
+
+
 def test_plan_table_shows_memory_time_and_throughput(tmp_path, capsys):
     code, out, _ = run(["plan", write(tmp_path, GOOD), "--set", "remat=full"], capsys)
     assert code == 0
