@@ -175,6 +175,17 @@ class CachingAllocator:
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         return blk
 
+    @staticmethod
+    def _join(pool: _Pool, left: _Block, right: _Block) -> _Block:
+        """One block from two neighbours, ``left`` first; returns it."""
+        left.size += right.size
+        left.next = right.next
+        if right.next is not None:
+            right.next.prev = left
+        if pool.tail is right:
+            pool.tail = left
+        return left
+
     def free(self, blk: _Block | None) -> None:
         if blk is None:
             return
@@ -183,23 +194,12 @@ class CachingAllocator:
         blk.free = True
         prev = blk.prev
         if prev is not None and prev.free:
-            pool.remove(prev)
-            prev.size += blk.size
-            prev.next = blk.next
-            if blk.next is not None:
-                blk.next.prev = prev
-            if pool.tail is blk:
-                pool.tail = prev
-            blk = prev
+            pool.remove(prev)                   # (listed by its size, which changes)
+            blk = self._join(pool, prev, blk)
         nxt = blk.next
         if nxt is not None and nxt.free:
             pool.remove(nxt)
-            blk.size += nxt.size
-            blk.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = blk
-            if pool.tail is nxt:
-                pool.tail = blk
+            blk = self._join(pool, blk, nxt)
         pool.insert(blk)
 
 

@@ -33,7 +33,7 @@ CATEGORIES = ("params", "optimizer", "inputs", "grads", "weight_casts", "activat
 FORWARD_PHASES = ("forward", "loss")
 
 
-def _local(t):
+def local_shard(t):
     """A DTensor's local shard (its wrapper's storage stands for the global shape and holds
     nothing); any other tensor itself."""
     inner = getattr(t, "_local_tensor", None)
@@ -71,7 +71,7 @@ class LiveBytes(_dispatch_base()):
         import torch
         if not isinstance(t, torch.Tensor):
             return None
-        t = _local(t)
+        t = local_shard(t)
         st = t.untyped_storage()
         sid = self._ids.get(st)
         if sid is not None:
@@ -89,6 +89,9 @@ class LiveBytes(_dispatch_base()):
     def _alloc(self, sid: int, nbytes: int) -> None:
         self.live += nbytes
         self.events.append((1, sid, nbytes))
+        self._note_peak()
+
+    def _note_peak(self) -> None:
         if self.live > self.peak:
             self.peak, self.peak_phase, self.peak_event = self.live, self.phase, len(self.events)
         if self.live > self.phase_peaks.get(self.phase, -1):
@@ -115,10 +118,7 @@ class LiveBytes(_dispatch_base()):
         self._size[sid] = int(nbytes)
         self.live += int(nbytes) - old
         self.events.append((0, sid, int(nbytes)))
-        if self.live > self.peak:
-            self.peak, self.peak_phase, self.peak_event = self.live, self.phase, len(self.events)
-        if self.live > self.phase_peaks.get(self.phase, -1):
-            self.phase_peaks[self.phase] = self.live
+        self._note_peak()
 
     def register(self, tensors, kind: str) -> None:
         """Count tensors that exist before the step (parameters, optimizer state, batch)."""
@@ -156,13 +156,13 @@ class LiveBytes(_dispatch_base()):
         cast_of_param = False
         if (func is torch.ops.aten._to_copy.default and args
                 and isinstance(args[0], torch.Tensor)):
-            src = self._ids.get(_local(args[0]).untyped_storage())
+            src = self._ids.get(local_shard(args[0]).untyped_storage())
             # a parameter's cast: of a registered parameter, or of the unsharded one FSDP2
             # gathered into a storage it resizes
             cast_of_param = src in self._param_storages or self._kind.get(src) == "gathered"
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                st = _local(t).untyped_storage()
+                st = local_shard(t).untyped_storage()
                 sid = self._ids.get(st)
                 known = sid is not None
                 if known and int(st.nbytes()) != self._size.get(sid, 0):
@@ -203,4 +203,4 @@ class LiveBytes(_dispatch_base()):
         return self.events[start:]
 
 
-__all__ = ["CATEGORIES", "LiveBytes"]
+__all__ = ["CATEGORIES", "LiveBytes", "local_shard"]

@@ -33,6 +33,17 @@ def _unsupported(msg: str):
     return Unsupported(msg)
 
 
+def check_spec(spec: ModelSpec) -> None:
+    """Raise `Unsupported` for a card the torch tier does not build."""
+    if spec.family not in SUPPORTED_FAMILIES:
+        raise _unsupported(f"the torch tier implements the {', '.join(SUPPORTED_FAMILIES)} "
+                           f"family, not {spec.family!r}")
+    if spec.is_moe:
+        raise _unsupported("the torch tier does not implement mixture-of-experts layers")
+    if spec.norms_per_layer not in (2, 4):
+        raise _unsupported(f"norms_per_layer {spec.norms_per_layer} (2 or 4)")
+
+
 def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple = (),
                       param_dtype=None):
     """The ``nn.Module`` for ``spec``; ``checkpoint[i]`` is block i's recomputation ("none",
@@ -41,13 +52,7 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
     import torch.nn.functional as F
     from torch import nn
 
-    if spec.family not in SUPPORTED_FAMILIES:
-        raise _unsupported(f"the torch tier implements the {', '.join(SUPPORTED_FAMILIES)} "
-                           f"family, not {spec.family!r}")
-    if spec.is_moe:
-        raise _unsupported("the torch tier does not implement mixture-of-experts layers")
-    if spec.norms_per_layer not in (2, 4):
-        raise _unsupported(f"norms_per_layer {spec.norms_per_layer} (2 or 4)")
+    check_spec(spec)
     dtype = param_dtype or torch.float32
     RMSNorm = _rms_norm_module()
     h, hd = spec.hidden_size, spec.head_size
@@ -266,5 +271,5 @@ def count_params(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-__all__ = ["SUPPORTED_FAMILIES", "build_torch_model", "count_params", "recompute",
+__all__ = ["SUPPORTED_FAMILIES", "build_torch_model", "check_spec", "count_params", "recompute",
            "selective_policy"]

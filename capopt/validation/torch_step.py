@@ -29,6 +29,7 @@ after the forward pass, ZeRO-2 does not; ZeRO-1 and plain DDP are not run.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -64,6 +65,8 @@ def check_supported(scenario: Scenario, config: Config) -> None:
                            "process group: ZeRO-2 (reshard_after_forward=False) or ZeRO-3")
     if config.dp == 1 and config.zero_stage:
         raise _unsupported("ZeRO needs dp > 1")
+    from .torch_models import check_spec
+    check_spec(scenario.model)
 
 
 def _dtypes(precision: str):
@@ -82,11 +85,6 @@ def _optimizer(name: str, params):
     if name == "sgd":
         return torch.optim.SGD(params, lr=LEARNING_RATE, foreach=True)
     return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
-
-
-def remat_plan(config: Config, layers: int) -> tuple[str, ...]:
-    from .step import remat_plan as plan
-    return plan(config, layers)
 
 
 def _state_tensors(opt):
@@ -110,12 +108,6 @@ def _fake_mesh(dp: int):
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dp)
     return init_device_mesh("cpu", (dp,))
-
-
-def _local(t):
-    """The rank's own shard of a (D)Tensor."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
 
 
 class _TrackResize:
@@ -152,15 +144,14 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     import torch.nn.functional as F
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .torch_memory import LiveBytes
-    from .torch_models import SUPPORTED_FAMILIES, build_torch_model, count_params
+    from .step import remat_plan
+    from .torch_memory import LiveBytes, local_shard
+    from .torch_models import build_torch_model, count_params
 
     spec, w = scenario.model, scenario.workload
     param_dtype, autocast = _dtypes(w.precision)
     plan = remat_plan(config, spec.num_hidden_layers)
     t0 = time.perf_counter()
-    if spec.family not in SUPPORTED_FAMILIES or spec.is_moe:
-        build_torch_model(spec)                  # raises Unsupported, naming what
     mesh = _fake_mesh(config.dp) if config.dp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=False):
         model = build_torch_model(spec, flash=config.flash_attention, checkpoint=plan,
@@ -191,9 +182,9 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
         meter = LiveBytes()
         meter.explain = explain
         with meter, _TrackResize(meter):
-            meter.register([_local(t) for t in list(model.parameters()) + list(model.buffers())],
-                           "params")
-            meter.register([_local(t) for t in _state_tensors(opt)], "optimizer")
+            # (the meter counts a DTensor by its local shard)
+            meter.register(list(model.parameters()) + list(model.buffers()), "params")
+            meter.register(list(_state_tensors(opt)), "optimizer")
             if scale is not None:
                 meter.register([scale], "optimizer")
             meter.reset_peak()
@@ -207,7 +198,7 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                 meter.mark([ids, labels], "inputs")
                 meter.set_phase("forward")
                 ctx = (torch.autocast("cpu", dtype=autocast) if autocast is not None
-                       else _null())
+                       else contextlib.nullcontext())
                 with ctx:
                     logits = model(ids)
                 meter.set_phase("loss")
@@ -218,13 +209,13 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                 (loss * scale if scale is not None else loss).backward()
                 del loss              # (the batch stays referenced, as a loader's loop keeps it)
             meter.set_phase("update")
-            grads = [_local(p.grad) for p in params if p.grad is not None]
+            grads = [p.grad for p in params if p.grad is not None]
             meter.mark(grads, "grads")
             del grads
             if scale is not None:
                 found_inf = torch.zeros(())
                 torch._amp_foreach_non_finite_check_and_unscale_(
-                    [_local(p.grad) for p in params if p.grad is not None], found_inf,
+                    [local_shard(p.grad) for p in params if p.grad is not None], found_inf,
                     scale.reciprocal())
                 del found_inf
             if w.grad_clip:
@@ -260,14 +251,6 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                  nbytes) for sid, nbytes in meter.live_at_peak().items()]
         details["live_at_peak"] = sorted(rows, key=lambda r: -r[-1])
     return {"measured": measured, "details": details}
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 __all__ = ["OPTIMIZERS", "PRECISIONS", "check_supported", "run_torch"]
