@@ -91,14 +91,11 @@ def predicted_torch_terms(config: Config, scenario: Scenario) -> dict[str, float
     the allocator's figures: ``reserved_bytes`` (the peak with the profile's fragmentation,
     to compare with the caching allocator's replay) and ``device_bytes`` (reserved + CUDA
     context + workspaces, what nvidia-smi shows)."""
-    rt = scenario.runtime
     inputs = float(torch_input_bytes(scenario, config))
-    layers = {}
-    for name, coeffs in (("reserved", dict(context_bytes=0.0, workspace_bytes=0.0)),
-                         ("device", {})):
-        est = estimate(config, scenario.replace(runtime=rt.with_coeffs(**coeffs)))
-        layers[name] = float(est.memory["total_bytes"]) + inputs
-    rt = rt.with_coeffs(context_bytes=0.0, workspace_bytes=0.0, fragmentation=0.0)
+    full = estimate(config, scenario).memory          # the device total, and its reserved
+    layers = {"reserved": float(full["reserved_bytes"]) + inputs,
+              "device": float(full["total_bytes"]) + inputs}
+    rt = scenario.runtime.with_coeffs(context_bytes=0.0, workspace_bytes=0.0, fragmentation=0.0)
     est = estimate(config, scenario.replace(runtime=rt))
     m = {k: float(v) for k, v in est.memory.items()}
     rest = (m["activations_bytes"] + m["logits_bytes"] + m["comm_bytes"]
