@@ -20,13 +20,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from capopt._hardware import get_hardware  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
 from capopt._specs import Budget, Config, Scenario, Workload, LoRA  # noqa: E402
+from _random_cases import measure, pct, summary  # noqa: E402
 from capopt.validation.random_configs import Case, describe, draw_cases, features  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -87,58 +85,11 @@ def measurement_key(case: Case) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def measure(cases: list[Case], path: Path, jobs: int, timeout_s: float) -> dict[str, dict]:
-    """Measure every case not already in ``path`` (JSONL, appended as each finishes)."""
-    from capopt.validation.runner import _append, _run_one, load_results
-    done = {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
-    todo = [c for c in cases if measurement_key(c) not in done]
-    if not todo:
-        return done
-    print(f"measuring {len(todo)} case(s) on the xla-gpu tier ({len(done)} already in "
-          f"{path.relative_to(ROOT)})", file=sys.stderr)
-    t0 = time.perf_counter()
-
-    def one(case: Case) -> dict:
-        job = {"tier": "xla-gpu", "scenario": case.scenario, "config": case.config,
-               "index": 0, "options": {}}
-        res = _run_one(job, timeout_s)
-        rec = {"key": measurement_key(case), "case": case.name, "split": case.split,
-               "describe": describe(case), "status": res.get("status", "error"),
-               "measured": res.get("measured"), "details": res.get("details", {}),
-               "error": res.get("error"), "wall_s": res.get("wall_s")}
-        _append(path, rec)
-        print(f"  [{time.perf_counter() - t0:6.0f} s] {rec['status']:<5} {rec['describe']}",
-              file=sys.stderr)
-        return rec
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for rec in pool.map(one, todo):
-            if rec["status"] == "ok":
-                done[rec["key"]] = rec
-    return done
-
-
 def predicted_peak(case: Case, rec: dict) -> dict:
     from capopt.validation.predict import predicted_terms
     m = rec["measured"]
     return predicted_terms(case.config, case.scenario, input_bytes=m["input_bytes"],
                            output_leaves=int(rec["details"].get("output_leaves", 0)))
-
-
-def summary(errors: list[float]) -> dict:
-    a = np.abs(np.asarray(errors, float))
-    if not a.size:
-        return {"n": 0}
-    e = np.asarray(errors, float)
-    worst = int(np.argmax(a))
-    return {"n": int(a.size), "median_abs": float(np.median(a)),
-            "p90_abs": float(np.percentile(a, 90)), "worst_abs": float(a[worst]),
-            "worst_signed": float(e[worst]), "mean_signed": float(e.mean()),
-            "under_predicted": int((e < 0).sum())}
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:5.1f}%"
 
 
 def main(argv=None) -> int:
@@ -166,7 +117,9 @@ def main(argv=None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     from capopt.validation.runner import load_results
     done = ({r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
-            if args.no_measure else measure(cases, path, args.jobs, args.timeout))
+            if args.no_measure else
+            measure(cases, path, tier="xla-gpu", key=measurement_key, jobs=args.jobs,
+                    timeout_s=args.timeout))
     failed = [c for c in cases if measurement_key(c) not in done]
     points = []
     for case in cases:
@@ -196,7 +149,7 @@ def main(argv=None) -> int:
           f"(xla-gpu tier, {get_hardware('h100-sxm-80gb').name})\n")
     print(f"{'split':<10} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7} {'mean':>7} {'under':>6}")
     for split, s in splits.items():
-        print(f"{split:<10} {s['n']:>4} {_pct(s['median_abs']):>7} {_pct(s['p90_abs']):>7} "
+        print(f"{split:<10} {s['n']:>4} {pct(s['median_abs']):>7} {pct(s['p90_abs']):>7} "
               f"{100 * s['worst_signed']:+6.1f}% {100 * s['mean_signed']:+6.1f}% "
               f"{s['under_predicted']:>6}")
     print("\nheld-out, by feature:")
@@ -204,8 +157,8 @@ def main(argv=None) -> int:
     for g, vals in groups.items():
         for v, s in vals.items():
             if s["n"]:
-                print(f"{g:<12} {v:<16} {s['n']:>4} {_pct(s['median_abs']):>7} "
-                      f"{_pct(s['p90_abs']):>7} {100 * s['worst_signed']:+6.1f}%")
+                print(f"{g:<12} {v:<16} {s['n']:>4} {pct(s['median_abs']):>7} "
+                      f"{pct(s['p90_abs']):>7} {100 * s['worst_signed']:+6.1f}%")
     worst = sorted((q for q in points if q["split"] == "heldout"), key=lambda q: -abs(q["error"]))
     print("\nworst held-out cases:")
     for q in worst[:10]:
@@ -221,7 +174,7 @@ def main(argv=None) -> int:
         "worst": held.get("worst_abs"), "feature_median": feature_worst,
     }
     print("\ntargets (held-out): " + "  ".join(
-        f"{k} {_pct(v)} {'<=' if v is not None and v <= TARGETS[k] else '>'} "
+        f"{k} {pct(v)} {'<=' if v is not None and v <= TARGETS[k] else '>'} "
         f"{100 * TARGETS[k]:.0f}%" for k, v in checks.items()))
     out = {"tier": "xla-gpu", "gpu": "h100-sxm-80gb", "profile": "xla-gpu",
            "cases": args.cases, "seed": args.seed, "splits": splits, "by_feature": groups,

@@ -23,14 +23,13 @@ import hashlib
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _random_cases import measure, pct, summary  # noqa: E402
 from capopt.validation.random_configs import Case, describe, draw_torch_cases  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -45,52 +44,6 @@ def measurement_key(case: Case) -> str:
     text = repr(("torch", sc.model, sc.workload, json.dumps(case.config.to_dict(),
                                                             sort_keys=True)))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
-def measure(cases: list[Case], path: Path, jobs: int, timeout_s: float) -> dict[str, dict]:
-    from capopt.validation.runner import _append, _run_one, load_results
-    done = {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
-    todo = [c for c in cases if measurement_key(c) not in done]
-    if not todo:
-        return done
-    print(f"measuring {len(todo)} case(s) on the torch tier ({len(done)} already in "
-          f"{path.name})", file=sys.stderr)
-    t0 = time.perf_counter()
-
-    def one(case: Case) -> dict:
-        job = {"tier": "torch", "scenario": case.scenario, "config": case.config, "index": 0,
-               "options": {}}
-        res = _run_one(job, timeout_s)
-        rec = {"key": measurement_key(case), "case": case.name, "split": case.split,
-               "describe": describe(case), "status": res.get("status", "error"),
-               "measured": res.get("measured"), "details": res.get("details", {}),
-               "error": res.get("error"), "wall_s": res.get("wall_s")}
-        _append(path, rec)
-        print(f"  [{time.perf_counter() - t0:6.0f} s] {rec['status']:<5} {rec['describe']}",
-              file=sys.stderr)
-        return rec
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for rec in pool.map(one, todo):
-            if rec["status"] == "ok":
-                done[rec["key"]] = rec
-    return done
-
-
-def summary(errors: list[float]) -> dict:
-    e = np.asarray(errors, float)
-    if not e.size:
-        return {"n": 0}
-    a = np.abs(e)
-    worst = int(np.argmax(a))
-    return {"n": int(a.size), "median_abs": float(np.median(a)),
-            "p90_abs": float(np.percentile(a, 90)), "worst_abs": float(a[worst]),
-            "worst_signed": float(e[worst]), "mean_signed": float(e.mean()),
-            "under_predicted": int((e < 0).sum())}
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:5.1f}%"
 
 
 def timing_cases() -> list[tuple[str, Case]]:
@@ -139,7 +92,9 @@ def main(argv=None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     every = cases + [c for _, c in timing]
     done = ({r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
-            if args.no_measure else measure(every, path, args.jobs, args.timeout))
+            if args.no_measure else
+            measure(every, path, tier="torch", key=measurement_key, jobs=args.jobs,
+                    timeout_s=args.timeout))
     failed = [c for c in cases if measurement_key(c) not in done]
     points = []
     for case in cases:
@@ -177,20 +132,20 @@ def main(argv=None) -> int:
           "against the torch tier\n")
     print(f"{'split':<10} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7} {'mean':>7} {'under':>6}")
     for split, s in splits.items():
-        print(f"{split:<10} {s['n']:>4} {_pct(s['median_abs']):>7} {_pct(s['p90_abs']):>7} "
+        print(f"{split:<10} {s['n']:>4} {pct(s['median_abs']):>7} {pct(s['p90_abs']):>7} "
               f"{100 * s['worst_signed']:+6.1f}% {100 * s['mean_signed']:+6.1f}% "
               f"{s['under_predicted']:>6}")
     print("\nheld-out, error of each part as a share of the measured peak:")
     for k, s in parts.items():
         if s["n"]:
-            print(f"  {k:<16} median {_pct(s['median_abs'])}  worst {100 * s['worst_signed']:+6.1f}%")
+            print(f"  {k:<16} median {pct(s['median_abs'])}  worst {100 * s['worst_signed']:+6.1f}%")
     print("\nheld-out, by feature:")
     print(f"{'group':<12} {'value':<16} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7}")
     for g, vals in groups.items():
         for v, s in vals.items():
             if s["n"]:
-                print(f"{g:<12} {v:<16} {s['n']:>4} {_pct(s['median_abs']):>7} "
-                      f"{_pct(s['p90_abs']):>7} {100 * s['worst_signed']:+6.1f}%")
+                print(f"{g:<12} {v:<16} {s['n']:>4} {pct(s['median_abs']):>7} "
+                      f"{pct(s['p90_abs']):>7} {100 * s['worst_signed']:+6.1f}%")
     worst = sorted((q for q in points if q["split"] == "heldout"), key=lambda q: -abs(q["error"]))
     print("\nworst held-out cases:")
     for q in worst[:8]:
@@ -211,14 +166,14 @@ def main(argv=None) -> int:
         print("\nthe allocator layer (held-out): the caching allocator's rules replayed on each "
               "step's allocation sequence (two steps, the second's reserved)")
         print(f"  replayed reserved over the live peak: median "
-              f"{_pct(a['replayed_slack']['median_abs'])}, largest "
-              f"{_pct(a['replayed_slack']['worst_abs'])}; with expandable_segments median "
-              f"{_pct(a['replayed_slack_expandable']['median_abs'])}")
+              f"{pct(a['replayed_slack']['median_abs'])}, largest "
+              f"{pct(a['replayed_slack']['worst_abs'])}; with expandable_segments median "
+              f"{pct(a['replayed_slack_expandable']['median_abs'])}")
         print(f"  predicted reserved (profile fragmentation) against replayed: median "
-              f"{_pct(a['reserved_error']['median_abs'])}, worst "
+              f"{pct(a['reserved_error']['median_abs'])}, worst "
               f"{100 * a['reserved_error']['worst_signed']:+.1f}%")
         for v, sm in a["reserved_error_by_layout"].items():
-            print(f"    {v:<12} n={sm['n']:<3} median {_pct(sm['median_abs'])}  worst "
+            print(f"    {v:<12} n={sm['n']:<3} median {pct(sm['median_abs'])}  worst "
                   f"{100 * sm['worst_signed']:+.1f}%")
     times = {}
     for card, case in timing:
@@ -241,7 +196,7 @@ def main(argv=None) -> int:
     held = splits.get("heldout", {})
     checks = {"median": held.get("median_abs"), "worst": held.get("worst_abs")}
     print("\ntargets (held-out): " + "  ".join(
-        f"{k} {_pct(v)} {'<=' if v is not None and v <= TARGETS[k] else '>'} "
+        f"{k} {pct(v)} {'<=' if v is not None and v <= TARGETS[k] else '>'} "
         f"{100 * TARGETS[k]:.0f}%" for k, v in checks.items()))
     import torch
     out = {"tier": "torch", "profile": "pytorch-eager", "torch": torch.__version__,

@@ -1,0 +1,65 @@
+"""What the random-config benchmarks share: measuring cases in worker processes (resumable
+JSONL) and summarising signed relative errors. Imported by ``memory_random.py`` and
+``torch_random.py`` from this folder."""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from capopt.validation.random_configs import Case, describe
+
+
+def measure(cases: list[Case], path: Path, *, tier: str, key: Callable[[Case], str],
+            jobs: int, timeout_s: float) -> dict[str, dict]:
+    """Measure every case not already in ``path`` on ``tier`` (one worker process per case,
+    ``jobs`` at once; each record appended as it finishes); returns the ok records by key."""
+    from capopt.validation.runner import _append, _run_one, load_results
+    done = {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
+    todo = [c for c in cases if key(c) not in done]
+    if not todo:
+        return done
+    print(f"measuring {len(todo)} case(s) on the {tier} tier ({len(done)} already in "
+          f"{path.name})", file=sys.stderr)
+    t0 = time.perf_counter()
+
+    def one(case: Case) -> dict:
+        job = {"tier": tier, "scenario": case.scenario, "config": case.config, "index": 0,
+               "options": {}}
+        res = _run_one(job, timeout_s)
+        rec = {"key": key(case), "case": case.name, "split": case.split,
+               "describe": describe(case), "status": res.get("status", "error"),
+               "measured": res.get("measured"), "details": res.get("details", {}),
+               "error": res.get("error"), "wall_s": res.get("wall_s")}
+        _append(path, rec)
+        print(f"  [{time.perf_counter() - t0:6.0f} s] {rec['status']:<5} {rec['describe']}",
+              file=sys.stderr)
+        return rec
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for rec in pool.map(one, todo):
+            if rec["status"] == "ok":
+                done[rec["key"]] = rec
+    return done
+
+
+def summary(errors: list[float]) -> dict:
+    """n, median / p90 / worst |error|, the worst's sign, the mean, how many under."""
+    e = np.asarray(errors, float)
+    if not e.size:
+        return {"n": 0}
+    a = np.abs(e)
+    worst = int(np.argmax(a))
+    return {"n": int(a.size), "median_abs": float(np.median(a)),
+            "p90_abs": float(np.percentile(a, 90)), "worst_abs": float(a[worst]),
+            "worst_signed": float(e[worst]), "mean_signed": float(e.mean()),
+            "under_predicted": int((e < 0).sum())}
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{100 * x:5.1f}%"
