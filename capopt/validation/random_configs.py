@@ -228,21 +228,45 @@ def features(sc: Scenario, cfg: Config, style: str) -> dict:
     }
 
 
-def draw_cases(n: int = 160, seed: int = 0, *, hardware: Hardware | None = None,
-               runtime: RuntimeProfile | str = "xla-gpu", per_shape: int = 2) -> list[Case]:
-    """``n`` cases from ``seed``: ``per_shape`` configs per card shape, styles in turn."""
+def _draw_setup(hardware: Hardware | None, runtime: RuntimeProfile | str, seed: int):
     from .._hardware import get_hardware
     hw = hardware or get_hardware("h100-sxm-80gb")
     rt = get_profile(runtime) if isinstance(runtime, str) else runtime
-    rng = np.random.default_rng(seed)
-    cases: list[Case] = []
+    return hw, rt, np.random.default_rng(seed)
+
+
+def _cards(rng: np.random.Generator, styles: tuple[str, ...]):
+    """Cards of ``styles`` in turn, each with its shape and split, for as long as asked."""
     i = 0
-    while len(cases) < n:
-        style = STYLES[i % len(STYLES)]
+    while True:
+        style = styles[i % len(styles)]
         i += 1
         m = draw_model(rng, style)
         shape = model_shape(m)
-        split = shape_split(shape)
+        yield style, m, shape, shape_split(shape)
+
+
+def _case(name: str, style: str, m: ModelSpec, shape: str, split: str, wl: dict,
+          cfg: Config, hw: Hardware, rt: RuntimeProfile) -> Case | None:
+    """The case of one drawn config, or None where the config is not valid for its card."""
+    count = cfg.dp * cfg.tp
+    sc = Scenario(name=name, model=m, hardware=hw, count=count, per_node=max(count, 1),
+                  workload=Workload(**wl), budget=Budget(vram_bytes=hw.memory_bytes),
+                  runtime=rt)
+    if config_problems(cfg, sc):
+        return None
+    return Case(name=sc.name, shape=shape, split=split, scenario=sc, config=cfg,
+                features=features(sc, cfg, style))
+
+
+def draw_cases(n: int = 160, seed: int = 0, *, hardware: Hardware | None = None,
+               runtime: RuntimeProfile | str = "xla-gpu", per_shape: int = 2) -> list[Case]:
+    """``n`` cases from ``seed``: ``per_shape`` configs per card shape, styles in turn."""
+    hw, rt, rng = _draw_setup(hardware, runtime, seed)
+    cases: list[Case] = []
+    for style, m, shape, split in _cards(rng, STYLES):
+        if len(cases) >= n:
+            break
         made = 0
         tries = 0
         while made < per_shape and len(cases) < n and tries < 50:
@@ -250,15 +274,11 @@ def draw_cases(n: int = 160, seed: int = 0, *, hardware: Hardware | None = None,
             wl, cfg = draw_config(rng, m)
             if not _lora_ok(m, wl["lora"]):
                 wl["lora"] = None
-            count = cfg.dp * cfg.tp
-            sc = Scenario(name=f"rand{seed}-{len(cases):03d}-{style}", model=m, hardware=hw,
-                          count=count, per_node=max(count, 1), workload=Workload(**wl),
-                          budget=Budget(vram_bytes=hw.memory_bytes), runtime=rt)
-            if config_problems(cfg, sc):
-                continue
-            cases.append(Case(name=sc.name, shape=shape, split=split, scenario=sc, config=cfg,
-                              features=features(sc, cfg, style)))
-            made += 1
+            case = _case(f"rand{seed}-{len(cases):03d}-{style}", style, m, shape, split, wl,
+                         cfg, hw, rt)
+            if case is not None:
+                cases.append(case)
+                made += 1
     return cases
 
 
@@ -275,20 +295,13 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
     precisions and optimizers; a card's configs take the data-parallel degrees of ``ranks``
     in turn (more than one: FSDP2 as ZeRO-2 or ZeRO-3, drawn); split by card shape the same
     way."""
-    from .._hardware import get_hardware
     from .torch_step import OPTIMIZERS as TORCH_OPTIMIZERS
     from .torch_step import PRECISIONS as TORCH_PRECISIONS
-    hw = hardware or get_hardware("h100-sxm-80gb")
-    rt = get_profile(runtime) if isinstance(runtime, str) else runtime
-    rng = np.random.default_rng(seed)
+    hw, rt, rng = _draw_setup(hardware, runtime, seed)
     cases: list[Case] = []
-    i = 0
-    while len(cases) < n:
-        style = TORCH_STYLES[i % len(TORCH_STYLES)]
-        i += 1
-        m = draw_model(rng, style)
-        shape = model_shape(m)
-        split = shape_split(shape)
+    for style, m, shape, split in _cards(rng, TORCH_STYLES):
+        if len(cases) >= n:
+            break
         for j in range(per_shape):
             if len(cases) >= n:
                 break
@@ -299,13 +312,10 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
             zero = int(_pick(rng, (2, 3))) if dp > 1 else 0
             cfg = cfg.replace(dp=dp, zero_stage=zero, sequence_parallel=False, ep=1)
             wl["global_batch"] = cfg.micro_batch * cfg.grad_accum * dp
-            sc = Scenario(name=f"torch{seed}-{len(cases):03d}-{style}", model=m, hardware=hw,
-                          count=dp, per_node=dp, workload=Workload(**wl),
-                          budget=Budget(vram_bytes=hw.memory_bytes), runtime=rt)
-            if config_problems(cfg, sc):
-                continue
-            cases.append(Case(name=sc.name, shape=shape, split=split, scenario=sc, config=cfg,
-                              features=features(sc, cfg, style)))
+            case = _case(f"torch{seed}-{len(cases):03d}-{style}", style, m, shape, split, wl,
+                         cfg, hw, rt)
+            if case is not None:
+                cases.append(case)
     return cases
 
 
