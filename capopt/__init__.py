@@ -2,16 +2,17 @@
 
 ``import capopt`` is light: it loads the specs and catalogs; the cost model (and JAX with it)
 loads on first use of `plan`, `estimate` or `optimize`, and the CLI, plotting, validation and
-GPU tools when they are used.
+GPU tools when they are used. `render` turns any result into the table the CLI prints.
 """
 
 from ._cards import list_cards, load_card
-from ._errors import CapoptError, InfeasibleError
+from ._errors import CapoptError
 from ._hardware import Hardware, get_hardware, list_hardware
 from ._model import ModelSpec
 from ._runtime import RuntimeProfile, get_profile, list_profiles
 from ._scenario import list_scenarios, load_scenario
 from ._specs import Budget, Config, LoRA, Scenario, Workload
+from .report import render
 
 # Names whose modules import JAX: loaded when first asked for.
 _LAZY = {"Plan": "._plan", "plan": "._plan", "Estimate": ".cost", "estimate": ".cost"}
@@ -50,8 +51,8 @@ def validate(scenario, *, top_k=3, tier="exact", configs=None, out=None, timeout
 
 
 __all__ = sorted([
-    "Budget", "CapoptError", "Config", "Estimate", "Hardware", "InfeasibleError", "LoRA",
-    "ModelSpec", "Plan", "RuntimeProfile", "Scenario", "Workload", "estimate", "get_hardware",
-    "get_profile", "list_cards", "list_hardware", "list_profiles", "list_scenarios",
-    "load_card", "load_scenario", "optimize", "plan", "validate",
+    "Budget", "CapoptError", "Config", "Estimate", "Hardware", "LoRA", "ModelSpec", "Plan",
+    "RuntimeProfile", "Scenario", "Workload", "estimate", "get_hardware", "get_profile",
+    "list_cards", "list_hardware", "list_profiles", "list_scenarios", "load_card",
+    "load_scenario", "optimize", "plan", "render", "validate",
 ])

@@ -1,9 +1,12 @@
 """`Compiled`: a function jitted and compiled ahead of time per argument shape, optionally
-cached whole on disk (`capopt._jaxcache`)."""
+cached whole on disk (`capopt._jaxcache`); and the worker threads that compile programs
+before they are needed (`in_background`)."""
 
 from __future__ import annotations
 
+import functools
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -93,3 +96,28 @@ class Compiled:
     def cache_size(self) -> int:
         """Programs compiled or loaded so far (one per argument shape)."""
         return len(self._exe)
+
+
+# --------------------------------------------------------------------------------------------
+# Warm-up: programs compiled on worker threads while the main thread does other work (XLA's
+# compilation releases the GIL)
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    """The two worker threads, made on first use and shared by every search in the process."""
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="capopt-warm")
+
+
+def in_background(fn, *args) -> Future:
+    """``fn(*args)`` on a worker thread; its future."""
+    return _pool().submit(fn, *args)
+
+
+def result_or_none(future: Future | None):
+    """Wait for a warm-up job and return its result; None for no job or a failed one (warming
+    is an optimisation only: a failure there leaves the compilation to the first real call)."""
+    if future is None:
+        return None
+    try:
+        return future.result()
+    except Exception:   # noqa: BLE001 - warming is an optimisation only
+        return None

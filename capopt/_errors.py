@@ -33,10 +33,3 @@ class CapoptError(Exception):
             return self
         return CapoptError(self.message, file=file, field=self.field, allowed=self.allowed)
 
-
-class InfeasibleError(CapoptError):
-    """Nothing fits the budget; carries the optimiser's report."""
-
-    def __init__(self, message: str, report: dict | None = None, **kw):
-        self.report = report or {}
-        super().__init__(message, **kw)

@@ -9,70 +9,9 @@ import sys
 from typing import Any
 
 from ._errors import CapoptError
-from ._format import bar, config_line, gib, seconds, si, table
-from ._terms import MEMORY_LABELS, TIME_LABELS
+from ._format import config_line, gib, si, table
 from ._units import GiB
-
-def _time_rows(tm: dict) -> list[tuple]:
-    """The step's time terms as rows: what adds up to the step, its named parts indented, then
-    what is not in the sum (hidden communication, kernel launches spread over the terms, a
-    slower input pipeline)."""
-    step = tm["step_s"]
-    rows = []
-    for key, label, indent in TIME_LABELS:
-        v = tm.get(key, 0.0)
-        if v > 0:
-            rows.append(("  " * indent + label, seconds(v),
-                         f"{100 * v / step:5.1f}%" if indent == 0 else ""))
-    rows.append(("step", seconds(step), "100.0%"))
-    if tm.get("launch_s", 0.0) > 0:
-        rows.append(("kernel launch overhead (in the terms above)", seconds(tm["launch_s"]),
-                     ""))
-    if tm.get("comm_hidden_s", 0.0) > 0:
-        rows.append(("communication hidden behind compute", seconds(tm["comm_hidden_s"]), ""))
-    if tm.get("input_s", 0.0) > 0:
-        bound = " (data-bound: the step waits for it)" if tm["input_s"] >= step else ""
-        rows.append((f"input pipeline{bound}", seconds(tm["input_s"]), ""))
-    return rows
-
-
-def render_plan(p: dict, title: str | None = None) -> str:
-    mem, tm, thr = p["memory"], p["time"], p["throughput"]
-    total = mem["total_bytes"]
-    lines = []
-    if title:
-        lines.append(title)
-    lines.append(f"config: {config_line(p['config'])}")
-    rows = [(label, gib(mem[key]), f"{100 * mem[key] / total:5.1f}%", bar(mem[key] / total))
-            for key, label in MEMORY_LABELS]
-    rows.append(("total", gib(total), "100.0%", ""))
-    lines.append(table(rows, ["per device (GiB)", "GiB", "share", ""], "lrrl"))
-    if "allocated_bytes" in mem and mem["allocated_bytes"] < total:
-        lines.append(f"of the total: live tensors {gib(mem['allocated_bytes'])} GiB "
-                     f"(allocated), held by the allocator {gib(mem['reserved_bytes'])} GiB "
-                     "(reserved);\nthe total adds the CUDA context and library workspaces "
-                     "(what nvidia-smi shows)")
-    budget = mem["budget_bytes"]
-    verdict = "FITS" if p["fits"] else "DOES NOT FIT"
-    lines.append(f"budget {gib(budget)} GiB usable of {gib(mem['vram_bytes'])} GiB: {verdict} "
-                 f"({gib(abs(budget - total))} GiB {'free' if p['fits'] else 'over'})")
-    if tm:
-        lines.append("")
-        lines.append(table(_time_rows(tm), ["step time", "", "share"], "lrr"))
-        bits = [f"{si(thr['tokens_per_s'], 'tok/s')}"]
-        if "tokens_per_s_per_device" in thr:
-            bits.append(f"{si(thr['tokens_per_s_per_device'], 'tok/s')} per device")
-        if "mfu" in thr:
-            bits.append(f"MFU {100 * thr['mfu']:.1f}%")
-        if thr.get("hfu"):
-            bits.append(f"HFU {100 * thr['hfu']:.1f}%")
-        if thr.get("time_to_train_s"):
-            bits.append(f"time to train {seconds(thr['time_to_train_s'])}")
-        if thr.get("cost_per_million_tokens"):
-            bits.append(f"${thr['cost_per_million_tokens']:.3f} per M tokens")
-        lines.append("throughput: " + ", ".join(bits))
-    return "\n".join(lines)
-
+from .report.text import calibration_table, optimize_table, plan_table, validation_table
 
 # --------------------------------------------------------------------------------------------
 def _overrides(items: list[str] | None) -> dict[str, Any]:
@@ -94,9 +33,9 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps(d, indent=2))
     else:
-        print(render_plan(d, f"{sc.name}: {sc.model.name} on {sc.count}x {sc.hardware.name}"))
+        print(plan_table(d, f"{sc.name}: {sc.model.name} on {sc.count}x {sc.hardware.name}"))
     if args.plot:
-        from .plots import memory_breakdown, save
+        from .report.figures import memory_breakdown, save
         print(f"saved {save(memory_breakdown([p]), args.plot)}", file=sys.stderr)
     return 0
 
@@ -116,9 +55,9 @@ def cmd_optimize(args) -> int:
     if args.json:
         print(json.dumps(d, indent=2))
     else:
-        print(res.render())
+        print(optimize_table(res))
     if args.plot and res.best:
-        from .plots import pareto, save
+        from .report.figures import pareto, save
         print(f"saved {save(pareto(res), args.plot)}", file=sys.stderr)
     if d["status"] != "ok":
         need = d.get("smallest_requirement_bytes")
@@ -197,29 +136,21 @@ def cmd_validate(args) -> int:
     configs = [pinned_config(sc)] if args.pinned else None
     rep = validate(sc, top_k=args.top, tier=args.tier, configs=configs, out=args.out,
                    timeout_s=args.timeout, progress=not args.json)
-    print(json.dumps(rep.to_dict(), indent=2) if args.json else rep.render())
+    print(json.dumps(rep.to_dict(), indent=2) if args.json else validation_table(rep))
     return 0
 
 
 def cmd_calibrate(args) -> int:
-    if args.grid:
-        from .validation.grid import main as grid_main
-        argv = ["--tier", args.tier, "--target", args.target]
-        if args.profile_out:
-            argv += ["--profile-out", args.profile_out]
-        if args.coeffs:
-            argv += ["--coeffs", args.coeffs]
-        return grid_main(argv)
     from pathlib import Path
 
     from ._scenario import load_scenario
-    from .validation.calibrate import calibrate, samples_from_results
-    from .validation.grid import FIT_COEFFS
+    from .validation.calibrate import FIT_COEFFS, calibrate, samples_from_results
     from .validation.runner import load_results, tier_scenario
     if not args.scenario or not args.measurements:
         raise CapoptError("calibrate needs a SCENARIO and --measurements FILE.jsonl (written "
-                          "by `capopt validate SCENARIO --tier xla-gpu|device --out FILE.jsonl`)"
-                          ", or --grid for the documented calibration grid",
+                          "by `capopt validate SCENARIO --tier xla-gpu|device --out "
+                          "FILE.jsonl`; benchmarks/calibration_grid.py measures and fits a "
+                          "documented grid)",
                           field="--measurements")
     sc = load_scenario(args.scenario, overrides=_overrides(args.set))
     path = Path(args.measurements)
@@ -246,7 +177,7 @@ def cmd_calibrate(args) -> int:
                                f"{len(samples)} {args.tier} measurements of {sc.name}")
     except ValueError as e:
         raise CapoptError(str(e), field="--coeffs") from None
-    print(json.dumps(res.to_dict(), indent=2) if args.json else res.render())
+    print(json.dumps(res.to_dict(), indent=2) if args.json else calibration_table(res))
     if args.profile_out:
         Path(args.profile_out).write_text(res.to_toml())
         print(f"wrote {args.profile_out}", file=sys.stderr)
@@ -385,8 +316,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the scenario the measurements are of")
     p.add_argument("--measurements", metavar="FILE.jsonl",
                    help="results of `capopt validate SCENARIO --out FILE.jsonl`")
-    p.add_argument("--grid", action="store_true",
-                   help="measure and fit the documented grid (python -m capopt.validation.grid)")
     p.add_argument("--tier", choices=["xla-gpu", "device"], default="xla-gpu")
     p.add_argument("--target", choices=["peak_bytes", "temp_bytes"], default="peak_bytes")
     p.add_argument("--coeffs", metavar="A,B,..", help="profile coefficients to fit")

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import capopt  # noqa: E402
-from capopt import plots  # noqa: E402
+from capopt.report import figures  # noqa: E402
 
 DEFAULT = "llama3-8b-8xh100"
 LARGE = "llama3-70b-64xh100"
@@ -54,7 +54,7 @@ def memory_figure():
                 f"mb={c.micro_batch} remat={c.remat}\n"
                 f"{p.throughput['tokens_per_s'] / 1e3:.1f}k tokens/s")
 
-    return plots.memory_breakdown(
+    return figures.memory_breakdown(
         [best, plain_dp, fsdp_full],
         labels=[label("chosen by capopt", best), label("plain data parallel", plain_dp),
                 label("FSDP + full remat", fsdp_full)],
@@ -62,17 +62,17 @@ def memory_figure():
 
 
 def pareto_figure():
-    return plots.pareto(capopt.optimize(capopt.load_scenario(DEFAULT)))
+    return figures.pareto(capopt.optimize(capopt.load_scenario(DEFAULT)))
 
 
 def heatmap_figure():
-    return plots.heatmap(LARGE, x="tp", y="pp")
+    return figures.heatmap(LARGE, x="tp", y="pp")
 
 
 def validation_figure():
     import json
     d = json.loads((ROOT / "benchmarks" / "results" / "memory_random.json").read_text())
-    return plots.peak_errors(d["points"])
+    return figures.peak_errors(d["points"])
 
 
 def torch_figure():
@@ -83,7 +83,7 @@ def torch_figure():
     groups = {"1 device": ("one device", "o", "C0"),
               "dp ZeRO-2": ("FSDP2 ZeRO-2, 8 ranks", "s", "C1"),
               "dp ZeRO-3": ("FSDP2 ZeRO-3, 8 ranks", "D", "C3")}
-    return plots.peak_errors(pts, groups=groups, title=(
+    return figures.peak_errors(pts, groups=groups, title=(
         "live-tensor peak on random configs (seed 1, never examined): pytorch-eager profile "
         "against the torch tier"))
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown figure {unknown[0]!r} (allowed: {', '.join(FIGURES)})")
     for key in args.which or list(FIGURES):
         name, make = FIGURES[key]
-        path = plots.save(make(), Path(args.out) / name, metadata=PNG_METADATA)
+        path = figures.save(make(), Path(args.out) / name, metadata=PNG_METADATA)
         print(path)
     return 0
 

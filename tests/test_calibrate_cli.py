@@ -38,7 +38,7 @@ def test_calibrate_fits_and_writes_a_profile_that_plans(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["calibrate", SCENARIO], ["--measurements", "--grid"]),
+    (["calibrate", SCENARIO], ["--measurements", "calibration_grid.py"]),
     (["calibrate", SCENARIO, "--measurements", "nowhere.jsonl"], ["nowhere.jsonl", "no such"]),
     (["calibrate", SCENARIO, "--measurements", MEASURED, "--coeffs", "bogus"],
      ["--coeffs", "bogus", "allowed", "resid_saved"]),

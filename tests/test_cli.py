@@ -102,14 +102,15 @@ def test_plan_table_shows_memory_time_and_throughput(tmp_path, capsys):
                                 remat="selective", sequence_parallel=True)),
     ("llama2-13b-zero3-8xa100", {})])
 def test_step_table_rows_add_up_to_the_step(name, knobs):
-    from capopt.cli import TIME_LABELS, _time_rows
+    from capopt._terms import TIME_LABELS
+    from capopt.report import time_rows
     tm = plan(name, **knobs).time
     top = sum(tm[key] for key, _, indent in TIME_LABELS if indent == 0)
     assert top == pytest.approx(tm["step_s"], rel=1e-5)      # float32 sum of a few terms
     for key, _, indent in TIME_LABELS:                      # the parts fit inside their term
         if indent == 1 and key.startswith("comm_"):
             assert tm[key] <= tm["comm_exposed_s"] * (1 + 1e-5)
-    shares = [float(r[2].rstrip("%")) for r in _time_rows(tm) if r[2] and r[0] != "step"]
+    shares = [float(r[2].rstrip("%")) for r in time_rows(tm) if r[2] and r[0] != "step"]
     assert sum(shares) == pytest.approx(100.0, abs=0.1 * len(shares))   # rounded to 0.1
 
 def test_optimize_json_contract(capsys):

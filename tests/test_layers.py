@@ -19,9 +19,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "capopt"
 # The interfaces: they parse and print, and they may import anything below them (the package's
 # own ``__init__`` is the public API). `capopt.gpu.monitor` is not among them: it samples NVML
 # for the device tier as well as for the command line, a probe that validation uses.
-INTERFACES = {"capopt", "capopt.__main__", "capopt.cli", "capopt.plots", "capopt.gpu.doctor"}
+REPORT = {"capopt.report", "capopt.report.text", "capopt.report.figures"}
+INTERFACES = {"capopt", "capopt.__main__", "capopt.cli", "capopt.gpu.doctor"} | REPORT
 # What nothing below the interfaces may import.
-UPWARD = {"capopt.cli", "capopt.plots", "capopt.gpu.doctor"}
+UPWARD = {"capopt.cli", "capopt.gpu.doctor"} | REPORT
 
 
 def _module_name(path: Path) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from capopt.report import render
 from capopt._errors import CapoptError
 from capopt._specs import Config
 from capopt.validation import runner
@@ -72,7 +73,7 @@ def test_a_record_without_its_measurement_is_not_finished(tmp_path, monkeypatch)
     monkeypatch.setattr(runner, "_run_one", _fake_worker(calls))
     rep = validate(sc, configs=[cfg], out=out, progress=False)
     assert calls == [cfg]                          # measured again, not taken as done
-    assert rep.results[0]["status"] == "ok" and rep.render()
+    assert rep.results[0]["status"] == "ok" and render(rep)
 
 
 def test_stale_work_folders_of_dead_processes_are_removed():

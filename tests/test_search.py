@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from capopt.report import render
 from capopt._plan import plan
 from capopt._validity import config_problems
 from capopt.cost import numbers_pytree
@@ -209,7 +210,7 @@ def test_stage_layout_solve_is_valid_and_no_worse_than_even():
             assert max(lay.stage_bytes) <= sc.budget.usable_bytes
     d = res.to_dict()
     assert d["stage_layout"]["pipeline_layers"] == res.layout.layers
-    assert "pipeline stages" in res.render()
+    assert "pipeline stages" in render(res)
 
 
 def test_stage_layout_gradients_are_finite():
@@ -295,7 +296,7 @@ def test_a_gpu_list_carries_each_variants_stage_layout_into_the_result():
     assert res.layout is not None
     winner = next(v for v in res.per_variant if v["gpu"] == res.best.scenario.hardware.name)
     assert res.layout.to_dict() == winner["stage_layout"]
-    assert "pipeline stages" in res.render()
+    assert "pipeline stages" in render(res)
     assert res.to_dict()["stage_layout"]["pipeline_layers"] == res.layout.layers
 
 

@@ -856,7 +856,7 @@ def test_why_the_runner_up_lost_names_only_terms_of_the_step():
     # which is not why it is slower; only terms that add up to the step may be named.
     from capopt._plan import plan
     from capopt.cost.time import STEP_TERMS
-    from capopt.search.optimize import why_lost
+    from capopt.report import why_lost
     sc = "scenarios/llama3-8b-8xh100.toml"
     best = plan(sc, micro_batch=2, dp=4, tp=2, zero_stage=2, sequence_parallel=True,
                 remat="selective")

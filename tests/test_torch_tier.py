@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from capopt.report import render
 from capopt._errors import CapoptError
 from capopt._hardware import get_hardware
 from capopt._model import ModelSpec
@@ -148,7 +149,7 @@ def test_validate_runs_the_torch_tier_in_a_worker_and_keeps_the_contract(tmp_pat
     assert ok["measured"]["peak_bytes"] > 0 and ok["predicted"]["peak_bytes"] > 0
     assert isinstance(ok["error"]["peak_bytes"], float)
     assert bad["status"] == "error" and "FSDP2" in bad["error"]     # dp 2 without ZeRO-2/3
-    assert "peak_bytes" in rep.render()
+    assert "peak_bytes" in render(rep)
     # a rerun resumes from the file
     again = runner_mod.validate(sc, tier="torch", progress=False, out=out,
                                 configs=[Config(micro_batch=2)])

@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import pytest
 
+from capopt.report import render
 from capopt._cards import card_from_hf_config, list_cards, load_card
 from capopt._model import ModelSpec
 from capopt._specs import Config, LoRA
@@ -247,7 +248,7 @@ SHARDED = [Config(micro_batch=1, dp=8, zero_stage=3),
 def test_sharded_exact_tier_matches_per_device_state(tmp_path):
     sc = tiny("tiny-llama", count=8)
     rep = validate(sc, configs=SHARDED, out=tmp_path / "r.jsonl", progress=False, jobs=2)
-    assert [r["status"] for r in rep.results] == ["ok", "ok"], rep.render()
+    assert [r["status"] for r in rep.results] == ["ok", "ok"], render(rep)
     for r in rep.results:
         assert_state_matches((r["predicted"], r["measured"]))
         assert r["details"]["compile_s"] > 0
@@ -267,7 +268,7 @@ def test_contract_shape_and_render(tmp_path):
     assert set(r["predicted"]) >= set(TERMS) | set(PARTS)
     assert set(r["measured"]) <= set(r["predicted"]) | {"static_peak_bytes", "in_use_bytes"}
     json.dumps(d)                                                    # JSON-serialisable
-    text = rep.render()
+    text = render(rep)
     assert "argument_bytes" in text and "predicted" in text and "%" in text
 
 
@@ -332,7 +333,7 @@ def test_xla_gpu_tier_compiles_for_a_gpu_without_one(tmp_path):
               hardware=get_hardware("h100-sxm-80gb"))
     cfgs = [Config(micro_batch=16), Config(micro_batch=16, remat="full")]
     rep = validate(sc, tier="xla-gpu", configs=cfgs, progress=False, jobs=2)
-    assert [r["status"] for r in rep.results] == ["ok", "ok"], rep.render()
+    assert [r["status"] for r in rep.results] == ["ok", "ok"], render(rep)
     none, full = rep.results
     assert_state_matches((none["predicted"], none["measured"]))
     # Full recomputation must shrink the GPU step's temporaries (the CPU backend would not).

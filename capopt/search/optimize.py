@@ -11,12 +11,11 @@ import numpy as np
 import optax
 
 from .. import _jaxcache
+from .._compiled import in_background, result_or_none
 from .._errors import CapoptError
-from .._format import config_line, gib, seconds, si, table
 from .._plan import Plan
 from .._scenario import load_scenario
 from .._specs import Scenario
-from .._terms import STEP_TERMS
 from .._units import GiB
 from ..cost import numbers_pytree
 from ..cost.estimate import Estimate
@@ -50,17 +49,6 @@ def _warm(space: Space, n, mode, x0, bounds) -> None:
         evaluate(space.lattice(rows), n, mode)
 
 
-_POOL: list = []
-
-
-def _in_background(fn, *args):
-    """``fn(*args)`` on one of the search's two worker threads; its future."""
-    from concurrent.futures import ThreadPoolExecutor
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="capopt-warm"))
-    return _POOL[0].submit(fn, *args)
-
-
 def _warm_up(sc: Scenario, space: Space, n, mode, x0, bounds, optimizer=None):
     """On a worker thread, while the solver compiles: start the layout programs of the
     pipeline depth (when the scenario asks for uneven stages and allows one depth >= 2; they
@@ -72,24 +60,13 @@ def _warm_up(sc: Scenario, space: Space, n, mode, x0, bounds, optimizer=None):
         pps = sorted({f[2] for f in factorizations(sc)} - {1})
         if len(pps) == 1:
             from .stages import warm as warm_layouts
-            layouts = _in_background(warm_layouts, sc, n, pps[0], optimizer)
+            layouts = in_background(warm_layouts, sc, n, pps[0], optimizer)
     if CHUNKS[0] not in compiled_sizes():
         try:
             _warm(space, n, mode, x0, bounds)
         except Exception:   # noqa: BLE001 - warming is an optimisation only
             pass
     return layouts
-
-
-def _await(future):
-    """Wait for a warm-up job (before the first evaluation, so each evaluator is built once)
-    and return its result; a failure there leaves the compilation to the first real call."""
-    if future is None:
-        return None
-    try:
-        return future.result()
-    except Exception:   # noqa: BLE001 - warming is an optimisation only
-        return None
 
 
 @functools.lru_cache(maxsize=8)
@@ -239,105 +216,6 @@ class OptimizeResult:
             d["remedies"] = [r.to_dict() for r in self.remedies]
         return d
 
-    def render(self) -> str:
-        sc = self.scenario
-        head = (f"{sc.name}: {sc.model.name} on {sc.count}x {sc.hardware.name}, budget "
-                f"{gib(sc.budget.usable_bytes)} GiB usable per device")
-        lines = [head]
-        if self.status == "infeasible":
-            lines.append("INFEASIBLE: no config fits."
-                         if not (self.layout and self.layout.fits) else
-                         "INFEASIBLE with even pipeline stages; the uneven layout below fits.")
-            if self.smallest:
-                m = self.smallest.memory
-                lines.append(f"smallest requirement found: {gib(m['total_bytes'])} GiB per "
-                             f"device with {_cfg(self.smallest.config.to_dict())}")
-            if self.remedies:
-                rows = [(r.change, "yes" if r.fits else "no",
-                         gib(r.total_bytes) if r.total_bytes else "-",
-                         si(r.tokens_per_s, "tok/s") if r.tokens_per_s else "-")
-                        for r in self.remedies]
-                lines.append(table(rows, ["change", "fits", "GiB/device", "throughput"]))
-            if self.layout is not None:
-                lines.append(self._layout_line())
-            return "\n".join(lines)
-        rows = []
-        fleet = bool(self.per_variant)
-        for i, c in enumerate(self.candidates, 1):
-            m, t, th = c.memory, c.time, c.throughput
-            stages = getattr(c, "layout", None)
-            name = _cfg(c.config.to_dict()) + (
-                f" layers={stages.layers} recompute={stages.recompute}" if stages else "")
-            row = [i, name, gib(m["total_bytes"]), seconds(t["step_s"]),
-                   si(th["tokens_per_s"], "tok/s"), f"{100 * th.get('mfu', 0):.1f}%"]
-            if fleet:
-                row.insert(1, f"{c.scenario.count}x {c.scenario.hardware.name}")
-            if th.get("cost_per_million_tokens"):
-                row.append(f"${th['cost_per_million_tokens']:.3f}")
-            rows.append(row)
-        headers = ["#", "config", "GiB/dev", "step", "throughput", "MFU"]
-        if fleet:
-            headers.insert(1, "gpus")
-        if rows and len(rows[0]) > len(headers):
-            headers.append("$/M tok")
-        lines.append(table(rows, headers, "r" + "l" * (1 + fleet) + "r" * (len(headers) - 2
-                                                                              - fleet)))
-        if len(self.candidates) > 1:
-            lines.append("runner-up: " + why_lost(self.candidates[0], self.candidates[1]))
-        if self.layout is not None:
-            lines.append(self._layout_line())
-        sp = self.shadow_price
-        if sp.get("tokens_per_s_per_gib") is not None:
-            line = (f"shadow price of memory: {sp['tokens_per_s_per_gib']:+,.0f} tok/s "
-                    f"per extra GiB per device ({sp['basis']})")
-            if sp.get("next_faster_bytes"):
-                line += (f"; the next faster config evaluated needs "
-                         f"{sp['next_faster_bytes'] / GiB:.2f} GiB per device "
-                         f"(+{100 * sp['next_faster_gain']:.1f}%)")
-            elif sp.get("unused_bytes") is not None and sp["tokens_per_s_per_gib"] == 0:
-                line += "; no faster config was found at any memory size"
-            lines.append(line)
-            # the relaxation's price, where memory holds it back (it rounds to +0 elsewhere)
-            if (sp.get("relaxed_tokens_per_s_per_gib") or 0.0) >= 0.5:
-                lines.append(
-                    f"  in the relaxation (continuous knobs, at "
-                    f"{100 * sp['relaxed_memory_fraction']:.0f}% of the budget): "
-                    f"{sp['relaxed_tokens_per_s_per_gib']:+,.0f} tok/s per GiB; the configs "
-                    f"are steps apart, so the two differ where no step fits in one GiB")
-        lines.append(f"{self.method} search: {self.evaluated:,} configs evaluated exactly"
-                     + (f" of {self.space_size:,}" if self.space_size else "")
-                     + f" in {self.solve_s:.2f} s")
-        return "\n".join(lines)
-
-
-    def _layout_line(self) -> str:
-        lay = self.layout
-        even = next((c for c in self.candidates if getattr(c, "layout", None) is None), None)
-        gain = (f", {100 * (lay.tokens_per_s / even.throughput['tokens_per_s'] - 1):+.1f}%"
-                " vs the best even split" if even else "")
-        return (f"pipeline stages ({_cfg(lay.config.to_dict())}): layers {lay.layers}, "
-                f"recomputed {lay.recompute}, max {gib(max(lay.stage_bytes))} GiB/dev"
-                f"{'' if lay.fits else ' (does not fit)'}, "
-                f"{si(lay.tokens_per_s, 'tok/s')}{gain} (even split: "
-                f"{si(lay.even_tokens_per_s, 'tok/s')}{'' if lay.even_fits else ', does not fit'})")
-
-
-def _cfg(c: dict) -> str:
-    return config_line(c)
-
-
-def why_lost(best: Plan, other: Plan) -> str:
-    """The knobs that differ, and the time terms that grew most."""
-    a, b = best.config.to_dict(), other.config.to_dict()
-    diff = ", ".join(f"{k} {a[k]}->{b[k]}" for k in a if a[k] != b[k])
-    ta, tb = best.time, other.time
-    deltas = sorted(((tb[k] - ta[k], k) for k in STEP_TERMS), reverse=True)
-    grew = [f"{k[:-2].replace('_', ' ')} +{seconds(d)}" for d, k in deltas[:2] if d > 0]
-    slower = 100 * (1 - other.throughput["tokens_per_s"] / best.throughput["tokens_per_s"])
-    return (f"{diff or 'same knobs'}: {slower:.1f}% slower"
-            + (f" ({'; '.join(grew)})" if grew else ""))
-
-
 # --------------------------------------------------------------------------------------------
 def _min_rate(sc: Scenario) -> float:
     """The throughput a deadline demands (0 without one)."""
@@ -439,10 +317,10 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         lat = small if small is not None else build_lattice(sc)
         # the ranked plans are read back through the smallest batch program: compile it on a
         # worker thread while a large lattice is evaluated
-        warm = (_in_background(evaluate, lat, n, mode, np.zeros(1, int))
+        warm = (in_background(evaluate, lat, n, mode, np.zeros(1, int))
                 if len(lat) > CHUNKS[0] and CHUNKS[0] not in compiled_sizes() else None)
         res = evaluate(lat, n, mode)
-        _await(warm)
+        result_or_none(warm)
         space_size = len(lat)
         if small is not None:
             method = "exhaustive"
@@ -454,10 +332,10 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         # compiles the solver (it releases the GIL; tracing would contend for it)
         started: list = []
         sol = _solver(optimizer, steps)(x0, n, bounds, on_traced=lambda: started.append(
-            _in_background(_warm_up, sc, space, n, mode, x0, bounds, optimizer)))
+            in_background(_warm_up, sc, space, n, mode, x0, bounds, optimizer)))
         x = np.asarray(sol.x)
         relaxed = _relaxed_price(sol, usable)
-        layout_warm = _await(started[0] if started else None)
+        layout_warm = result_or_none(started[0] if started else None)
         timings["continuous_s"] = time.perf_counter() - t0
         rows = discretise(space, continuous_values(x, bounds))
         lat = space.lattice(rows)
@@ -484,7 +362,7 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     layouts = []
     if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
         t1 = time.perf_counter()
-        _await(layout_warm)
+        result_or_none(layout_warm)
         layouts = _layouts(sc, lat, res, n, usable, seed, optimizer)
         # An uneven layout that fits and beats the best even-split plan leads the ranking
         # (its plan carries the stage layout).

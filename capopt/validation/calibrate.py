@@ -31,6 +31,21 @@ from ..cost import estimate_numbers, knobs_from_config, scenario_numbers
 
 # What XLA's buffers can pin down (activation bytes per op, logits copies, weight casts).
 DEFAULT_COEFFS = ("resid_saved", "logits_fp32_copies", "weight_copy_fraction")
+
+# What `capopt calibrate` fits unless told otherwise, and what the calibration grid
+# (`benchmarks/calibration_grid.py`) pins down: the per-op counts of the terms XLA's buffer
+# assignment shows live at the peak (norm inputs, GELU and gated MLP internals, the GELU's
+# 16-bit derivative residuals), the weight casts, the score-sized tensors a materialised softmax saves and the
+# score gradients of one block's backward, the blockwise loop's gradient accumulators, and
+# the logits copies (identifiable because the grid's second part varies the
+# vocabulary-to-width ratio: with one ratio a logits copy and an h-wide per-token buffer look
+# alike). No overall scale: it is degenerate with the per-op counts. Every count starts at
+# the value read off the buffer assignment and is held near it by a log-normal prior
+# (``PRIOR_WEIGHT``), so the fit moves a count only as far as the data insist.
+FIT_COEFFS = ("weight_copy_fraction", "score_copies", "score_grad_copies",
+              "logits_act_copies", "logits_fp32_copies", "resid_saved",
+              "mlp_gelu_saved", "mlp_gelu_lowp_saved", "mlp_gated_saved")
+PRIOR_WEIGHT = 1e-3
 TARGETS = ("temp_bytes", "peak_bytes")
 
 
@@ -66,18 +81,6 @@ class CalibrationResult:
                 "target": self.target, "train_error": self.train_error,
                 "holdout_error": self.holdout_error, "n_train": self.n_train,
                 "n_holdout": self.n_holdout, "steps": self.steps}
-
-    def render(self) -> str:
-        lines = [f"calibrated {self.profile.name} on {self.n_train} measurement(s) of "
-                 f"{self.target} ({self.n_holdout} held out)"]
-        for k, v in self.coeffs.items():
-            lines.append(f"  {k:<24} {self.initial[k]:>12.4g} -> {v:.4g}")
-        te, he = self.train_error, self.holdout_error
-        lines.append(f"  mean |error| train {100 * te['before']:.1f}% -> {100 * te['after']:.1f}%"
-                     + (f"; held out {100 * he['before']:.1f}% -> {100 * he['after']:.1f}%"
-                        if self.n_holdout else ""))
-        return "\n".join(lines)
-
 
 def samples_from_results(results: Iterable[dict], scenario: Scenario, *,
                          target: str = "temp_bytes") -> list[Sample]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .._errors import CapoptError
-from .._format import bar, config_line, format_bytes, seconds, table
+from .._format import bar, config_line
 from .._specs import Config, Scenario
 from .predict import predicted_terms, predicted_torch_terms, relative_error, tier_terms
 from .tiers import TIERS, environment, torch_available, xla_gpu_available
@@ -96,42 +96,6 @@ class ValidationReport:
     @property
     def ok(self) -> list[dict[str, Any]]:
         return [r for r in self.results if r["status"] == "ok"]
-
-    def render(self) -> str:
-        lines = [f"{self.scenario}: {len(self.results)} candidate(s), tier {self.tier}"]
-        if self.tier == "exact":
-            lines.append("(the exact tier compiles for the CPU: argument, output and alias bytes "
-                         "compare; the CPU's temp is no GPU's, so no peak is compared)")
-        for i, r in enumerate(self.results, 1):
-            head = (f"#{i} {r['tier']} {r['status'].upper()}  {config_line(r['config'])}"
-                    f"  [predicted by profile {r.get('runtime', '?')}]")
-            if r.get("details", {}).get("compile_s") is not None:
-                head += f"  (compile {r['details']['compile_s']:.1f} s)"
-            lines += ["", head]
-            if r["status"] != "ok":
-                lines.append(f"   {r.get('error', '')}")
-                continue
-            rows = []
-            skip = ("temp_bytes", "peak_bytes") if r["tier"] == "exact" else ()
-            terms, parts = tier_terms(r["tier"])
-            for k in terms + parts + ("step_s",):
-                if k in skip:
-                    continue
-                p, m = r["predicted"].get(k), r["measured"].get(k)
-                if m is None and p is None:
-                    continue
-                e = r["error"].get(k) if isinstance(r.get("error"), dict) else None
-                unit = _seconds if k == "step_s" else format_bytes
-                rows.append((k, unit(p), unit(m), "-" if e is None else f"{100 * e:+.3f}%"))
-            lines.append(table(rows, ["term", "predicted", "measured", "error"], "lrrr"))
-        for n in self.notes:
-            lines.append(f"note: {n}")
-        return "\n".join(lines)
-
-
-def _seconds(x) -> str:
-    return "-" if x is None else seconds(x)
-
 
 # --------------------------------------------------------------------------------------------
 class Progress:
@@ -368,7 +332,7 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
     Example::
 
         report = capopt.validate("gpt2-124m-rtx4090", top_k=2)
-        print(report.render())
+        print(capopt.report.render(report))
     """
     from .._scenario import load_scenario
     if tier not in TIERS:

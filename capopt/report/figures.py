@@ -14,10 +14,11 @@ Artists that tests and readers look for carry a ``gid``: ``"budget"`` and ``"vra
 ``"chosen"`` for the selected config, ``"infeasible"`` / ``"invalid"`` for shaded cells,
 ``"front"`` for a Pareto front, ``"mem:<term>"`` for the bar segments of one memory term.
 
-    >>> from capopt import load_scenario, optimize, plots
+    >>> from capopt import load_scenario, optimize
+    >>> from capopt.report import figures
     >>> sc = load_scenario("llama3-8b-8xh100")
-    >>> fig = plots.pareto(optimize(sc))
-    >>> plots.save(fig, "pareto.png")                                   # doctest: +SKIP
+    >>> fig = figures.pareto(optimize(sc))
+    >>> figures.save(fig, "pareto.png")                                 # doctest: +SKIP
 
 ``import capopt`` does not import this module (nor matplotlib): callers import it on first use.
 """
@@ -33,14 +34,14 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
-from ._plan import Plan
-from ._scenario import load_scenario
-from ._specs import KNOBS, Scenario
-from ._terms import MEMORY_LABELS as _MEMORY_LABELS
-from ._terms import MEMORY_TERMS
-from ._units import GiB
-from .cost import estimate
-from .search.explore import (WORKLOAD_KNOBS, best_objective_within, best_pinned, best_row,
+from .._plan import Plan
+from .._scenario import load_scenario
+from .._specs import KNOBS, Scenario
+from .._terms import MEMORY_LABELS as _MEMORY_LABELS
+from .._terms import MEMORY_TERMS
+from .._units import GiB
+from ..cost import estimate
+from ..search.explore import (WORKLOAD_KNOBS, best_objective_within, best_pinned, best_row,
                              evaluate_all, held_config)
 
 #: How each memory term is named on a figure: the CLI's words, one table for both.
@@ -361,7 +362,7 @@ def pareto(result_or_scenario, *, title: str | None = None) -> Figure:
       of the fitting ones (``gid="front"``; dashed beyond the budget: what more memory buys),
       the ``"budget"`` and ``"vram"`` lines and the ``"chosen"`` config.
     """
-    from .search.optimize import OptimizeResult, optimize
+    from ..search.optimize import OptimizeResult, optimize
     if isinstance(result_or_scenario, OptimizeResult):
         result = result_or_scenario
     else:
@@ -463,7 +464,7 @@ def heatmap(scenario, x: str = "tp", y: str = "pp", *, title: str | None = None)
       the cell of the best fitting config outlined (``"chosen"``).
     """
     sc = _scenario(scenario)
-    from .search._space import COLUMNS
+    from ..search._space import COLUMNS
     for k in (x, y):
         if k not in COLUMNS:
             raise ValueError(f"unknown knob {k!r}; allowed: {', '.join(COLUMNS)}")

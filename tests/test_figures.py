@@ -1,4 +1,4 @@
-"""`capopt.plots`: each figure carries the artists a reader relies on, drawn from real
+"""`capopt.report.figures`: each figure carries the artists a reader relies on, drawn from real
 estimates (bars per memory term, the budget line, the chosen config, shaded infeasible cells).
 
 Positions are compared in GiB with a relative tolerance of 1e-6: the figures divide float32
@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install -e '.[plot]')")
 
 import capopt  # noqa: E402
-from capopt import plots  # noqa: E402
+from capopt.report import figures  # noqa: E402
 from capopt._terms import MEMORY_TERMS  # noqa: E402
 from capopt.cost import numbers_pytree  # noqa: E402
 from capopt.search import build_lattice  # noqa: E402
@@ -60,7 +60,7 @@ def test_import_capopt_does_not_import_matplotlib():
 # --------------------------------------------------------------------------------------------
 def test_memory_breakdown_one_bar_per_term_stacked_to_the_total(exhaustive):
     best = exhaustive.best
-    fig = plots.memory_breakdown(best)
+    fig = figures.memory_breakdown(best)
     ax = fig.axes[0]
     tops = 0.0
     for term in MEMORY_TERMS:
@@ -80,20 +80,20 @@ def test_memory_breakdown_one_bar_per_term_stacked_to_the_total(exhaustive):
 
 
 def test_memory_breakdown_several_plans_dicts_and_result(exhaustive):
-    fig = plots.memory_breakdown(exhaustive)                 # an OptimizeResult: candidates
+    fig = figures.memory_breakdown(exhaustive)                 # an OptimizeResult: candidates
     for term in MEMORY_TERMS:
         assert len(bars(fig.axes[0], term)) == len(exhaustive.candidates)
-    fig = plots.memory_breakdown([c.to_dict() for c in exhaustive.candidates], labels=list("abc"))
+    fig = figures.memory_breakdown([c.to_dict() for c in exhaustive.candidates], labels=list("abc"))
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["a", "b", "c"]
     with pytest.raises(ValueError):
-        plots.memory_breakdown([exhaustive.best], labels=["a", "b"])
+        figures.memory_breakdown([exhaustive.best], labels=["a", "b"])
 
 
 def test_memory_breakdown_marks_a_config_over_budget(default):
     p = capopt.plan(default, micro_batch=1, dp=8, tp=1, pp=1, zero_stage=0, remat="none",
                     sequence_parallel=False)
     assert not p.fits
-    fig = plots.memory_breakdown(p)
+    fig = figures.memory_breakdown(p)
     assert by_gid(fig, "over"), "a bar over the budget is hatched"
 
 
@@ -104,7 +104,7 @@ def test_memory_breakdown_different_budgets_get_one_budget_mark_per_bar(default)
                               budget=capopt.Budget(h200.memory_bytes, 0.1))
     cfg = capopt.optimize(default, method="exhaustive", top_k=1, remedies=False).best.config
     a, b = capopt.plan(default, config=cfg), capopt.plan(big, config=cfg)
-    fig = plots.memory_breakdown([a, b])
+    fig = figures.memory_breakdown([a, b])
     (budget,) = by_gid(fig, "budget")
     assert isinstance(budget, LineCollection)
     ys = sorted(seg[0][1] for seg in budget.get_segments())
@@ -116,11 +116,11 @@ def test_memory_breakdown_different_budgets_get_one_budget_mark_per_bar(default)
 def test_pareto_front_helper():
     mem = np.array([3.0, 1.0, 2.0, 2.0, 4.0])
     val = np.array([6.0, 5.0, 4.0, 5.5, 6.0])
-    assert plots.pareto_front(mem, val).tolist() == [1, 3, 0]
+    assert figures.pareto_front(mem, val).tolist() == [1, 3, 0]
 
 
 def test_pareto_marks_the_chosen_config_and_the_front(default, exhaustive):
-    fig = plots.pareto(exhaustive)
+    fig = figures.pareto(exhaustive)
     best = exhaustive.best
     (chosen,) = by_gid(fig, "chosen")
     x, y = chosen.get_offsets()[0]
@@ -141,7 +141,7 @@ def test_pareto_marks_the_chosen_config_and_the_front(default, exhaustive):
 
 
 def test_pareto_from_a_scenario_marks_the_exhaustive_best(exhaustive):
-    fig = plots.pareto(DEFAULT)
+    fig = figures.pareto(DEFAULT)
     (chosen,) = by_gid(fig, "chosen")
     assert chosen.get_offsets()[0][1] == pytest.approx(
         exhaustive.best.throughput["tokens_per_s"], rel=REL)
@@ -167,7 +167,7 @@ def test_heatmap_shades_cells_where_nothing_fits(scenario_factory):
     minima = _cell_minima(sc, "tp", "pp")
     over = {k for k, v in minima.items() if v > sc.budget.usable_bytes}
     assert 0 < len(over) < len(minima)
-    fig = plots.heatmap(sc, x="tp", y="pp")
+    fig = figures.heatmap(sc, x="tp", y="pp")
     ax = fig.axes[0]
     shaded = by_gid(fig, "infeasible")
     assert len(shaded) == len(over)
@@ -185,15 +185,15 @@ def test_heatmap_shades_cells_where_nothing_fits(scenario_factory):
 
 def test_heatmap_rejects_unknown_knobs(default):
     with pytest.raises(ValueError):
-        plots.heatmap(default, x="tp", y="nonsense")
+        figures.heatmap(default, x="tp", y="nonsense")
     with pytest.raises(ValueError):
-        plots.heatmap(default, x="tp", y="tp")
+        figures.heatmap(default, x="tp", y="tp")
 
 
 # --------------------------------------------------------------------------------------------
 def test_sweep_reoptimised_draws_one_bar_per_value(default):
     values = [1, 2, 4]
-    fig = plots.sweep(default, "micro_batch", values)
+    fig = figures.sweep(default, "micro_batch", values)
     top = fig.axes[0]
     for term in MEMORY_TERMS:
         assert len(bars(top, term)) == len(values)
@@ -207,21 +207,21 @@ def test_sweep_reoptimised_draws_one_bar_per_value(default):
 
 
 def test_sweep_holding_a_config_marks_values_without_a_real_config(default, exhaustive):
-    fig = plots.sweep(default, "tp", [1, 2, 3], config=exhaustive.best)
+    fig = figures.sweep(default, "tp", [1, 2, 3], config=exhaustive.best)
     assert len(by_gid(fig, "invalid")) == 1                  # tp=3 divides nothing here
     assert len(bars(fig.axes[0], "params_bytes")) == 2
-    fig = plots.sweep(default, "seq_len", [4096, 8192])
+    fig = figures.sweep(default, "seq_len", [4096, 8192])
     assert len(bars(fig.axes[0], "activations_bytes")) == 2
     with pytest.raises(ValueError):
-        plots.sweep(default, "seq_len")
+        figures.sweep(default, "seq_len")
     with pytest.raises(ValueError):
-        plots.sweep(default, "nonsense", [1])
+        figures.sweep(default, "nonsense", [1])
 
 
 # --------------------------------------------------------------------------------------------
 def test_shadow_price_curve_matches_optimize_at_the_scenario_budget(default, exhaustive):
     vram = default.budget.vram_bytes / GiB
-    fig = plots.shadow_price_curve(default, budgets_gib=[4.0, vram])
+    fig = figures.shadow_price_curve(default, budgets_gib=[4.0, vram])
     (price,) = by_gid(fig, "shadow_price")
     xs, ys = price.get_xdata(), price.get_ydata()
     assert list(xs) == [vram], "nothing fits 4 GiB: no price there"
@@ -233,7 +233,7 @@ def test_shadow_price_curve_matches_optimize_at_the_scenario_budget(default, exh
 
 def test_best_objective_within():
     res = {"total_bytes": np.array([3.0, 1.0, 2.0]), "objective": np.array([9.0, 1.0, 5.0])}
-    got = plots.best_objective_within(res, [0.5, 1.0, 2.5, 10.0])
+    got = figures.best_objective_within(res, [0.5, 1.0, 2.5, 10.0])
     assert np.isnan(got[0])
     assert got[1:].tolist() == [1.0, 5.0, 9.0]
 
@@ -253,7 +253,7 @@ def test_predicted_vs_measured_plots_only_pairs_that_exist():
                 {"peak_bytes": 11 * GiB, "step_s": 0.6}),
         _result("device", "oom", {"peak_bytes": 90 * GiB}, {}),
     ]}
-    fig = plots.predicted_vs_measured(doc)
+    fig = figures.predicted_vs_measured(doc)
     assert len(fig.axes) == 2                                  # memory and step time
     assert len(by_gid(fig, "identity")) == 2
     (temp,) = by_gid(fig, "pair:temp_bytes:exact")
@@ -264,12 +264,12 @@ def test_predicted_vs_measured_plots_only_pairs_that_exist():
     assert step.get_offsets()[0].tolist() == pytest.approx([0.6, 0.5])
     assert "1 oom" in fig._suptitle.get_text()
     # a list of documents works the same
-    fig2 = plots.predicted_vs_measured([doc, {"results": []}])
+    fig2 = figures.predicted_vs_measured([doc, {"results": []}])
     assert len(by_gid(fig2, "pair:temp_bytes:exact")) == 1
 
 
 def test_predicted_vs_measured_without_measurements_says_so():
-    fig = plots.predicted_vs_measured({"results": []})
+    fig = figures.predicted_vs_measured({"results": []})
     (msg,) = by_gid(fig, "empty")
     assert "no measurements" in msg.get_text()
     assert not fig.findobj(PathCollection)
@@ -277,9 +277,9 @@ def test_predicted_vs_measured_without_measurements_says_so():
 
 # --------------------------------------------------------------------------------------------
 def test_save_writes_png_and_makes_folders(tmp_path, exhaustive):
-    out = plots.save(plots.memory_breakdown(exhaustive.best), tmp_path / "a" / "b" / "m.png")
+    out = figures.save(figures.memory_breakdown(exhaustive.best), tmp_path / "a" / "b" / "m.png")
     assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-    svg = plots.save(plots.memory_breakdown(exhaustive.best), tmp_path / "m.svg")
+    svg = figures.save(figures.memory_breakdown(exhaustive.best), tmp_path / "m.svg")
     assert "<svg" in open(svg).read(500)
 
 
@@ -297,7 +297,7 @@ def test_peak_errors_draws_every_point_at_its_error():
            {"split": "fit", "measured_peak_bytes": 2**31, "error": -0.05},
            {"split": "heldout", "measured_peak_bytes": 2**29, "error": 0.2},
            {"split": "heldout", "measured_peak_bytes": 2**28, "error": None}]
-    fig = plots.peak_errors(pts)
+    fig = figures.peak_errors(pts)
     (fit,) = by_gid(fig, "err:fit")
     assert sorted(float(y) for _, y in fit.get_offsets()) == pytest.approx([-5.0, 12.0])
     assert sorted(float(x) for x, _ in fit.get_offsets()) == pytest.approx([1024.0, 2048.0])

@@ -1,6 +1,6 @@
 """The calibration grid: measure it on a tier and fit a runtime profile.
 
-    python -m capopt.validation.grid [--tier xla-gpu] [--gpu h100-sxm-80gb] [--points 40]
+    python benchmarks/calibration_grid.py [--tier xla-gpu] [--gpu h100-sxm-80gb] [--points 40]
         [--profile-out my-xla-gpu.toml]
 
 Measurements stream to ``--measurements`` and ``--heldout-measurements`` (JSONL; a rerun
@@ -13,14 +13,20 @@ cards, shapes, precisions and multi-GPU layouts, never fitted).
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import numpy as np
 
-from .._specs import Config, Scenario
-from .calibrate import calibrate, samples_from_results
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from capopt._specs import Config, Scenario  # noqa: E402
+from capopt.validation.calibrate import (FIT_COEFFS, PRIOR_WEIGHT, calibrate,  # noqa: E402
+                                         samples_from_results)
 
 # --------------------------------------------------------------------------------------------
-# The documented grid: `python -m capopt.validation.grid`
+# The documented grid
 # --------------------------------------------------------------------------------------------
 GRID_DOC = """Calibration grid (xla-gpu tier, one GPU of the target, autotuning off): two 4-layer
 decoders 512 wide with an 8192-token vocabulary, GPT-2-shaped (GELU MLP 4h, LayerNorm,
@@ -38,19 +44,6 @@ points fit the profile (target: peak bytes); the separate held-out grid (`HELDOU
 judges it."""
 
 
-# What the fitting grid pins down: the per-op counts of the terms XLA's buffer assignment shows
-# live at the peak (norm inputs, GELU and gated MLP internals, the GELU's 16-bit derivative
-# residuals), the weight casts, the score-sized tensors a materialised softmax saves and the
-# score gradients of one block's backward, the blockwise loop's gradient accumulators, and
-# the logits copies (identifiable because the grid's second part varies the
-# vocabulary-to-width ratio: with one ratio a logits copy and an h-wide per-token buffer look
-# alike). No overall scale: it is degenerate with the per-op counts. Every count starts at
-# the value read off the buffer assignment and is held near it by a log-normal prior
-# (``PRIOR_WEIGHT``), so the fit moves a count only as far as the data insist.
-FIT_COEFFS = ("weight_copy_fraction", "score_copies", "score_grad_copies",
-              "logits_act_copies", "logits_fp32_copies", "resid_saved",
-              "mlp_gelu_saved", "mlp_gelu_lowp_saved", "mlp_gated_saved")
-PRIOR_WEIGHT = 1e-3
 
 
 def _draw(models: tuple, seqs: tuple, mbs: tuple, points: int, seed: int,
@@ -188,9 +181,8 @@ def measure(groups, path, *, tier: str, jobs: int) -> list[tuple[Scenario, dict]
     """Measure every (scenario, config), resuming from ``path`` by scenario name and config
     (measurements do not depend on the cost model's coefficients)."""
     import json
-    from pathlib import Path
 
-    from .runner import load_results, validate
+    from capopt.validation.runner import load_results, validate
     done = {}
     if Path(path).exists():
         for r in load_results(path):
@@ -212,7 +204,7 @@ def measure(groups, path, *, tier: str, jobs: int) -> list[tuple[Scenario, dict]
 def peak_errors(pairs, profile) -> list[float]:
     """(predicted - measured) / measured peak bytes of each (scenario, record) under
     ``profile``."""
-    from .predict import predicted_terms
+    from capopt.validation.predict import predicted_terms
     errs = []
     for sc, r in pairs:
         m = r["measured"]
@@ -233,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
     import time
-    from pathlib import Path
 
-    from .._hardware import get_hardware
-    from .._runtime import get_profile
+    from capopt._hardware import get_hardware
+    from capopt.report import calibration_table
+    from capopt._runtime import get_profile
 
-    ap = argparse.ArgumentParser(prog="python -m capopt.validation.grid",
+    ap = argparse.ArgumentParser(prog="python benchmarks/calibration_grid.py",
                                  description="Measure the calibration grid and fit a profile. "
                                  + GRID_DOC + " " + HELDOUT_DOC)
     ap.add_argument("--tier", default="xla-gpu", choices=["xla-gpu", "device"])
@@ -287,12 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     held = errors.get("heldout_after")
     res.profile = dataclasses.replace(res.profile, source=(
         f"{base.source}; coefficients {', '.join(coeffs)} fitted by capopt calibrate "
-        f"(python -m capopt.validation.grid) to {res.n_train} {args.tier} measurements of "
-        f"{args.target.replace('_', ' ')} on {hw.name} (grid: capopt.validation.grid.GRID_DOC)"
+        f"(benchmarks/calibration_grid.py) to {res.n_train} {args.tier} measurements of "
+        f"{args.target.replace('_', ' ')} on {hw.name} (grid: GRID_DOC there)"
         + (f"; held-out grid (HELDOUT_DOC, {held['n']} points): median |peak error| "
            f"{100 * held['median_abs']:.1f}%, worst {100 * held['max_abs']:.1f}%"
            if held else "")))
-    print(res.render())
+    print(calibration_table(res))
     for k, v in errors.items():
         print(f"  peak |error| {k:<15} median {100 * v['median_abs']:5.1f}%  "
               f"worst {100 * v['max_abs']:5.1f}%  (n={v['n']})")

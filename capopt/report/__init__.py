@@ -1,0 +1,36 @@
+"""What capopt shows: text tables (`text`) and figures (`figures`, which needs matplotlib).
+
+The command line and the notebooks call these; nothing below them does. `render` picks the
+table for any result:
+
+    >>> import capopt
+    >>> from capopt.report import render
+    >>> print(render(capopt.optimize("gpt2-124m-rtx4090")))             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from .text import (calibration_table, optimize_table, plan_table, time_rows,
+                   validation_table, why_lost)
+
+
+def render(result, title: str | None = None) -> str:
+    """The text table of an `OptimizeResult`, a `ValidationReport`, a `CalibrationResult`, a
+    `Plan` or a plan's ``to_dict()`` (``title`` heads a plan's table)."""
+    kind = type(result).__name__
+    if kind == "OptimizeResult":
+        return optimize_table(result)
+    if kind == "ValidationReport":
+        return validation_table(result)
+    if kind == "CalibrationResult":
+        return calibration_table(result)
+    if kind == "Plan":
+        return plan_table(result.to_dict(), title)
+    if isinstance(result, dict) and {"memory", "time", "throughput"} <= set(result):
+        return plan_table(result, title)
+    raise TypeError(f"no table for a {kind}: render takes an OptimizeResult, a "
+                    "ValidationReport, a CalibrationResult, a Plan or a plan's to_dict()")
+
+
+__all__ = ["calibration_table", "optimize_table", "plan_table", "render", "time_rows",
+           "validation_table", "why_lost"]

@@ -1,0 +1,230 @@
+"""Text tables of the results: what `capopt` prints and the notebooks show.
+
+The results themselves (`OptimizeResult`, `ValidationReport`, `CalibrationResult`, a plan's
+``to_dict()``) are plain data; these functions turn them into text and compute nothing the
+results do not hold.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._format import bar, config_line, format_bytes, gib, seconds, si, table
+from .._terms import MEMORY_LABELS, STEP_TERMS, TIME_LABELS
+from .._units import GiB
+
+if TYPE_CHECKING:
+    from .._plan import Plan
+
+
+def time_rows(tm: dict) -> list[tuple]:
+    """The step's time terms as rows: what adds up to the step, its named parts indented, then
+    what is not in the sum (hidden communication, kernel launches spread over the terms, a
+    slower input pipeline)."""
+    step = tm["step_s"]
+    rows = []
+    for key, label, indent in TIME_LABELS:
+        v = tm.get(key, 0.0)
+        if v > 0:
+            rows.append(("  " * indent + label, seconds(v),
+                         f"{100 * v / step:5.1f}%" if indent == 0 else ""))
+    rows.append(("step", seconds(step), "100.0%"))
+    if tm.get("launch_s", 0.0) > 0:
+        rows.append(("kernel launch overhead (in the terms above)", seconds(tm["launch_s"]),
+                     ""))
+    if tm.get("comm_hidden_s", 0.0) > 0:
+        rows.append(("communication hidden behind compute", seconds(tm["comm_hidden_s"]), ""))
+    if tm.get("input_s", 0.0) > 0:
+        bound = " (data-bound: the step waits for it)" if tm["input_s"] >= step else ""
+        rows.append((f"input pipeline{bound}", seconds(tm["input_s"]), ""))
+    return rows
+
+
+def plan_table(p: dict, title: str | None = None) -> str:
+    """A plan (`Plan.to_dict()`): the memory terms against the budget, the step's time terms
+    and the throughput."""
+    mem, tm, thr = p["memory"], p["time"], p["throughput"]
+    total = mem["total_bytes"]
+    lines = []
+    if title:
+        lines.append(title)
+    lines.append(f"config: {config_line(p['config'])}")
+    rows = [(label, gib(mem[key]), f"{100 * mem[key] / total:5.1f}%", bar(mem[key] / total))
+            for key, label in MEMORY_LABELS]
+    rows.append(("total", gib(total), "100.0%", ""))
+    lines.append(table(rows, ["per device (GiB)", "GiB", "share", ""], "lrrl"))
+    if "allocated_bytes" in mem and mem["allocated_bytes"] < total:
+        lines.append(f"of the total: live tensors {gib(mem['allocated_bytes'])} GiB "
+                     f"(allocated), held by the allocator {gib(mem['reserved_bytes'])} GiB "
+                     "(reserved);\nthe total adds the CUDA context and library workspaces "
+                     "(what nvidia-smi shows)")
+    budget = mem["budget_bytes"]
+    verdict = "FITS" if p["fits"] else "DOES NOT FIT"
+    lines.append(f"budget {gib(budget)} GiB usable of {gib(mem['vram_bytes'])} GiB: {verdict} "
+                 f"({gib(abs(budget - total))} GiB {'free' if p['fits'] else 'over'})")
+    if tm:
+        lines.append("")
+        lines.append(table(time_rows(tm), ["step time", "", "share"], "lrr"))
+        bits = [f"{si(thr['tokens_per_s'], 'tok/s')}"]
+        if "tokens_per_s_per_device" in thr:
+            bits.append(f"{si(thr['tokens_per_s_per_device'], 'tok/s')} per device")
+        if "mfu" in thr:
+            bits.append(f"MFU {100 * thr['mfu']:.1f}%")
+        if thr.get("hfu"):
+            bits.append(f"HFU {100 * thr['hfu']:.1f}%")
+        if thr.get("time_to_train_s"):
+            bits.append(f"time to train {seconds(thr['time_to_train_s'])}")
+        if thr.get("cost_per_million_tokens"):
+            bits.append(f"${thr['cost_per_million_tokens']:.3f} per M tokens")
+        lines.append("throughput: " + ", ".join(bits))
+    return "\n".join(lines)
+
+
+def optimize_table(res) -> str:
+    """An `OptimizeResult` as the CLI prints it: the ranked candidates, the runner-up's
+    loss, the stage layout, the shadow price of memory; or, when nothing fits, the smallest
+    requirement and the changes that would make one fit."""
+    sc = res.scenario
+    head = (f"{sc.name}: {sc.model.name} on {sc.count}x {sc.hardware.name}, budget "
+            f"{gib(sc.budget.usable_bytes)} GiB usable per device")
+    lines = [head]
+    if res.status == "infeasible":
+        lines.append("INFEASIBLE: no config fits."
+                     if not (res.layout and res.layout.fits) else
+                     "INFEASIBLE with even pipeline stages; the uneven layout below fits.")
+        if res.smallest:
+            m = res.smallest.memory
+            lines.append(f"smallest requirement found: {gib(m['total_bytes'])} GiB per "
+                         f"device with {config_line(res.smallest.config.to_dict())}")
+        if res.remedies:
+            rows = [(r.change, "yes" if r.fits else "no",
+                     gib(r.total_bytes) if r.total_bytes else "-",
+                     si(r.tokens_per_s, "tok/s") if r.tokens_per_s else "-")
+                    for r in res.remedies]
+            lines.append(table(rows, ["change", "fits", "GiB/device", "throughput"]))
+        if res.layout is not None:
+            lines.append(layout_line(res))
+        return "\n".join(lines)
+    rows = []
+    fleet = bool(res.per_variant)
+    for i, c in enumerate(res.candidates, 1):
+        m, t, th = c.memory, c.time, c.throughput
+        stages = getattr(c, "layout", None)
+        name = config_line(c.config.to_dict()) + (
+            f" layers={stages.layers} recompute={stages.recompute}" if stages else "")
+        row = [i, name, gib(m["total_bytes"]), seconds(t["step_s"]),
+               si(th["tokens_per_s"], "tok/s"), f"{100 * th.get('mfu', 0):.1f}%"]
+        if fleet:
+            row.insert(1, f"{c.scenario.count}x {c.scenario.hardware.name}")
+        if th.get("cost_per_million_tokens"):
+            row.append(f"${th['cost_per_million_tokens']:.3f}")
+        rows.append(row)
+    headers = ["#", "config", "GiB/dev", "step", "throughput", "MFU"]
+    if fleet:
+        headers.insert(1, "gpus")
+    if rows and len(rows[0]) > len(headers):
+        headers.append("$/M tok")
+    lines.append(table(rows, headers, "r" + "l" * (1 + fleet) + "r" * (len(headers) - 2
+                                                                          - fleet)))
+    if len(res.candidates) > 1:
+        lines.append("runner-up: " + why_lost(res.candidates[0], res.candidates[1]))
+    if res.layout is not None:
+        lines.append(layout_line(res))
+    sp = res.shadow_price
+    if sp.get("tokens_per_s_per_gib") is not None:
+        line = (f"shadow price of memory: {sp['tokens_per_s_per_gib']:+,.0f} tok/s "
+                f"per extra GiB per device ({sp['basis']})")
+        if sp.get("next_faster_bytes"):
+            line += (f"; the next faster config evaluated needs "
+                     f"{sp['next_faster_bytes'] / GiB:.2f} GiB per device "
+                     f"(+{100 * sp['next_faster_gain']:.1f}%)")
+        elif sp.get("unused_bytes") is not None and sp["tokens_per_s_per_gib"] == 0:
+            line += "; no faster config was found at any memory size"
+        lines.append(line)
+        # the relaxation's price, where memory holds it back (it rounds to +0 elsewhere)
+        if (sp.get("relaxed_tokens_per_s_per_gib") or 0.0) >= 0.5:
+            lines.append(
+                f"  in the relaxation (continuous knobs, at "
+                f"{100 * sp['relaxed_memory_fraction']:.0f}% of the budget): "
+                f"{sp['relaxed_tokens_per_s_per_gib']:+,.0f} tok/s per GiB; the configs "
+                f"are steps apart, so the two differ where no step fits in one GiB")
+    lines.append(f"{res.method} search: {res.evaluated:,} configs evaluated exactly"
+                 + (f" of {res.space_size:,}" if res.space_size else "")
+                 + f" in {res.solve_s:.2f} s")
+    return "\n".join(lines)
+
+
+def layout_line(res) -> str:
+    """The best uneven stage layout against the best even split."""
+    lay = res.layout
+    even = next((c for c in res.candidates if getattr(c, "layout", None) is None), None)
+    gain = (f", {100 * (lay.tokens_per_s / even.throughput['tokens_per_s'] - 1):+.1f}%"
+            " vs the best even split" if even else "")
+    return (f"pipeline stages ({config_line(lay.config.to_dict())}): layers {lay.layers}, "
+            f"recomputed {lay.recompute}, max {gib(max(lay.stage_bytes))} GiB/dev"
+            f"{'' if lay.fits else ' (does not fit)'}, "
+            f"{si(lay.tokens_per_s, 'tok/s')}{gain} (even split: "
+            f"{si(lay.even_tokens_per_s, 'tok/s')}{'' if lay.even_fits else ', does not fit'})")
+
+
+def why_lost(best: Plan, other: Plan) -> str:
+    """The knobs that differ, and the time terms that grew most."""
+    a, b = best.config.to_dict(), other.config.to_dict()
+    diff = ", ".join(f"{k} {a[k]}->{b[k]}" for k in a if a[k] != b[k])
+    ta, tb = best.time, other.time
+    deltas = sorted(((tb[k] - ta[k], k) for k in STEP_TERMS), reverse=True)
+    grew = [f"{k[:-2].replace('_', ' ')} +{seconds(d)}" for d, k in deltas[:2] if d > 0]
+    slower = 100 * (1 - other.throughput["tokens_per_s"] / best.throughput["tokens_per_s"])
+    return (f"{diff or 'same knobs'}: {slower:.1f}% slower"
+            + (f" ({'; '.join(grew)})" if grew else ""))
+
+
+def validation_table(rep) -> str:
+    """A `ValidationReport`: per candidate, each term predicted against measured."""
+    from ..validation.predict import tier_terms     # loads JAX: only where a report exists
+    lines = [f"{rep.scenario}: {len(rep.results)} candidate(s), tier {rep.tier}"]
+    if rep.tier == "exact":
+        lines.append("(the exact tier compiles for the CPU: argument, output and alias bytes "
+                     "compare; the CPU's temp is no GPU's, so no peak is compared)")
+    for i, r in enumerate(rep.results, 1):
+        head = (f"#{i} {r['tier']} {r['status'].upper()}  {config_line(r['config'])}"
+                f"  [predicted by profile {r.get('runtime', '?')}]")
+        if r.get("details", {}).get("compile_s") is not None:
+            head += f"  (compile {r['details']['compile_s']:.1f} s)"
+        lines += ["", head]
+        if r["status"] != "ok":
+            lines.append(f"   {r.get('error', '')}")
+            continue
+        rows = []
+        skip = ("temp_bytes", "peak_bytes") if r["tier"] == "exact" else ()
+        terms, parts = tier_terms(r["tier"])
+        for k in terms + parts + ("step_s",):
+            if k in skip:
+                continue
+            p, m = r["predicted"].get(k), r["measured"].get(k)
+            if m is None and p is None:
+                continue
+            e = r["error"].get(k) if isinstance(r.get("error"), dict) else None
+            unit = _seconds if k == "step_s" else format_bytes
+            rows.append((k, unit(p), unit(m), "-" if e is None else f"{100 * e:+.3f}%"))
+        lines.append(table(rows, ["term", "predicted", "measured", "error"], "lrrr"))
+    for n in rep.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+def _seconds(x) -> str:
+    return "-" if x is None else seconds(x)
+
+
+def calibration_table(fit) -> str:
+    """A `CalibrationResult`: each coefficient's start and fitted value, and the errors."""
+    lines = [f"calibrated {fit.profile.name} on {fit.n_train} measurement(s) of "
+             f"{fit.target} ({fit.n_holdout} held out)"]
+    for k, v in fit.coeffs.items():
+        lines.append(f"  {k:<24} {fit.initial[k]:>12.4g} -> {v:.4g}")
+    te, he = fit.train_error, fit.holdout_error
+    lines.append(f"  mean |error| train {100 * te['before']:.1f}% -> {100 * te['after']:.1f}%"
+                 + (f"; held out {100 * he['before']:.1f}% -> {100 * he['after']:.1f}%"
+                    if fit.n_holdout else ""))
+    return "\n".join(lines)
