@@ -67,9 +67,9 @@ def bar(fraction: float, width: int = 20) -> str:
 # the knobs of a config in the order a one-line summary lists them, and their short names
 _CONFIG_KEYS = ("micro_batch", "grad_accum", "dp", "zero_stage", "tp", "pp", "ep",
                 "sequence_parallel", "remat", "offload_optimizer", "flash_attention")
-_CONFIG_SHORT = {"micro_batch": "mb", "grad_accum": "ga", "zero_stage": "zero",
-                 "sequence_parallel": "sp", "offload_optimizer": "offload",
-                 "flash_attention": "flash"}
+CONFIG_SHORT = {"micro_batch": "mb", "grad_accum": "ga", "zero_stage": "zero",
+                "sequence_parallel": "sp", "offload_optimizer": "offload",
+                "flash_attention": "flash"}
 
 
 def config_line(cfg: dict) -> str:
@@ -79,5 +79,5 @@ def config_line(cfg: dict) -> str:
         v = cfg[k]
         if isinstance(v, bool):
             v = "on" if v else "off"
-        parts.append(f"{_CONFIG_SHORT.get(k, k)}={v}")
+        parts.append(f"{CONFIG_SHORT.get(k, k)}={v}")
     return " ".join(parts)

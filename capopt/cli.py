@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -58,7 +59,8 @@ def cmd_optimize(args) -> int:
         print(optimize_table(res))
     if args.plot and res.best:
         from .report.figures import pareto, save
-        print(f"saved {save(pareto(res), args.plot)}", file=sys.stderr)
+        from .search.explore import landscape
+        print(f"saved {save(pareto(res, landscape(sc)), args.plot)}", file=sys.stderr)
     if d["status"] != "ok":
         need = d.get("smallest_requirement_bytes")
         print(f"capopt: error: {sc.path or sc.name}: budget: nothing fits in "
@@ -204,45 +206,25 @@ def cmd_doctor(args) -> int:
 PLOT_FORMATS = (".png", ".svg", ".pdf")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 1 <= v <= 10_000:
-        raise argparse.ArgumentTypeError(f"{v} is outside 1 to 10000")
-    return v
+def _number(kind: type, what: str, ok, allowed: str):
+    """An argparse type: the text read as ``kind`` (int or float) and kept where ``ok``; any
+    other value is refused in one line that says what is allowed (NaN fails every ``ok``)."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{text!r}: allowed: {allowed}")
+        return v
+    return parse
 
 
-def _seconds(text: str) -> float:
-    import math
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a number of seconds > 0")
-    return v
-
-
-def _share(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= v < 1.0:              # (nan fails this too)
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a share from 0 to below 1")
-    return v
-
-
-def _seed(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= v < 2 ** 32:
-        raise argparse.ArgumentTypeError(f"{v} is outside 0 to 2^32 - 1")
-    return v
+_positive_int = _number(int, "an integer", lambda v: 1 <= v <= 10_000, "1 to 10000")
+_seed = _number(int, "an integer", lambda v: 0 <= v < 2 ** 32, "0 to 2^32 - 1")
+_seconds = _number(float, "a number of seconds", lambda v: math.isfinite(v) and v > 0,
+                   "a number of seconds > 0")
+_share = _number(float, "a number", lambda v: 0.0 <= v < 1.0, "a share from 0 to below 1")
 
 
 def _plot_path(text: str) -> str:

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import capopt  # noqa: E402
 from capopt.report import figures  # noqa: E402
+from capopt.search import explore  # noqa: E402
 
 DEFAULT = "llama3-8b-8xh100"
 LARGE = "llama3-70b-64xh100"
@@ -62,11 +63,12 @@ def memory_figure():
 
 
 def pareto_figure():
-    return figures.pareto(capopt.optimize(capopt.load_scenario(DEFAULT)))
+    sc = capopt.load_scenario(DEFAULT)
+    return figures.pareto(capopt.optimize(sc), explore.landscape(sc))
 
 
 def heatmap_figure():
-    return figures.heatmap(LARGE, x="tp", y="pp")
+    return figures.heatmap(explore.knob_grid(LARGE, x="tp", y="pp"))
 
 
 def validation_figure():

@@ -17,6 +17,7 @@ pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install -e 
 
 import capopt  # noqa: E402
 from capopt.report import figures  # noqa: E402
+from capopt.search import explore  # noqa: E402
 from capopt._terms import MEMORY_TERMS  # noqa: E402
 from capopt.cost import numbers_pytree  # noqa: E402
 from capopt.search import build_lattice  # noqa: E402
@@ -116,11 +117,11 @@ def test_memory_breakdown_different_budgets_get_one_budget_mark_per_bar(default)
 def test_pareto_front_helper():
     mem = np.array([3.0, 1.0, 2.0, 2.0, 4.0])
     val = np.array([6.0, 5.0, 4.0, 5.5, 6.0])
-    assert figures.pareto_front(mem, val).tolist() == [1, 3, 0]
+    assert explore.pareto_front(mem, val).tolist() == [1, 3, 0]
 
 
 def test_pareto_marks_the_chosen_config_and_the_front(default, exhaustive):
-    fig = figures.pareto(exhaustive)
+    fig = figures.pareto(exhaustive, explore.landscape(default))
     best = exhaustive.best
     (chosen,) = by_gid(fig, "chosen")
     x, y = chosen.get_offsets()[0]
@@ -140,11 +141,16 @@ def test_pareto_marks_the_chosen_config_and_the_front(default, exhaustive):
     assert len(fits.get_offsets()) + len(nofit.get_offsets()) == len(lat)
 
 
-def test_pareto_from_a_scenario_marks_the_exhaustive_best(exhaustive):
-    fig = figures.pareto(DEFAULT)
-    (chosen,) = by_gid(fig, "chosen")
-    assert chosen.get_offsets()[0][1] == pytest.approx(
-        exhaustive.best.throughput["tokens_per_s"], rel=REL)
+def test_figures_draw_what_they_are_given_and_refuse_a_scenario(default, exhaustive):
+    # a figure computes nothing: handed a scenario in place of the data, it says what it needs
+    with pytest.raises(TypeError, match="landscape"):
+        figures.pareto(exhaustive, default)
+    with pytest.raises(TypeError, match="OptimizeResult"):
+        figures.pareto(DEFAULT, explore.landscape(default))
+    for draw, what in ((figures.heatmap, "knob_grid"), (figures.sweep, "explore.sweep"),
+                       (figures.shadow_price_curve, "budget_curve")):
+        with pytest.raises(TypeError, match=what):
+            draw(default)
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,7 +173,7 @@ def test_heatmap_shades_cells_where_nothing_fits(scenario_factory):
     minima = _cell_minima(sc, "tp", "pp")
     over = {k for k, v in minima.items() if v > sc.budget.usable_bytes}
     assert 0 < len(over) < len(minima)
-    fig = figures.heatmap(sc, x="tp", y="pp")
+    fig = figures.heatmap(explore.knob_grid(sc, x="tp", y="pp"))
     ax = fig.axes[0]
     shaded = by_gid(fig, "infeasible")
     assert len(shaded) == len(over)
@@ -185,15 +191,15 @@ def test_heatmap_shades_cells_where_nothing_fits(scenario_factory):
 
 def test_heatmap_rejects_unknown_knobs(default):
     with pytest.raises(ValueError):
-        figures.heatmap(default, x="tp", y="nonsense")
+        explore.knob_grid(default, x="tp", y="nonsense")
     with pytest.raises(ValueError):
-        figures.heatmap(default, x="tp", y="tp")
+        explore.knob_grid(default, x="tp", y="tp")
 
 
 # --------------------------------------------------------------------------------------------
 def test_sweep_reoptimised_draws_one_bar_per_value(default):
     values = [1, 2, 4]
-    fig = figures.sweep(default, "micro_batch", values)
+    fig = figures.sweep(explore.sweep(default, "micro_batch", values))
     top = fig.axes[0]
     for term in MEMORY_TERMS:
         assert len(bars(top, term)) == len(values)
@@ -207,21 +213,21 @@ def test_sweep_reoptimised_draws_one_bar_per_value(default):
 
 
 def test_sweep_holding_a_config_marks_values_without_a_real_config(default, exhaustive):
-    fig = figures.sweep(default, "tp", [1, 2, 3], config=exhaustive.best)
+    fig = figures.sweep(explore.sweep(default, "tp", [1, 2, 3], config=exhaustive.best))
     assert len(by_gid(fig, "invalid")) == 1                  # tp=3 divides nothing here
     assert len(bars(fig.axes[0], "params_bytes")) == 2
-    fig = figures.sweep(default, "seq_len", [4096, 8192])
+    fig = figures.sweep(explore.sweep(default, "seq_len", [4096, 8192]))
     assert len(bars(fig.axes[0], "activations_bytes")) == 2
     with pytest.raises(ValueError):
-        figures.sweep(default, "seq_len")
+        explore.sweep(default, "seq_len")
     with pytest.raises(ValueError):
-        figures.sweep(default, "nonsense", [1])
+        explore.sweep(default, "nonsense", [1])
 
 
 # --------------------------------------------------------------------------------------------
 def test_shadow_price_curve_matches_optimize_at_the_scenario_budget(default, exhaustive):
     vram = default.budget.vram_bytes / GiB
-    fig = figures.shadow_price_curve(default, budgets_gib=[4.0, vram])
+    fig = figures.shadow_price_curve(explore.budget_curve(default, budgets_gib=[4.0, vram]))
     (price,) = by_gid(fig, "shadow_price")
     xs, ys = price.get_xdata(), price.get_ydata()
     assert list(xs) == [vram], "nothing fits 4 GiB: no price there"
@@ -233,7 +239,7 @@ def test_shadow_price_curve_matches_optimize_at_the_scenario_budget(default, exh
 
 def test_best_objective_within():
     res = {"total_bytes": np.array([3.0, 1.0, 2.0]), "objective": np.array([9.0, 1.0, 5.0])}
-    got = figures.best_objective_within(res, [0.5, 1.0, 2.5, 10.0])
+    got = explore.best_objective_within(res, [0.5, 1.0, 2.5, 10.0])
     assert np.isnan(got[0])
     assert got[1:].tolist() == [1.0, 5.0, 9.0]
 

@@ -6,9 +6,11 @@ global backend is chosen, no window opens and nothing needs a display, so the fi
 same in a terminal, on a headless CI machine and in Jupyter (``%matplotlib inline`` shows a
 returned figure once). `save` writes PNG/SVG/PDF through the Agg renderer.
 
-Memory is shown per device in GiB (2^30 bytes); throughput in tokens/s. Pareto fronts and heat
-maps evaluate every real config of the scenario with the vectorised cost model
-(`capopt.search._evaluate.evaluate`), the same numbers the exhaustive search ranks.
+Memory is shown per device in GiB (2^30 bytes); throughput in tokens/s. A figure draws the
+data handed to it and computes nothing: a plan or an `OptimizeResult`, validation records, or
+the what-ifs of `capopt.search.explore` (`landscape`: every real config of the scenario
+evaluated, the same numbers the exhaustive search ranks; `sweep`; `knob_grid`;
+`budget_curve`).
 
 Artists that tests and readers look for carry a ``gid``: ``"budget"`` and ``"vram"`` lines,
 ``"chosen"`` for the selected config, ``"infeasible"`` / ``"invalid"`` for shaded cells,
@@ -16,8 +18,9 @@ Artists that tests and readers look for carry a ``gid``: ``"budget"`` and ``"vra
 
     >>> from capopt import load_scenario, optimize
     >>> from capopt.report import figures
+    >>> from capopt.search import explore
     >>> sc = load_scenario("llama3-8b-8xh100")
-    >>> fig = figures.pareto(optimize(sc))
+    >>> fig = figures.pareto(optimize(sc), explore.landscape(sc))
     >>> figures.save(fig, "pareto.png")                                 # doctest: +SKIP
 
 ``import capopt`` does not import this module (nor matplotlib): callers import it on first use.
@@ -27,22 +30,23 @@ from __future__ import annotations
 
 import os
 import textwrap
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
+from .._format import CONFIG_SHORT
 from .._plan import Plan
-from .._scenario import load_scenario
 from .._specs import KNOBS, Scenario
 from .._terms import MEMORY_LABELS as _MEMORY_LABELS
 from .._terms import MEMORY_TERMS
 from .._units import GiB
-from ..cost import estimate
-from ..search.explore import (WORKLOAD_KNOBS, best_objective_within, best_pinned, best_row,
-                             evaluate_all, held_config)
+from ..search.explore import BudgetCurve, KnobGrid, Landscape, Sweep, pareto_front
+
+if TYPE_CHECKING:
+    from ..search.optimize import OptimizeResult
 
 #: How each memory term is named on a figure: the CLI's words, one table for both.
 MEMORY_LABELS = dict(_MEMORY_LABELS)
@@ -53,10 +57,6 @@ MEMORY_COLORS = {"params_bytes": "#4c72b0", "grads_bytes": "#dd8452",
 BUDGET_COLOR = "#d62728"
 VRAM_COLOR = "black"
 CHOSEN_COLOR = "#ff7f0e"
-#: Knobs of the workload (not of `Config`) that `sweep` can vary.
-_SHORT = {"micro_batch": "mb", "grad_accum": "ga", "zero_stage": "zero",
-          "sequence_parallel": "sp", "offload_optimizer": "offload",
-          "flash_attention": "flash"}
 
 
 def _compact(x: float, pos=None) -> str:
@@ -73,10 +73,6 @@ _TOKENS = FuncFormatter(_compact)
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
-def _scenario(s: Scenario | str | Mapping | None) -> Scenario:
-    return s if isinstance(s, Scenario) else load_scenario(s)
-
-
 def _figure(width: float = 8.0, height: float = 5.0) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
@@ -91,7 +87,7 @@ def _fmt_value(v) -> str:
 
 def _config_text(cfg: Mapping, keys: Iterable[str] | None = None, width: int = 22) -> str:
     keys = list(keys) if keys is not None else [k for k in cfg if k in KNOBS]
-    text = " ".join(f"{_SHORT.get(k, k)}={_fmt_value(cfg[k])}" for k in keys)
+    text = " ".join(f"{CONFIG_SHORT.get(k, k)}={_fmt_value(cfg[k])}" for k in keys)
     return "\n".join(textwrap.wrap(text, width)) if width else text
 
 
@@ -120,10 +116,6 @@ def _gib(x) -> np.ndarray | float:
 
 def _objective_name(sc: Scenario) -> str:
     return "tokens per $" if sc.objective == "cost_efficiency" else "tokens/s"
-
-
-def _plan_at(sc: Scenario, cfg) -> Plan:
-    return Plan(sc, cfg, estimate(cfg, sc))
 
 
 def _budget_lines(ax, budgets: Sequence[float], vrams: Sequence[float], xs: Sequence[float],
@@ -234,58 +226,20 @@ def memory_breakdown(plans, labels: Sequence[str] | None = None,
 # --------------------------------------------------------------------------------------------
 # One knob at a time
 # --------------------------------------------------------------------------------------------
-def sweep(scenario, knob: str, values: Sequence | None = None, *, config=None,
-          title: str | None = None) -> Figure:
-    """Memory per device and throughput as one knob moves.
-
-    Args:
-      scenario: a `Scenario`, a scenario name or path, or a dict.
-      knob: a config knob (``micro_batch``, ``tp``, ``pp``, ``dp``, ``zero_stage``, ``remat``,
-        ...) or a workload field (``seq_len``, ``global_batch``).
-      values: the values to visit; default (config knobs only): every value a real config of
-        the scenario takes.
-      config: None: at each value the other knobs are re-optimised (the best fitting config,
-        or the one needing least memory when none fits). A `Config` or `Plan`: only ``knob``
-        moves, with ``dp`` (or ``tp``) and ``grad_accum`` rebalanced so devices and global batch
-        still add up; values that make no real config leave a gap marked "invalid".
+def sweep(data: Sweep, *, title: str | None = None) -> Figure:
+    """Memory per device and throughput as one knob moves (`capopt.search.explore.sweep`).
 
     Returns:
       A `Figure`: stacked memory (GiB) per value against the budget, and throughput below
-      (filled markers fit the budget, hollow ones do not).
+      (filled markers fit the budget, hollow ones do not); values that make no real config
+      leave a gap marked "invalid".
     """
-    sc = _scenario(scenario)
-    if knob not in KNOBS and knob not in WORKLOAD_KNOBS:
-        raise ValueError(f"unknown knob {knob!r}; allowed: "
-                         + ", ".join(list(KNOBS) + list(WORKLOAD_KNOBS)))
-    if values is None:
-        if knob in WORKLOAD_KNOBS:
-            raise ValueError(f"sweep over {knob!r} needs explicit values")
-        lat, _ = evaluate_all(sc)
-        col = lat.cols[knob]
-        vals = sorted(set(col.tolist()))
-        if knob == "remat":
-            values = [lat.remat_table[v] for v in vals]
-        elif knob in ("sequence_parallel", "offload_optimizer", "flash_attention"):
-            values = [bool(v) for v in vals]
-        else:
-            values = vals
-    values = list(values)
-    plans: list[Plan | None] = []
-    notes: list[str] = []
-    for v in values:
-        if config is None:
-            sc2, cfg = best_pinned(sc, knob, v)
-            changed: list[str] = []
-        else:
-            sc2, cfg, changed = held_config(sc, config, knob, v)
-        plans.append(_plan_at(sc2, cfg) if cfg is not None else None)
-        notes.append(_config_text(cfg.to_dict(), changed, width=14) if cfg and changed else "")
-    if config is None:   # show the knobs the re-optimisation moved
-        cfgs = [p.config.to_dict() for p in plans if p is not None]
-        differ = [k for k in (cfgs[0] if cfgs else {}) if k != knob
-                  and k not in ("grad_accum",) and len({str(c[k]) for c in cfgs}) > 1]
-        notes = [_config_text(p.config.to_dict(), differ, width=14) if p and differ else ""
-                 for p in plans]
+    if not isinstance(data, Sweep):
+        raise TypeError("sweep draws a capopt.search.explore.sweep(...) result, got a "
+                        f"{type(data).__name__}")
+    sc, knob, values, plans = data.scenario, data.knob, data.values, data.plans
+    notes = [_config_text(p.config.to_dict(), keys, width=14) if p is not None and keys else ""
+             for p, keys in zip(plans, data.shown)]
 
     fig = _figure(max(7.0, 0.9 * len(values) + 4.5), 7.0)
     ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
@@ -321,11 +275,10 @@ def sweep(scenario, knob: str, values: Sequence | None = None, *, config=None,
     ax2.set_xticks(xs, [_fmt_value(v) + (f"\n{n}" if n else "") for v, n in zip(values, notes)],
                    fontsize=8)
     ax2.set_xlabel(knob.replace("_", " "))
-    if config is None:
+    if data.held is None:
         how = "other knobs re-optimised at each value"
     else:
-        base = config.config if isinstance(config, Plan) else config
-        how = "others held at\n" + _config_text(base.to_dict(), width=0)
+        how = "others held at\n" + _config_text(data.held.to_dict(), width=0)
     ax.set_title(title if title is not None else f"{sc.name}: {knob} sweep ({how})",
                  fontsize=10)
     return fig
@@ -334,42 +287,26 @@ def sweep(scenario, knob: str, values: Sequence | None = None, *, config=None,
 # --------------------------------------------------------------------------------------------
 # The throughput-memory Pareto front
 # --------------------------------------------------------------------------------------------
-def pareto_front(memory: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """Indices of the points no other point beats on both (less memory, more value), by memory.
-
-    >>> pareto_front(np.array([1., 2., 3.]), np.array([5., 4., 6.])).tolist()
-    [0, 2]
-    """
-    memory, value = np.asarray(memory, float), np.asarray(value, float)
-    order = np.lexsort((-value, memory))
-    front, best = [], -np.inf
-    for i in order:
-        if value[i] > best:
-            front.append(int(i))
-            best = value[i]
-    return np.asarray(front, dtype=int)
-
-
-def pareto(result_or_scenario, *, title: str | None = None) -> Figure:
+def pareto(result: OptimizeResult, land: Landscape, *, title: str | None = None) -> Figure:
     """Throughput against memory per device for every real config, the front, the choice.
 
     Args:
-      result_or_scenario: an `OptimizeResult` (its best config is marked, its other candidates
-        circled) or a scenario (then the exhaustive search's best is marked).
+      result: an `OptimizeResult`: its best config is marked, its other candidates circled.
+      land: every real config of the scenario, evaluated (`capopt.search.explore.landscape`).
 
     Returns:
       A `Figure`: configs that fit as dots, those that do not as grey crosses, the Pareto front
       of the fitting ones (``gid="front"``; dashed beyond the budget: what more memory buys),
       the ``"budget"`` and ``"vram"`` lines and the ``"chosen"`` config.
     """
-    from ..search.optimize import OptimizeResult, optimize
-    if isinstance(result_or_scenario, OptimizeResult):
-        result = result_or_scenario
-    else:
-        result = optimize(_scenario(result_or_scenario), method="exhaustive", top_k=1,
-                          remedies=False)
+    if type(result).__name__ != "OptimizeResult":
+        raise TypeError("pareto draws an OptimizeResult (capopt.optimize(...)), got a "
+                        f"{type(result).__name__}")
+    if not isinstance(land, Landscape):
+        raise TypeError("pareto needs the scenario's landscape "
+                        f"(capopt.search.explore.landscape(...)), got a {type(land).__name__}")
     sc = result.scenario
-    lat, res = evaluate_all(sc)
+    lat, res = land.lattice, land.columns
     usable, vram = sc.budget.usable_bytes, sc.budget.vram_bytes
     mem = _gib(res["total_bytes"])
     tps = res["tokens_per_s"]
@@ -438,24 +375,8 @@ def pareto(result_or_scenario, *, title: str | None = None) -> Figure:
 # --------------------------------------------------------------------------------------------
 # Two knobs: a heat map
 # --------------------------------------------------------------------------------------------
-def _axis_values(lat, knob: str) -> tuple[list, list[str]]:
-    codes = sorted(set(lat.cols[knob].tolist()))
-    if knob == "remat":
-        names = [_fmt_value(lat.remat_table[c]) for c in codes]
-    elif knob in ("sequence_parallel", "offload_optimizer", "flash_attention"):
-        names = ["on" if c else "off" for c in codes]
-    else:
-        names = [str(c) for c in codes]
-    return codes, names
-
-
-def heatmap(scenario, x: str = "tp", y: str = "pp", *, title: str | None = None) -> Figure:
-    """Best throughput per cell of two knobs, over every value of the others.
-
-    Args:
-      scenario: a `Scenario`, a scenario name or path, or a dict.
-      x, y: knobs of the lattice (``tp``, ``pp``, ``dp``, ``micro_batch``, ``zero_stage``,
-        ``remat``, ``sequence_parallel``, ...).
+def heatmap(grid: KnobGrid, *, title: str | None = None) -> Figure:
+    """Best throughput per cell of two knobs (`capopt.search.explore.knob_grid`).
 
     Returns:
       A `Figure`: fitting cells coloured by the best tokens/s (with that config's GiB), cells
@@ -463,40 +384,21 @@ def heatmap(scenario, x: str = "tp", y: str = "pp", *, title: str | None = None)
       least memory any of them needs), cells no real config reaches greyed (``"invalid"``), and
       the cell of the best fitting config outlined (``"chosen"``).
     """
-    sc = _scenario(scenario)
-    from ..search._space import COLUMNS
-    for k in (x, y):
-        if k not in COLUMNS:
-            raise ValueError(f"unknown knob {k!r}; allowed: {', '.join(COLUMNS)}")
-    if x == y:
-        raise ValueError("x and y must be different knobs")
-    lat, res = evaluate_all(sc)
+    if not isinstance(grid, KnobGrid):
+        raise TypeError("heatmap draws a capopt.search.explore.knob_grid(...) result, got a "
+                        f"{type(grid).__name__}")
+    sc, x, y = grid.scenario, grid.x, grid.y
     usable = sc.budget.usable_bytes
     fig = _figure(8.0, 5.6)
     ax = fig.add_subplot()
-    if not len(lat):
+    if not grid.configs:
         ax.text(0.5, 0.5, "no real config in this scenario", ha="center", va="center",
                 transform=ax.transAxes)
         return fig
-    xc, xn = _axis_values(lat, x)
-    yc, yn = _axis_values(lat, y)
-    best = np.full((len(yc), len(xc)), np.nan)
-    best_mem = np.full_like(best, np.nan)
-    least = np.full_like(best, np.nan)
-    fit = res["total_bytes"] <= usable
-    xi = np.searchsorted(xc, lat.cols[x])
-    yi = np.searchsorted(yc, lat.cols[y])
-    for j in range(len(yc)):
-        for i in range(len(xc)):
-            cell = (xi == i) & (yi == j)
-            if not cell.any():
-                continue
-            least[j, i] = res["total_bytes"][cell].min()
-            ok = np.nonzero(cell & fit)[0]
-            if len(ok):
-                k = ok[np.argmax(res["tokens_per_s"][ok])]
-                best[j, i] = res["tokens_per_s"][k]
-                best_mem[j, i] = res["total_bytes"][k]
+    xn = [_fmt_value(v) for v in grid.x_values]
+    yn = [_fmt_value(v) for v in grid.y_values]
+    xc, yc = grid.x_values, grid.y_values
+    best, best_mem, least = grid.best, grid.best_bytes, grid.least_bytes
 
     masked = np.ma.masked_invalid(best)
     mesh = ax.pcolormesh(np.arange(len(xc) + 1) - 0.5, np.arange(len(yc) + 1) - 0.5, masked,
@@ -522,9 +424,8 @@ def heatmap(scenario, x: str = "tp", y: str = "pp", *, title: str | None = None)
             else:
                 ax.add_patch(Rectangle((i - 0.5, j - 0.5), 1, 1, facecolor="0.92",
                                        edgecolor="0.8", hatch="..", lw=0.5, gid="invalid"))
-    b = best_row(res, usable)
-    if b is not None:
-        bi, bj = int(xi[b]), int(yi[b])
+    if grid.chosen is not None:
+        bi, bj = grid.chosen
         ax.add_patch(Rectangle((bi - 0.5, bj - 0.5), 1, 1, fill=False, edgecolor=CHOSEN_COLOR,
                                lw=3, gid="chosen", zorder=5))
     ax.set_xticks(range(len(xc)), xn)
@@ -547,33 +448,22 @@ def heatmap(scenario, x: str = "tp", y: str = "pp", *, title: str | None = None)
 # --------------------------------------------------------------------------------------------
 # The shadow price of memory
 # --------------------------------------------------------------------------------------------
-def shadow_price_curve(scenario, budgets_gib: Sequence[float] | None = None, *,
-                       title: str | None = None) -> Figure:
-    """The best objective and the shadow price of memory as the VRAM budget per device varies.
-
-    The shadow price is the one `optimize` reports: what the best fitting config gains when the
-    usable budget grows by 1 GiB, over every real config (the exhaustive lattice). The
-    scenario's headroom is kept: usable = budget x (1 - headroom).
-
-    Args:
-      scenario: a `Scenario`, a scenario name or path, or a dict.
-      budgets_gib: VRAM budgets per device in GiB (like ``budget.vram_gib``); default: 60
-        points from a quarter of the scenario's budget to one and a half times it.
+def shadow_price_curve(curve: BudgetCurve, *, title: str | None = None) -> Figure:
+    """The best objective and the shadow price of memory as the VRAM budget per device varies
+    (`capopt.search.explore.budget_curve`: the price `optimize` reports, what the best fitting
+    config gains when the usable budget grows by 1 GiB).
 
     Returns:
       A `Figure`: the best objective (top) and the shadow price (bottom) against the budget,
       the budgets where nothing fits shaded (``gid="infeasible"``), the scenario's own budget
       marked (``gid="budget"``).
     """
-    sc = _scenario(scenario)
+    if not isinstance(curve, BudgetCurve):
+        raise TypeError("shadow_price_curve draws a capopt.search.explore.budget_curve(...) "
+                        f"result, got a {type(curve).__name__}")
+    sc = curve.scenario
     vram_gib = sc.budget.vram_bytes / GiB
-    if budgets_gib is None:
-        budgets_gib = np.linspace(0.25 * vram_gib, 1.5 * vram_gib, 60)
-    budgets = np.asarray(sorted(budgets_gib), float)
-    _, res = evaluate_all(sc)
-    usable = np.floor(budgets * GiB) * (1.0 - sc.budget.headroom)
-    best = best_objective_within(res, usable)
-    price = best_objective_within(res, usable + GiB) - best
+    budgets, best, price = curve.budgets_gib, curve.best, curve.price
 
     fig = _figure(8.0, 6.2)
     ax, ax2 = fig.subplots(2, 1, sharex=True)
@@ -773,6 +663,5 @@ def save(fig: Figure, path: str | os.PathLike, *, dpi: int = 150, **savefig_kw) 
     return path
 
 
-__all__ = sorted(["MEMORY_LABELS", "best_objective_within", "heatmap", "memory_breakdown",
-                  "pareto", "pareto_front", "predicted_vs_measured", "save", "shadow_price_curve",
-                  "sweep"])
+__all__ = sorted(["MEMORY_LABELS", "heatmap", "memory_breakdown", "pareto",
+                  "predicted_vs_measured", "save", "shadow_price_curve", "sweep"])
