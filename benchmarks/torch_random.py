@@ -1,6 +1,6 @@
 """Live-tensor peak on configs drawn at random, judged by the torch tier (PyTorch, fake tensors).
 
-    python benchmarks/torch_random.py [--cases 60] [--jobs 2] [--no-measure]
+    python benchmarks/torch_random.py [--cases 60] [--jobs 2] [--no-measure] [--lora]
 
 Draws ``--cases`` configs with `capopt.validation.random_configs.draw_torch_cases` (fixed
 seed; half on one device, half on 8 ranks as FSDP2 ZeRO-2 or ZeRO-3; card shapes split into
@@ -10,6 +10,8 @@ and compares the ``pytorch-eager`` profile's predicted peak of live tensor bytes
 model with no context, workspace or fragmentation) with the peak the tier counted, whole and
 by part (parameters, optimizer state, gradients, the rest). It also times one tier run of a
 tiny card and of an 8B-class card (``llama-3-8b``, seq 2048, micro-batch 1, full remat).
+``--lora``: every case fine-tunes with LoRA or QLoRA on one device instead (its own draw, its
+own results files).
 
 Measurements go to a JSONL file as they finish and a rerun resumes (a measurement does not
 depend on the cost model); the tables and ``--out`` (JSON) are recomputed from the current
@@ -73,11 +75,19 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900.0)
-    ap.add_argument("--measurements", default=str(RESULTS / "torch_random.jsonl"))
-    ap.add_argument("--out", default=str(RESULTS / "torch_random.json"))
+    ap.add_argument("--lora", action="store_true",
+                    help="LoRA and QLoRA cases on one device (results: torch_lora.json[l])")
+    ap.add_argument("--measurements", default=None,
+                    help="default: benchmarks/results/torch_random.jsonl (torch_lora.jsonl)")
+    ap.add_argument("--out", default=None,
+                    help="default: benchmarks/results/torch_random.json (torch_lora.json)")
     ap.add_argument("--no-measure", action="store_true",
                     help="only recompute the predictions for what is already measured")
     args = ap.parse_args(argv)
+    stem = "torch_lora" if args.lora else "torch_random"
+    args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
+    args.out = args.out or str(RESULTS / f"{stem}.json")
+    groups_of = GROUPS + (("lora", "lora_rank", "lora_targets") if args.lora else ())
     from capopt.validation.predict import predicted_torch_terms
     from capopt.validation.runner import load_results
     from capopt.validation.tiers import torch_available
@@ -86,8 +96,8 @@ def main(argv=None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    cases = draw_torch_cases(args.cases, args.seed)
-    timing = timing_cases()
+    cases = draw_torch_cases(args.cases, args.seed, lora=args.lora)
+    timing = [] if args.lora else timing_cases()
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)
     every = cases + [c for _, c in timing]
@@ -105,8 +115,12 @@ def main(argv=None) -> int:
         m = rec["measured"]
         err = (p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"]
         res_err = (p["reserved_bytes"] - m["reserved_bytes"]) / m["reserved_bytes"]
+        feats = dict(case.features)
+        lora = case.scenario.workload.lora
+        if lora is not None:
+            feats.update(lora_rank=lora.rank, lora_targets="+".join(lora.targets))
         points.append({"case": case.name, "split": case.split, "describe": describe(case),
-                       "features": case.features, "measured": m, "error": err,
+                       "features": feats, "measured": m, "error": err,
                        "reserved_error": res_err,
                        "replayed_slack": m["reserved_bytes"] / m["peak_bytes"] - 1.0,
                        "replayed_slack_expandable": (m["reserved_expandable_bytes"]
@@ -119,7 +133,7 @@ def main(argv=None) -> int:
     splits = {s: summary([q["error"] for q in points if q["split"] == s])
               for s in ("heldout", "fit") if any(q["split"] == s for q in points)}
     groups = {}
-    for g in GROUPS:
+    for g in groups_of:
         vals = sorted({str(q["features"][g]) for q in points if q["split"] == "heldout"})
         groups[g] = {v: summary([q["error"] for q in points if q["split"] == "heldout"
                                  and str(q["features"][g]) == v]) for v in vals}

@@ -117,6 +117,12 @@ SCHEMA: dict[str, Coeff] = {
                                   "attention core), 1 dots_with_no_batch_dims_saveable"),
     "selective_saves_down": _c(0, "1: selective recomputation also keeps the MLP's down "
                                   "projection output (a policy that saves every matmul)"),
+    "selective_saves_adapters": _c(0, "1: selective recomputation also keeps both matmul "
+                                      "outputs of every LoRA adapter (x A and x A B)"),
+    "frozen_inputs_dropped": _c(0, "1: a frozen matmul keeps no input for the backward pass "
+                                   "(no weight gradient to compute): under LoRA, the MLP's "
+                                   "input and down projection's input when the MLP is not "
+                                   "wrapped"),
     # --- one block's saved activations (capopt.cost.activations) ---
     "resid_saved": _c(4, "h-wide residual-stream tensors saved per block"),
     "norm_stats": _c(0, "float32 statistics saved per norm and token"),

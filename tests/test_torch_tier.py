@@ -224,3 +224,101 @@ def test_autocast_caches_every_cast_to_the_end_of_the_forward_pass():
     assert measured_fwd >= 3 * 4 * spec.num_params() + 2 * blocks
     assert abs(predicted_fwd - measured_fwd) / measured_fwd < 0.05
     assert "forward" in PHASES and np.isfinite(predicted_fwd)
+
+
+def _lora_scenario(spec, bits, **kw):
+    import dataclasses
+
+    from capopt._specs import LoRA
+    sc = _scenario(spec, **kw)
+    lora = LoRA(rank=8, targets=("attn", "mlp"), base_bits=bits)
+    return sc.replace(workload=dataclasses.replace(sc.workload, lora=lora))
+
+
+@needs_torch
+@pytest.mark.parametrize("bits", [16, 4])
+def test_lora_freezes_the_base_and_trains_the_adapters_the_inventory_lists(bits):
+    """LoRA: only the inventory's adapters train (have optimizer state); the frozen
+    model sits in the compute dtype (bf16 under bf16-mixed) and an NF4 base in exactly the
+    bytes `NF4_BYTES_PER_WEIGHT` says (the widths here are whole 64-weight blocks). Both are
+    counts, so the cost model's parameter and gradient bytes must equal the tier's."""
+    from capopt._inventory import inventory, trainable
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec()
+    sc = _lora_scenario(spec, bits)
+    cfg = Config(micro_batch=4)
+    out = run_torch(sc, cfg)
+    m, d = out["measured"], out["details"]
+    adapters = trainable(inventory(spec, sc.workload.lora))
+    # AdamW: two float32 moments per adapter weight and a float32 step scalar per adapter
+    assert d["param_tensors"] == sum(t.count for t in adapters)
+    assert m["optimizer_bytes"] == (8 * sum(t.elements for t in adapters)
+                                    + 4 * d["param_tensors"])
+    p = predicted_torch_terms(cfg, sc)
+    # an NF4 matrix keeps whole groups of 256 block scales; the cost model counts the groups
+    # as a fraction: under 4 bytes a wrapped matrix
+    wrapped = sum(t.count for t in inventory(spec, sc.workload.lora) if t.lora == "base")
+    assert 0 <= m["params_bytes"] - p["params_bytes"] < (4 * wrapped if bits == 4 else 1)
+    assert p["grads_bytes"] == m["grads_bytes"]
+    # the cost model leaves out AdamW's 4-byte step count per tensor, and only that
+    assert 0 <= m["optimizer_bytes"] - p["optimizer_bytes"] <= 4 * d["param_tensors"]
+    if bits == 4:
+        full = run_torch(_lora_scenario(spec, 16), cfg)["measured"]["params_bytes"]
+        assert m["params_bytes"] < 0.5 * full
+
+
+@needs_torch
+def test_nf4_dequantisation_reads_codes_blocks_and_scales():
+    """Two 4-bit codes per byte (high nibble first) into NF4's table, times each 64-weight
+    block's absmax (an 8-bit code of the block's second-level float32 scale)."""
+    import torch
+
+    from capopt._runtime import NF4_BLOCK
+    from capopt.validation.torch_models import NF4_CODE, nf4_dequantize_op
+    rows, cols = 2, NF4_BLOCK                  # two blocks
+    codes = torch.tensor([0xF0, 0x7F] * (rows * cols // 4), dtype=torch.uint8)
+    absmax = torch.tensor([255, 51], dtype=torch.uint8)
+    scale2 = torch.tensor([2.0])
+    w = nf4_dequantize_op()(codes, absmax, scale2, rows, cols, torch.float32)
+    assert w.shape == (rows, cols) and w.dtype == torch.float32
+    first = [NF4_CODE[15], NF4_CODE[0], NF4_CODE[7], NF4_CODE[15]]
+    assert w[0, :4].tolist() == pytest.approx([2.0 * v for v in first])
+    assert w[1, :4].tolist() == pytest.approx([2.0 * 51 / 255 * v for v in first])
+
+
+@needs_torch
+def test_lora_on_an_8bit_base_or_many_ranks_is_named_unsupported():
+    from capopt.validation.step import Unsupported
+    from capopt.validation.torch_step import check_supported
+    spec = _spec()
+    with pytest.raises(Unsupported, match="8-bit"):
+        check_supported(_lora_scenario(spec, 8), Config())
+    with pytest.raises(Unsupported, match="one device"):
+        check_supported(_lora_scenario(spec, 16, batch=8), Config(dp=8, zero_stage=3))
+
+
+@needs_torch
+@pytest.mark.parametrize("remat", ["none", "selective"])
+def test_lora_on_attention_only_keeps_no_input_of_the_frozen_mlp(remat):
+    """With the MLP frozen and unwrapped, autograd keeps neither the MLP's input nor down's
+    (no weight gradient needs them), and selective checkpointing keeps both matmul outputs of
+    every adapter: the profile's `frozen_inputs_dropped` and `selective_saves_adapters`. With
+    them the prediction is within 5% of the tier, as on the plain case; without them it is
+    not (the frozen MLP's inputs are 2 of the block's ~10 tensors per token)."""
+    import dataclasses
+
+    from capopt._specs import LoRA
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec()
+    sc = _scenario(spec, precision="fp32")
+    sc = sc.replace(workload=dataclasses.replace(
+        sc.workload, lora=LoRA(rank=8, targets=("attn",), base_bits=16)))
+    cfg = Config(micro_batch=4, remat=remat)
+    m = run_torch(sc, cfg)["measured"]["peak_bytes"]
+    err = abs(predicted_torch_terms(cfg, sc)["peak_bytes"] - m) / m
+    assert err < 0.05
+    rt = sc.runtime.with_coeffs(frozen_inputs_dropped=0.0, selective_saves_adapters=0.0)
+    err_without = abs(predicted_torch_terms(cfg, sc.replace(runtime=rt))["peak_bytes"] - m) / m
+    assert err_without > err

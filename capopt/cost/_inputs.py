@@ -130,6 +130,11 @@ def parameter_groups(tensors) -> dict[str, float]:
     return {**g, **w}
 
 
+def lora_rank(adapters) -> int:
+    """The adapters' rank: the inner width of an A (din x rank) matrix."""
+    return next((t.shape[-1] for t in adapters if t.name.endswith(".lora_a")), 0)
+
+
 def lora_numbers(tensors, layers: int, base_bits: int, prec: dict, coeffs: dict) -> dict:
     """LoRA's numbers from the inventory: adapters and wrapped (base) matrices per block, the
     wrapped k/v part, bytes per base weight and the 8-bit bases' float32 per-column scales
@@ -148,6 +153,11 @@ def lora_numbers(tensors, layers: int, base_bits: int, prec: dict, coeffs: dict)
         "base_scale_tp_bytes": eight * sum(cols(t) for t in base if t.tp != "row") / layers,
         "base_scale_rep_bytes": eight * sum(cols(t) for t in base if t.tp == "row") / layers,
         "frozen_bytes": float(prec["act_bytes"]),
+        # the MLP's matrices wrapped (their inputs kept for the adapters' gradients)
+        "lora_mlp": float(any(t.matmul in ("gate", "up", "down") for t in base)),
+        # per token, the widths of every adapter's two matmul outputs (x A and x A B)
+        "lora_out_width": sum(t.count * (t.shape[-1] + lora_rank(adapters))
+                              for t in base) / layers,
     }
 
 
@@ -271,7 +281,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     else:
         n.update(lora=0.0, lora_layer=0.0, lora_base_layer=0.0, lora_base_kv=0.0,
                  base_bytes=0.0, base_scale_tp_bytes=0.0, base_scale_rep_bytes=0.0,
-                 frozen_bytes=0.0, lora_rank=0.0)
+                 frozen_bytes=0.0, lora_rank=0.0, lora_mlp=0.0, lora_out_width=0.0)
 
     # --- workload, hardware, budget ---
     n.update(B=float(w.global_batch), N=float(sc.count), per_node=float(sc.per_node),

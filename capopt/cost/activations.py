@@ -40,9 +40,11 @@ def shard(fraction, degree):
 
 def autocast_mixed(n: dict):
     """1 where the runtime mixes precision by autocast (``autocast_casts``) and the compute
-    dtype is narrower than the parameters, else 0."""
-    return n["rt_autocast_casts"] * (n["param_bytes"] > n["act_bytes"]).astype(
-        jnp.result_type(float))
+    dtype is narrower than the parameters, else 0. Under LoRA the frozen model is in the
+    compute dtype (`frozen_bytes`): the stream and the norms are too, and autocast has only
+    the adapters to cast."""
+    return (n["rt_autocast_casts"] * (1.0 - n["lora"])
+            * (n["param_bytes"] > n["act_bytes"]).astype(jnp.result_type(float)))
 
 
 def stream_bytes(n: dict):
@@ -79,13 +81,16 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     mixed = autocast_mixed(n)
     casts = (3.0 + 1.0 + n["gated"]) * ab * h
     stream = n["param_bytes"] * 2.0 * h + casts
-    rep = ((1.0 - mixed) * ab * n["rt_resid_saved"] * h + mixed * stream
+    # LoRA with the MLP frozen, in a runtime that keeps no input for a frozen matmul: the
+    # second norm's output (gate's and up's input) and down's input are not kept
+    frozen_mlp = n["lora"] * (1.0 - n["lora_mlp"]) * n["rt_frozen_inputs_dropped"]
+    rep = ((1.0 - mixed) * ab * (n["rt_resid_saved"] - frozen_mlp) * h + mixed * stream
            + ab * extra_norms * h + 2.0 * n["hidden_dropout"] * h)
     rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"], 0.0)            # float32 router probabilities
     stats = n["rt_norm_stats"] + n["rt_layernorm_mean_saved"] * n["layernorm"]
     rep = rep + 4.0 * stats * n["norms_per_layer"]                   # float32 norm statistics
     gelu = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
-    mlp = n["gated"] * n["rt_mlp_gated_saved"] + (1.0 - n["gated"]) * gelu
+    mlp = n["gated"] * n["rt_mlp_gated_saved"] + (1.0 - n["gated"]) * gelu - frozen_mlp
     attn = ab * (2.0 * q + 2.0 * kvw)
     tp = attn + ab * mlp * f * slots
 
@@ -105,7 +110,8 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # every matmul's output, ``selective_saves_down``, keeps the MLP's down projection too)
     sel_rep = (ab * (2.0 + 0.5 * extra_norms + n["rt_selective_saves_down"]) * h
                + mixed * (n["param_bytes"] - ab) * h)
-    sel_tp = ab * ((q + 2.0 * kvw) + (1.0 + n["gated"]) * f * slots)
+    sel_tp = ab * ((q + 2.0 * kvw) + (1.0 + n["gated"]) * f * slots
+                   + n["lora"] * n["rt_selective_saves_adapters"] * n["lora_out_width"])
 
     plain = ab * 2.0 * h                                 # family "mlp": input and activation
     zero = jnp.zeros_like(h)

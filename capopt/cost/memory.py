@@ -258,7 +258,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # (autocast casts the weight the module holds: under ZeRO-3 / FSDP the gathered one)
     cast_share = n["rt_autocast_casts"] + (1.0 - n["rt_autocast_casts"]) * shard(f_param, dp)
     wcb = n["weight_copy_bytes"] * (1 - lora) * n["rt_weight_copy_fraction"]
-    cast_layer = wcb * cast_share * per_layer
+    # under LoRA the frozen model is in the compute dtype already; autocast casts the
+    # adapters (float32) instead
+    lora_casts = lora * n["rt_autocast_casts"] * lora_tp
+    cast_layer = (wcb * per_layer + n["weight_copy_bytes"] * n["rt_weight_copy_fraction"]
+                  * lora_casts) * cast_share
     cast_head = logits_mb * wcb * cast_share * (
         n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share
     casts_stored = layers * w_none * cast_layer

@@ -22,6 +22,8 @@ implement them (`capopt.validation.step`), so no oracle can judge them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 from dataclasses import dataclass, field
 
@@ -282,19 +284,20 @@ def draw_cases(n: int = 160, seed: int = 0, *, hardware: Hardware | None = None,
     return cases
 
 
-# The torch tier's share of the draw: decoder styles it builds, one device, the precisions and
-# optimizers it runs (`capopt.validation.torch_step`), no LoRA.
+# The torch tier's share of the draw: decoder styles it builds, the precisions and optimizers it
+# runs (`capopt.validation.torch_step`); LoRA in a draw of its own.
 TORCH_STYLES = ("gpt", "llama", "gqa-wide-head", "mqa", "gemma")
 
 
 def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = None,
                      runtime: RuntimeProfile | str = "pytorch-eager", per_shape: int = 2,
-                     ranks: tuple[int, ...] = (1, 8)) -> list[Case]:
+                     ranks: tuple[int, ...] = (1, 8), lora: bool = False) -> list[Case]:
     """``n`` cases the torch tier runs, drawn as `draw_cases` draws (the same card styles and
     sizes, micro-batches, sequences, accumulation, remat, flash), with the torch tier's
     precisions and optimizers; a card's configs take the data-parallel degrees of ``ranks``
     in turn (more than one: FSDP2 as ZeRO-2 or ZeRO-3, drawn); split by card shape the same
-    way."""
+    way. ``lora``: every case fine-tunes with LoRA or QLoRA (rank 4, 8 or 16; attention or
+    attention and MLP; a 16-bit or NF4 base), on one device, as the tier runs them."""
     from .torch_step import OPTIMIZERS as TORCH_OPTIMIZERS
     from .torch_step import PRECISIONS as TORCH_PRECISIONS
     hw, rt, rng = _draw_setup(hardware, runtime, seed)
@@ -308,12 +311,18 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
             wl, cfg = draw_config(rng, m, single_device_share=1.0)
             wl.update(precision=_pick(rng, TORCH_PRECISIONS),
                       optimizer=_pick(rng, TORCH_OPTIMIZERS), lora=None)
-            dp = ranks[j % len(ranks)]
+            dp = 1 if lora else ranks[j % len(ranks)]
+            if lora:
+                wl["lora"] = LoRA(rank=int(_pick(rng, (4, 8, 16))),
+                                  targets=_pick(rng, (("attn",), ("attn", "mlp"))),
+                                  base_bits=int(_pick(rng, (16, 4))))
+                if not _lora_ok(m, wl["lora"]):         # NF4 needs whole blocks: 16-bit
+                    wl["lora"] = dataclasses.replace(wl["lora"], base_bits=16)
             zero = int(_pick(rng, (2, 3))) if dp > 1 else 0
             cfg = cfg.replace(dp=dp, zero_stage=zero, sequence_parallel=False, ep=1)
             wl["global_batch"] = cfg.micro_batch * cfg.grad_accum * dp
-            case = _case(f"torch{seed}-{len(cases):03d}-{style}", style, m, shape, split, wl,
-                         cfg, hw, rt)
+            case = _case(f"torch{'lora' if lora else ''}{seed}-{len(cases):03d}-{style}", style,
+                         m, shape, split, wl, cfg, hw, rt)
             if case is not None:
                 cases.append(case)
     return cases

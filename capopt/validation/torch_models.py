@@ -21,6 +21,7 @@ Only ``import torch`` at call time: `capopt` and the other tiers never need torc
 
 from __future__ import annotations
 
+import functools
 import math
 
 from .._model import ModelSpec
@@ -45,15 +46,34 @@ def check_spec(spec: ModelSpec) -> None:
 
 
 def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple = (),
-                      param_dtype=None):
+                      param_dtype=None, lora=None, frozen_dtype=None):
     """The ``nn.Module`` for ``spec``; ``checkpoint[i]`` is block i's recomputation ("none",
-    "full" or "selective"); create it under a `FakeTensorMode` to allocate nothing."""
+    "full" or "selective"); create it under a `FakeTensorMode` to allocate nothing.
+
+    With ``lora`` (a `capopt.LoRA`), the matrices of its targets become `lora_linear` modules
+    (a frozen base in ``frozen_dtype``, or NF4 for ``base_bits = 4``, and trainable adapters
+    in ``param_dtype``), and every other parameter is frozen in ``frozen_dtype``: a
+    Hugging Face model loaded in its compute dtype with PEFT adapters kept in float32."""
     import torch
     import torch.nn.functional as F
     from torch import nn
 
     check_spec(spec)
     dtype = param_dtype or torch.float32
+    if lora is not None:
+        from .._inventory import LORA_MATRICES
+        wrapped = {name for t in lora.targets for name in LORA_MATRICES.get(t, ())}
+        LoRALinear = lora_linear_module()
+        base = frozen_dtype or dtype
+
+        def linear(name, i, o, b):
+            if name in wrapped:
+                return LoRALinear(i, o, b, rank=lora.rank, bits=lora.base_bits,
+                                  base_dtype=base, adapter_dtype=dtype)
+            return nn.Linear(i, o, bias=b, dtype=base)
+    else:
+        def linear(name, i, o, b):
+            return nn.Linear(i, o, bias=b, dtype=dtype)
     RMSNorm = _rms_norm_module()
     h, hd = spec.hidden_size, spec.head_size
     heads, kvh = spec.num_attention_heads, spec.kv_heads
@@ -91,11 +111,10 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
     class Attention(nn.Module):
         def __init__(self):
             super().__init__()
-            lin = lambda i, o, b: nn.Linear(i, o, bias=b, dtype=dtype)  # noqa: E731
-            self.q = lin(h, heads * hd, spec.attention_bias)
-            self.k = lin(h, kvh * hd, spec.attention_bias)
-            self.v = lin(h, kvh * hd, spec.attention_bias)
-            self.o = lin(heads * hd, h, spec.attention_out_bias)
+            self.q = linear("q", h, heads * hd, spec.attention_bias)
+            self.k = linear("k", h, kvh * hd, spec.attention_bias)
+            self.v = linear("v", h, kvh * hd, spec.attention_bias)
+            self.o = linear("o", heads * hd, h, spec.attention_out_bias)
             self.rate = float(spec.attention_dropout)
             self.rotary = spec.position_embedding == "rotary"
 
@@ -130,9 +149,9 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
             super().__init__()
             f, bias = spec.intermediate_size, spec.mlp_bias
             self.gated = spec.mlp_type == "gated"
-            self.gate = nn.Linear(h, f, bias=bias, dtype=dtype) if self.gated else None
-            self.up = nn.Linear(h, f, bias=bias, dtype=dtype)
-            self.down = nn.Linear(f, h, bias=bias, dtype=dtype)
+            self.gate = linear("gate", h, f, bias) if self.gated else None
+            self.up = linear("up", h, f, bias)
+            self.down = linear("down", f, h, bias)
 
         def forward(self, x):
             if self.gated:
@@ -188,7 +207,121 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
                 logits = self.lm_head(x)
             return logits
 
-    return DecoderLM()
+    model = DecoderLM()
+    if lora is not None:            # everything but the adapters is frozen, in the base dtype
+        for name, p in model.named_parameters():
+            if not name.endswith(("lora_a", "lora_b")):
+                p.requires_grad_(False)
+                if p.dtype != base:
+                    p.data = p.data.to(base)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# LoRA and QLoRA
+# --------------------------------------------------------------------------------------------
+# NF4's 16 code values (Dettmers et al. 2023, bitsandbytes' `get_4bit_type("nf4")`)
+NF4_CODE = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+            -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+            0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+            0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)
+
+
+@functools.cache
+def nf4_dequantize_op():
+    """``capopt::dequantize_nf4``: a weight stored as QLoRA stores it (two NF4 codes per
+    byte; one 8-bit absmax per `NF4_BLOCK` weights, dequantised by one float32 scale per
+    `NF4_BLOCK2` absmax codes) back in the compute dtype. An operator of its own, as
+    bitsandbytes registers ``dequantize_4bit``: its fake kernel allocates the output only, as
+    the one CUDA kernel does (the CPU composite's temporaries are no GPU's)."""
+    import torch
+
+    from .._runtime import NF4_BLOCK, NF4_BLOCK2
+
+    # (the schema written out: this module's annotations are strings)
+    @torch.library.custom_op("capopt::dequantize_nf4", mutates_args=(), schema=(
+        "(Tensor codes, Tensor absmax, Tensor scale2, int rows, int cols, ScalarType dtype)"
+        " -> Tensor"))
+    def dequantize_nf4(codes, absmax, scale2, rows, cols, dtype):
+        code = torch.tensor(NF4_CODE, dtype=torch.float32)
+        idx = torch.stack([codes >> 4, codes & 0xF], dim=-1).reshape(-1).long()
+        block_max = absmax.float() / 255.0 * scale2.repeat_interleave(NF4_BLOCK2)[
+            :absmax.numel()]
+        w = code[idx].view(-1, NF4_BLOCK) * block_max[:, None]
+        return w.reshape(-1)[:rows * cols].view(rows, cols).to(dtype)
+
+    @dequantize_nf4.register_fake
+    def _(codes, absmax, scale2, rows, cols, dtype):
+        return codes.new_empty((rows, cols), dtype=dtype)
+
+    return dequantize_nf4
+
+
+def lora_linear_module():
+    """``LoRALinear(in, out, bias, rank, bits, base_dtype, adapter_dtype)``: y = x W^T + b +
+    (x A^T) B^T with W and b frozen and A (rank x in), B (out x rank) trained, as PEFT's
+    ``lora.Linear`` (alpha / rank = 1, no adapter dropout). ``bits`` 16: W a frozen parameter
+    in ``base_dtype``; 4: W stored in NF4 (`nf4_dequantize_op`) and dequantised to the compute
+    dtype at each use, forward and backward (bitsandbytes' ``Linear4bit``: the dequantised
+    weight is a temporary; backward dequantises it again for the input's gradient)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from .._runtime import NF4_BLOCK, NF4_BLOCK2
+
+    class _NF4Linear(torch.autograd.Function):
+        """x W^T with W dequantised here and again in backward (nothing of W saved)."""
+
+        @staticmethod
+        def forward(ctx, x, codes, absmax, scale2, rows, cols):
+            ctx.stored = (codes, absmax, scale2, rows, cols)
+            w = nf4_dequantize_op()(codes, absmax, scale2, rows, cols, x.dtype)
+            return x @ w.t()
+
+        @staticmethod
+        def backward(ctx, grad):
+            codes, absmax, scale2, rows, cols = ctx.stored
+            w = nf4_dequantize_op()(codes, absmax, scale2, rows, cols, grad.dtype)
+            return grad @ w, None, None, None, None, None
+
+    class LoRALinear(nn.Module):
+        def __init__(self, din, dout, bias, *, rank, bits, base_dtype, adapter_dtype):
+            super().__init__()
+            if bits not in (4, 16):
+                raise _unsupported(f"the torch tier runs LoRA on a 16-bit or NF4 base, not "
+                                   f"{bits}-bit")
+            self.bits, self.rows, self.cols = bits, dout, din
+            if bits == 16:
+                self.weight = nn.Parameter(torch.empty(dout, din, dtype=base_dtype),
+                                           requires_grad=False)
+            else:
+                n = dout * din
+                blocks = -(-n // NF4_BLOCK)
+                self.register_buffer("codes", torch.zeros(blocks * NF4_BLOCK // 2,
+                                                          dtype=torch.uint8))
+                self.register_buffer("absmax", torch.zeros(blocks, dtype=torch.uint8))
+                self.register_buffer("scale2", torch.ones(-(-blocks // NF4_BLOCK2),
+                                                          dtype=torch.float32))
+            self.bias = (nn.Parameter(torch.zeros(dout, dtype=base_dtype), requires_grad=False)
+                         if bias else None)
+            self.lora_a = nn.Parameter(torch.empty(rank, din, dtype=adapter_dtype))
+            self.lora_b = nn.Parameter(torch.zeros(dout, rank, dtype=adapter_dtype))
+
+        def forward(self, x):
+            if self.bits == 16:
+                y = F.linear(x, self.weight, self.bias)
+            else:
+                dtype = (torch.get_autocast_dtype(x.device.type)
+                         if torch.is_autocast_enabled(x.device.type) else x.dtype)
+                with torch.autocast(x.device.type, enabled=False):
+                    y = _NF4Linear.apply(x.to(dtype), self.codes, self.absmax, self.scale2,
+                                         self.rows, self.cols)
+                    if self.bias is not None:
+                        y = y + self.bias.to(dtype)
+            return y + F.linear(F.linear(x, self.lora_a), self.lora_b)
+
+    return LoRALinear
 
 
 RMS_EPS = 1e-6
@@ -271,5 +404,5 @@ def count_params(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-__all__ = ["SUPPORTED_FAMILIES", "build_torch_model", "check_spec", "count_params", "recompute",
-           "selective_policy"]
+__all__ = ["NF4_CODE", "SUPPORTED_FAMILIES", "build_torch_model", "check_spec", "count_params",
+           "lora_linear_module", "nf4_dequantize_op", "recompute", "selective_policy"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from typing import Any
 
 from .._specs import Config, Scenario
@@ -55,8 +56,12 @@ def check_supported(scenario: Scenario, config: Config) -> None:
     if w.optimizer not in OPTIMIZERS:
         raise _unsupported(f"the torch tier runs optimizers {', '.join(OPTIMIZERS)}, "
                            f"not {w.optimizer!r}")
-    if w.lora is not None:
-        raise _unsupported("the torch tier does not run LoRA yet")
+    if w.lora is not None and w.lora.base_bits == 8:
+        raise _unsupported("the torch tier runs LoRA on a 16-bit or an NF4 (QLoRA) base, not "
+                           "an 8-bit one")
+    if w.lora is not None and config.dp > 1:
+        raise _unsupported("the torch tier runs LoRA and QLoRA on one device (FSDP2 shards "
+                           "one dtype per group; a frozen base and float32 adapters are two)")
     if config.tp > 1 or config.pp > 1 or config.ep > 1 or config.offload_optimizer:
         raise _unsupported("the torch tier runs one device or data parallelism (tp = pp = "
                            "ep = 1, no offload)")
@@ -154,8 +159,10 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     t0 = time.perf_counter()
     mesh = _fake_mesh(config.dp) if config.dp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=False):
+        # LoRA: the model in its compute dtype, frozen; the adapters in param_dtype
         model = build_torch_model(spec, flash=config.flash_attention, checkpoint=plan,
-                                  param_dtype=param_dtype)
+                                  param_dtype=param_dtype, lora=w.lora,
+                                  frozen_dtype=autocast or param_dtype)
         model.train()
         if mesh is not None:
             # FSDP2, torchtitan's wrapping: each block its own group, the root (embeddings,
@@ -188,6 +195,9 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
             if scale is not None:
                 meter.register([scale], "optimizer")
             meter.reset_peak()
+            # (a block whose input needs no gradient, LoRA's first, still fires its hook;
+            # torch warns that it does)
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
             hooks = [blk.register_full_backward_pre_hook(
                 lambda mod, g, i=i: meter.set_phase(f"backward:block{i}"))
                 for i, blk in enumerate(model.blocks)]
