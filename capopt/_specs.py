@@ -134,6 +134,23 @@ STAGE_KNOBS: dict[str, tuple[str, ...]] = {"pipeline_layers": ("even", "auto"),
                                           "stage_recompute": ("uniform", "auto")}
 
 
+def remat_weights(remat, layers: float | None = None) -> tuple[float, float, float]:
+    """Shares of a stage's blocks under (none, selective, full) recomputation. A fraction
+    recomputes whole blocks, ``round(fraction x layers)`` of the stage's ``layers`` (as
+    Megatron's ``--recompute-num-layers`` and the validation step's `remat_plan` do); with no
+    ``layers`` (a relaxed knob), the fraction itself."""
+    if remat == "none":
+        return (1.0, 0.0, 0.0)
+    if remat == "selective":
+        return (0.0, 1.0, 0.0)
+    if remat == "full":
+        return (0.0, 0.0, 1.0)
+    full = float(remat)
+    if layers is not None and layers >= 1:
+        full = round(full * layers) / layers
+    return (1.0 - full, 0.0, full)
+
+
 @dataclass(frozen=True)
 class Config:
     """One concrete choice of every knob."""
@@ -175,16 +192,10 @@ class Config:
     def devices(self) -> int:
         return self.dp * self.tp * self.pp
 
-    def remat_weights(self) -> tuple[float, float, float]:
-        """Fraction of layers under (none, selective, full) recomputation."""
-        r = self.remat
-        if r == "none":
-            return (1.0, 0.0, 0.0)
-        if r == "selective":
-            return (0.0, 1.0, 0.0)
-        if r == "full":
-            return (0.0, 0.0, 1.0)
-        return (1.0 - float(r), 0.0, float(r))
+    def remat_weights(self, layers: float | None = None) -> tuple[float, float, float]:
+        """Shares of a stage's ``layers`` blocks under (none, selective, full)
+        recomputation: `remat_weights`."""
+        return remat_weights(self.remat, None if layers is None else layers / self.pp)
 
     def replace(self, **changes) -> "Config":
         return dataclasses.replace(self, **changes)

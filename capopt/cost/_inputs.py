@@ -61,20 +61,22 @@ def runtime_knobs(k: Knobs, n: dict) -> Knobs:
     return k.replace(flash=k.flash * n["flash_ok"])
 
 
-def knobs_from_config(cfg: Config) -> Knobs:
+def knobs_from_config(cfg: Config, layers: float | None = None) -> Knobs:
+    """The knobs of a real config; with the model's ``layers``, a recomputed fraction counts
+    whole blocks of a stage (`capopt._specs.remat_weights`)."""
     zero = np.zeros(4, np.float32)
     zero[cfg.zero_stage] = 1.0
     f = lambda v: jnp.asarray(float(v), DTYPE)  # noqa: E731
     return Knobs(
         micro_batch=f(cfg.micro_batch), grad_accum=f(cfg.grad_accum), dp=f(cfg.dp),
         tp=f(cfg.tp), pp=f(cfg.pp), ep=f(cfg.ep), zero=jnp.asarray(zero),
-        remat=jnp.asarray(cfg.remat_weights(), DTYPE), sp=f(cfg.sequence_parallel),
+        remat=jnp.asarray(cfg.remat_weights(layers), DTYPE), sp=f(cfg.sequence_parallel),
         offload=f(cfg.offload_optimizer), flash=f(cfg.flash_attention))
 
 
-def stack_knobs(configs: list[Config]) -> Knobs:
+def stack_knobs(configs: list[Config], layers: float | None = None) -> Knobs:
     """Many configs as one batched `Knobs` (leading axis), for `vmap`."""
-    ks = [knobs_from_config(c) for c in configs]
+    ks = [knobs_from_config(c, layers) for c in configs]
     return jax.tree.map(lambda *xs: jnp.stack(xs), *ks)
 
 

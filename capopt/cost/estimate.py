@@ -64,8 +64,8 @@ def _compiled_estimate():
 
 def estimate(config: Config | Knobs, scenario: Scenario | dict, *, jit: bool = True) -> Estimate:
     """Memory and time of ``config`` (a `Config` or relaxed `Knobs`) in ``scenario``."""
-    k = knobs_from_config(config) if isinstance(config, Config) else config
     n = numbers_pytree(scenario)
+    k = (knobs_from_config(config, float(n["L"])) if isinstance(config, Config) else config)
     return (_compiled_estimate() if jit else estimate_numbers)(k, n)
 
 

@@ -221,14 +221,19 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     edge_bytes = edge * (first * in_flight + (1.0 - first))
     stored = layers * per_block * in_flight
     # the block under backward is its own micro-batch's: what it adds on top of the stored
-    top_own = (w_none * transient + w_sel * (rebuilt_sel + transient)
-               + w_full * (rebuilt_full + transient))
+    # Recomputing a fraction of the blocks recomputes the first ones (Megatron's "block"
+    # method, the validation step's `remat_plan`): the top block is a stored one whenever a
+    # block is stored, the bottom block a recomputed one whenever a block is recomputed.
+    # (Exact at whole blocks, smooth between for the relaxation.)
+    w_rec = jnp.maximum(w_sel + w_full, 1e-6)
     remat_share = jnp.minimum(1.0, (w_sel + w_full) * layers)       # 1 if any block rebuilds
-    rebuild_own = ((w_sel * (rebuilt_sel + transient) + w_full * (rebuilt_full + transient))
-                   / jnp.maximum(w_sel + w_full, 1e-6)) * remat_share
+    stored_share = jnp.minimum(1.0, w_none * layers)                # 1 if any block is stored
+    own_rec = (w_sel * (rebuilt_sel + transient) + w_full * (rebuilt_full + transient)) / w_rec
+    top_own = stored_share * transient + (1.0 - stored_share) * own_rec
+    rebuild_own = own_rec * remat_share
     stored_remat = layers * (w_sel * a_sel + w_full * a_full) * in_flight
-    bottom_own = (w_none * (a_none + transient) + w_sel * (a_sel + rebuilt_sel + transient)
-                  + w_full * (a_full + rebuilt_full + transient))
+    bottom_own = ((1.0 - remat_share) * (a_none + transient)
+                  + remat_share * ((w_sel * a_sel + w_full * a_full) / w_rec + own_rec))
 
     # --- logits and the loss (the stage with the head) ---
     # The loss's gradient in float32 (``logits_fp32_copies``) beside a compute-dtype

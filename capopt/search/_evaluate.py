@@ -118,7 +118,7 @@ def estimates(configs: list[Config], n: dict) -> list[Estimate]:
     if len(configs) > CHUNKS[0]:
         return [e for i in range(0, len(configs), CHUNKS[0])
                 for e in estimates(configs[i:i + CHUNKS[0]], n)]
-    ks = [knobs_from_config(c) for c in configs]
+    ks = [knobs_from_config(c, float(n["L"])) for c in configs]
     k = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *ks)
     size = CHUNKS[0]
     pad = size - len(configs)

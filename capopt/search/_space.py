@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
-from .._specs import REMAT_POLICIES, Config, Scenario
+from .._specs import REMAT_POLICIES, Config, Scenario, remat_weights
 from .._validity import broken
 from ..cost._inputs import DTYPE, Knobs
 
@@ -40,11 +40,6 @@ def remat_values(sc: Scenario) -> list:
     return vals
 
 
-def remat_weights(v) -> tuple[float, float, float]:
-    if isinstance(v, str):
-        return {"none": (1.0, 0.0, 0.0), "selective": (0.0, 1.0, 0.0),
-                "full": (0.0, 0.0, 1.0)}[v]
-    return (1.0 - float(v), 0.0, float(v))
 
 
 def _allowed(sc: Scenario, cols: dict[str, np.ndarray]) -> np.ndarray:
@@ -95,6 +90,7 @@ class Lattice:
 
     cols: dict[str, np.ndarray]
     remat_table: list            # code -> remat value (policy name or fraction)
+    layers: float | None = None  # the model's blocks: a fraction recomputes whole ones
 
     def __len__(self) -> int:
         return len(self.cols["dp"])
@@ -103,7 +99,14 @@ class Lattice:
         c = {k: (v if rows is None else v[rows]) for k, v in self.cols.items()}
         f = lambda x: jnp.asarray(x, DTYPE)  # noqa: E731
         zero = np.eye(4, dtype=np.float32)[c["zero_stage"]]
-        rw = np.asarray([remat_weights(v) for v in self.remat_table], np.float32)[c["remat"]]
+        # (per row: a fraction rounds to whole blocks of the row's pipeline stage)
+        pps = np.asarray(c["pp"], int)
+        codes = np.asarray(c["remat"], int)
+        rw = np.zeros((len(pps), 3), np.float32)
+        for p in np.unique(pps):
+            per = None if self.layers is None else self.layers / p
+            table = np.asarray([remat_weights(v, per) for v in self.remat_table], np.float32)
+            rw[pps == p] = table[codes[pps == p]]
         return Knobs(micro_batch=f(c["micro_batch"]), grad_accum=f(c["grad_accum"]),
                      dp=f(c["dp"]), tp=f(c["tp"]), pp=f(c["pp"]), ep=f(c["ep"]),
                      zero=jnp.asarray(zero), remat=jnp.asarray(rw),
@@ -225,7 +228,8 @@ class Space:
 
     def lattice(self, rows: list[tuple] | np.ndarray) -> "Lattice":
         arr = np.asarray(rows, np.int64).reshape(-1, len(COLUMNS))
-        return Lattice({c: arr[:, i] for i, c in enumerate(COLUMNS)}, self.remat_table)
+        return Lattice({c: arr[:, i] for i, c in enumerate(COLUMNS)}, self.remat_table,
+                       float(self.sc.model.num_hidden_layers))
 
 
 def build_lattice(sc: Scenario) -> Lattice:

@@ -95,7 +95,7 @@ def _top(probs: np.ndarray, allowed: list, k: int = 2) -> list:
 
 
 def _remat_candidates(space: Space, w: np.ndarray) -> list[int]:
-    from ._space import remat_weights
+    from .._specs import remat_weights
     d = [float(np.abs(np.asarray(remat_weights(v)) - w).sum()) for v in space.remat_table]
     return list(np.argsort(d)[:2])
 

@@ -108,7 +108,8 @@ def _predict(knobs, nums, input_bytes, extra_out, target: str):
 
 
 def _stack(samples: list[Sample]):
-    knobs = [knobs_from_config(s.config) for s in samples]
+    knobs = [knobs_from_config(s.config, float(s.scenario.model.num_hidden_layers))
+             for s in samples]
     nums = [scenario_numbers(s.scenario) for s in samples]
     keys = sorted(set.intersection(*(set(n) for n in nums)))
     k = jax.tree.map(lambda *xs: jnp.stack(xs), *knobs)
