@@ -14,7 +14,7 @@ Figures:
                         held-out splits, full-size cards), from
                         benchmarks/results/memory_random.json (no compiling)
   torch_peak_errors.png  predicted vs torch-tier peak of live tensors on the never-examined
-                        draw (seed 1), by layout, from benchmarks/results/torch_random_seed1.json
+                        draw (seed 2), by layout, from benchmarks/results/torch_random_seed2.json
 """
 
 from __future__ import annotations
@@ -79,14 +79,14 @@ def validation_figure():
 
 def torch_figure():
     import json
-    d = json.loads((ROOT / "benchmarks" / "results" / "torch_random_seed1.json").read_text())
+    d = json.loads((ROOT / "benchmarks" / "results" / "torch_random_seed2.json").read_text())
     pts = [{"split": q["features"]["layout"], "measured_peak_bytes": q["measured"]["peak_bytes"],
             "error": q["error"]} for q in d["points"]]
     groups = {"1 device": ("one device", "o", "C0"),
               "dp ZeRO-2": ("FSDP2 ZeRO-2, 8 ranks", "s", "C1"),
               "dp ZeRO-3": ("FSDP2 ZeRO-3, 8 ranks", "D", "C3")}
     return figures.peak_errors(pts, groups=groups, title=(
-        "live-tensor peak on random configs (seed 1, never examined): pytorch-eager profile "
+        "live-tensor peak on random configs (seed 2, never examined): pytorch-eager profile "
         "against the torch tier"))
 
 
