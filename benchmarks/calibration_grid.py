@@ -143,7 +143,7 @@ _CARDS = {
 
 
 def grid_model(kind: str):
-    from .._model import ModelSpec
+    from capopt._model import ModelSpec
     style, name, hidden, layers, heads, kv, ffn, vocab, extra = _CARDS.get(kind, _CARDS["llama"])
     kv_heads = {} if kv is None else {"num_key_value_heads": kv}
     return ModelSpec(**{**style, "name": name, "hidden_size": hidden,
@@ -152,7 +152,7 @@ def grid_model(kind: str):
 
 
 def _scenario(name, model, seq, batch, prec, count, hw, runtime) -> Scenario:
-    from .._specs import Budget, Workload
+    from capopt._specs import Budget, Workload
     return Scenario(name=name, model=grid_model(model), hardware=hw, count=count,
                     per_node=count, workload=Workload(seq_len=seq, global_batch=batch,
                                                       precision=prec),

@@ -211,6 +211,8 @@ def test_stage_layout_solve_is_valid_and_no_worse_than_even():
     d = res.to_dict()
     assert d["stage_layout"]["pipeline_layers"] == res.layout.layers
     assert "pipeline stages" in render(res)
+    # every candidate renders, a LayoutPlan (a Plan with its stage layout) among them
+    assert all("config:" in render(c) for c in res.candidates)
 
 
 def test_stage_layout_gradients_are_finite():

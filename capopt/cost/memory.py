@@ -227,9 +227,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # (Exact at whole blocks, smooth between for the relaxation.)
     w_rec = jnp.maximum(w_sel + w_full, 1e-6)
     remat_share = jnp.minimum(1.0, (w_sel + w_full) * layers)       # 1 if any block rebuilds
-    stored_share = jnp.minimum(1.0, w_none * layers)                # 1 if any block is stored
+    top_stored = jnp.minimum(1.0, w_none * layers)                  # 1 if any block is stored
     own_rec = (w_sel * (rebuilt_sel + transient) + w_full * (rebuilt_full + transient)) / w_rec
-    top_own = stored_share * transient + (1.0 - stored_share) * own_rec
+    top_own = top_stored * transient + (1.0 - top_stored) * own_rec
     rebuild_own = own_rec * remat_share
     stored_remat = layers * (w_sel * a_sel + w_full * a_full) * in_flight
     bottom_own = ((1.0 - remat_share) * (a_none + transient)

@@ -24,7 +24,7 @@ def render(result, title: str | None = None) -> str:
         return validation_table(result)
     if kind == "CalibrationResult":
         return calibration_table(result)
-    if kind == "Plan":
+    if any(c.__name__ == "Plan" for c in type(result).__mro__):      # a LayoutPlan too
         return plan_table(result.to_dict(), title)
     if isinstance(result, dict) and {"memory", "time", "throughput"} <= set(result):
         return plan_table(result, title)

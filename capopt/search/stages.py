@@ -164,7 +164,9 @@ class LayoutProblem:
         self.sc, self.config, self.n = sc, config, n
         self.p = int(config.pp)
         self.L = int(sc.model.num_hidden_layers)
-        self.k = knobs_from_config(config)
+        # (a recomputed fraction is whole blocks of a stage, as in the step estimate `_rest`
+        # subtracts from)
+        self.k = knobs_from_config(config, float(self.L))
         # numpy copies for the few host-side sums (tokens per step, the per-step rest): on jax
         # values each operation would compile a program of its own in a fresh process
         self.k_host = jax.tree.map(np.asarray, self.k)
@@ -337,7 +339,9 @@ def best_layouts(sc: Scenario, n: dict, configs: list[Config], seed: int = 0,
     for cfg in configs:
         if cfg.pp < 2 or sc.model.num_hidden_layers < cfg.pp:
             continue
-        if rec_on and cfg.remat == "full":      # the recompute counts take its place
+        # the recompute counts take the place of full recomputation (and of a fraction that
+        # is every block of a stage)
+        if rec_on and cfg.remat_weights(sc.model.num_hidden_layers)[2] == 1.0:
             cfg = dataclasses.replace(cfg, remat="none")
         out.append(LayoutProblem(sc, cfg, n, layers_on, rec_on).solve(seed=seed,
                                                                       optimizer=optimizer))

@@ -243,7 +243,7 @@ def nf4_dequantize_op():
         "(Tensor codes, Tensor absmax, Tensor scale2, int rows, int cols, ScalarType dtype)"
         " -> Tensor"))
     def dequantize_nf4(codes, absmax, scale2, rows, cols, dtype):
-        code = torch.tensor(NF4_CODE, dtype=torch.float32)
+        code = torch.tensor(NF4_CODE, dtype=torch.float32, device=codes.device)
         idx = torch.stack([codes >> 4, codes & 0xF], dim=-1).reshape(-1).long()
         block_max = absmax.float() / 255.0 * scale2.repeat_interleave(NF4_BLOCK2)[
             :absmax.numel()]
