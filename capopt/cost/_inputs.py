@@ -20,7 +20,7 @@ import numpy as np
 from .._runtime import (INT8_SCALE_BYTES, NF4_BYTES_PER_WEIGHT, adafactor_state_elems,
                         adam8bit_moment_bytes)
 from .._inventory import inventory, trainable
-from .._specs import Config, Scenario
+from .._specs import Config, LoRA, Scenario
 
 DTYPE = jnp.float32
 
@@ -132,34 +132,28 @@ def parameter_groups(tensors) -> dict[str, float]:
     return {**g, **w}
 
 
-def lora_rank(adapters) -> int:
-    """The adapters' rank: the inner width of an A (din x rank) matrix."""
-    return next((t.shape[-1] for t in adapters if t.name.endswith(".lora_a")), 0)
-
-
-def lora_numbers(tensors, layers: int, base_bits: int, prec: dict, coeffs: dict) -> dict:
+def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> dict:
     """LoRA's numbers from the inventory: adapters and wrapped (base) matrices per block, the
     wrapped k/v part, bytes per base weight and the 8-bit bases' float32 per-column scales
     (split by tp on column-parallel matrices, replicated on row-parallel ones)."""
     per = lambda ts: sum(t.elements for t in ts) / layers  # noqa: E731
     adapters = [t for t in tensors if t.lora == "adapter"]
     base = [t for t in tensors if t.lora == "base"]
-    eight = float(base_bits == 8) * INT8_SCALE_BYTES
+    eight = float(lora.base_bits == 8) * INT8_SCALE_BYTES
     cols = lambda t: t.count * t.shape[-1] * (t.shape[0] if t.expert else 1)  # noqa: E731
     return {
         "lora_layer": per(adapters),
         "lora_base_layer": per(base),
         "lora_base_kv": per([t for t in base if t.tp == "kv"]),
         "base_bytes": {4: NF4_BYTES_PER_WEIGHT, 8: coeffs["base_bytes_8bit"],
-                       16: float(prec["act_bytes"])}[base_bits],
+                       16: float(prec["act_bytes"])}[lora.base_bits],
         "base_scale_tp_bytes": eight * sum(cols(t) for t in base if t.tp != "row") / layers,
         "base_scale_rep_bytes": eight * sum(cols(t) for t in base if t.tp == "row") / layers,
         "frozen_bytes": float(prec["act_bytes"]),
         # the MLP's matrices wrapped (their inputs kept for the adapters' gradients)
         "lora_mlp": float(any(t.matmul in ("gate", "up", "down") for t in base)),
         # per token, the widths of every adapter's two matmul outputs (x A and x A B)
-        "lora_out_width": sum(t.count * (t.shape[-1] + lora_rank(adapters))
-                              for t in base) / layers,
+        "lora_out_width": sum(t.count * (t.shape[-1] + lora.rank) for t in base) / layers,
     }
 
 
@@ -277,7 +271,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
 
     # --- LoRA / QLoRA ---
     if w.lora is not None:
-        n.update(lora_numbers(inventory(m, w.lora), L, w.lora.base_bits, prec, c))
+        n.update(lora_numbers(inventory(m, w.lora), L, w.lora, prec, c))
         n["lora"] = 1.0
         n["lora_rank"] = float(w.lora.rank)
     else:

@@ -180,10 +180,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     grads_all = zero_shard(f_grad, trainable, trainable_expert, k) * gb
     accumulating = step_at_least(k.grad_accum, 2.0)
     # (under accumulation the embedding's accumulator is that buffer, counted in ``accum``)
-    embed_table = (first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"])
-                   * shard(f_grad, dp) * gb)
     # (the dense gradient itself is the whole table: ZeRO splits it only once reduced)
     embed_full = first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"]) * gb
+    embed_table = embed_full * shard(f_grad, dp)
     embed_grad = (embed_table * n["rt_embed_grad_early"]
                   * (1.0 - accumulating * n["rt_accum_buffer"]))
     head_grad = logits_mb * (1 - lora) * (n["P_head_tp"] * vocab_share + n["P_head_rep"]) \
@@ -262,12 +261,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # embedding table is read by a gather, never cast whole.
     # (autocast casts the weight the module holds: under ZeRO-3 / FSDP the gathered one)
     cast_share = n["rt_autocast_casts"] + (1.0 - n["rt_autocast_casts"]) * shard(f_param, dp)
-    wcb = n["weight_copy_bytes"] * (1 - lora) * n["rt_weight_copy_fraction"]
+    wcf = n["weight_copy_bytes"] * n["rt_weight_copy_fraction"]
+    wcb = wcf * (1 - lora)
     # under LoRA the frozen model is in the compute dtype already; autocast casts the
     # adapters (float32) instead
     lora_casts = lora * n["rt_autocast_casts"] * lora_tp
-    cast_layer = (wcb * per_layer + n["weight_copy_bytes"] * n["rt_weight_copy_fraction"]
-                  * lora_casts) * cast_share
+    cast_layer = wcf * ((1 - lora) * per_layer + lora_casts) * cast_share
     cast_head = logits_mb * wcb * cast_share * (
         n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share
     casts_stored = layers * w_none * cast_layer

@@ -40,8 +40,6 @@ def remat_values(sc: Scenario) -> list:
     return vals
 
 
-
-
 def _allowed(sc: Scenario, cols: dict[str, np.ndarray]) -> np.ndarray:
     """Rows of ``cols`` that break none of the rules reading only these knobs."""
     return ~broken(cols, sc, known=set(cols))
