@@ -2,9 +2,10 @@
 
 A card is a TOML file whose top-level keys are `ModelSpec` field names (plus ``name``,
 ``family``, ``published_params`` and ``source``); unknown keys are errors. A Hugging Face
-``config.json`` imports as a card through `card_from_hf_config`, which applies each model
-family's conventions (which projections carry biases, whether the LM head is tied, ...), so
-that the imported card counts exactly the parameters of the checkpoint.
+``config.json`` (a path, or a repo id such as ``meta-llama/Llama-3.1-8B`` read through the
+Hub's cache, `capopt._hub`) imports as a card through `card_from_hf_config`, which applies
+each model family's conventions (which projections carry biases, whether the LM head is
+tied, ...), so that the imported card counts exactly the parameters of the checkpoint.
 
 Every problem with the input raises `CapoptError` naming the file and the key.
 """
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import CapoptError
-from ._io import check_depth, is_file, parse_json, parse_toml, read_text
+from ._hub import hub_config_path, parse_repo_id
+from ._io import check_depth, is_file, parse_json, parse_toml, path_exists, read_text
 from ._model import ModelSpec
 
 __all__ = ["HF_MODEL_TYPES", "card_from_dict", "card_from_hf_config", "list_cards", "load_card",
@@ -52,14 +54,20 @@ def list_cards() -> list[str]:
 
 
 def load_card(name_or_path: str | os.PathLike[str]) -> ModelSpec:
-    """A `ModelSpec` from a card name, a path to a card ``.toml``, or a path to a ``.json``.
+    """A `ModelSpec` from a card name, a path to a card ``.toml`` or a ``.json``, or a Hugging
+    Face repo id (``owner/name`` or ``owner/name@revision``) whose ``config.json`` is read.
 
-    A name is looked up in `models_dir` (case-insensitively); a string is taken as a path when
-    it ends in ``.toml`` or ``.json``, contains a path separator, or names an existing file.
+    A name is looked up in `models_dir` (case-insensitively); ``owner/name`` that is not an
+    existing path is a repo id; another string is taken as a path when it ends in ``.toml`` or
+    ``.json``, contains a path separator, or names an existing file.
 
     >>> load_card("gpt2-124m").num_params()
     124439808
     """
+    if not isinstance(name_or_path, os.PathLike):
+        hub = parse_repo_id(str(name_or_path))
+        if hub is not None and not path_exists(Path(str(name_or_path))):
+            return _load_hub(*hub)
     if isinstance(name_or_path, os.PathLike) or _looks_like_path(str(name_or_path)):
         return _load_path(Path(name_or_path))
     name = str(name_or_path).strip()
@@ -71,6 +79,16 @@ def load_card(name_or_path: str | os.PathLike[str]) -> ModelSpec:
         raise CapoptError(f"unknown card {name!r}{hint}", field="model.card",
                           allowed=", ".join(known) or f"none: {models_dir()} has no cards")
     return _load_path(models_dir() / f"{match}.toml")
+
+
+def _load_hub(repo_id: str, revision: str | None) -> ModelSpec:
+    """A Hugging Face repo id's ``config.json`` (`capopt._hub`), named as the repo is
+    (lower case) and, in errors, as ``repo_id/config.json``."""
+    path = hub_config_path(repo_id, revision)
+    where = f"{repo_id}/config.json"
+    data = parse_json(read_text(path, field="model.card"), where)
+    check_depth(data, where)
+    return card_from_hf_config(data, name=repo_id.split("/")[-1].lower(), file=where)
 
 
 def _looks_like_path(s: str) -> bool:

@@ -202,11 +202,37 @@ def _lora(raw, file) -> LoRA | None:
 
 
 def scenario_from_dict(data: Mapping, *, file: str | None = None,
-                       overrides: Mapping[str, Any] | None = None) -> Scenario:
+                       overrides: Mapping[str, Any] | None = None,
+                       values: Mapping[str, tuple[Any, str]] | None = None) -> Scenario:
+    """A `Scenario` from a scenario's tables; see `load_scenario` for ``overrides`` and
+    ``values``."""
+    values = dict(values or {})
+    data = with_values(data, values)
+    given = {field: label for field, (_, label) in values.items()}
     try:
         return _from_dict(data, file, overrides or {})
     except CapoptError as e:
+        # a bad value given on the command line is named as it was given, not as the file's
+        label = given.get(e.field or "")
+        if label is None and (e.field or "").startswith("training.lora"):
+            label = given.get("training.lora")
+        if label is not None:
+            raise CapoptError(e.message, field=label, allowed=e.allowed) from None
         raise e.in_file(file) if file else e from None
+
+
+def with_values(data: Mapping, values: Mapping[str, tuple[Any, str]]) -> dict:
+    """``data`` with each ``"section.key"`` of ``values`` set to its value (a copy)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for field, (value, label) in values.items():
+        section, _, key = field.partition(".")
+        if section not in SCHEMA or key not in SCHEMA[section]:
+            raise CapoptError(f"not a scenario field {field!r}", field=label)
+        table = out.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise CapoptError("must be a table", field=section)
+        table[key] = value
+    return out
 
 
 def _nested(load, arg, file, field):
@@ -323,6 +349,7 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
         if key not in KNOBS:
             raise CapoptError(f"unknown knob {key!r}", field="--set", allowed=", ".join(KNOBS))
         cfg_t[key] = value
+    _rederive_batch_split(cfg_t, overrides, file)
     stage = {}
     for name, allowed in STAGE_KNOBS.items():
         raw = cfg_t.pop(name, allowed[0])
@@ -352,6 +379,24 @@ class CapoptWarning(UserWarning):
     """Input that is allowed but probably not what was meant (the CLI prints one line)."""
 
 
+# micro_batch x grad_accum x dp = global_batch: pinning one of the pair on the command line
+# frees the other where only the file pinned it
+_BATCH_PAIR = {"micro_batch": "grad_accum", "grad_accum": "micro_batch"}
+
+
+def _rederive_batch_split(cfg_t: dict, overrides: Mapping[str, Any], file) -> None:
+    """``--set micro_batch=N`` over a file that pins ``grad_accum`` (or the reverse): the
+    file's value is let go (``"auto"``: derived from the global batch, or searched) and a
+    warning says so; both set on the command line stay as given."""
+    for key, other in _BATCH_PAIR.items():
+        if key in overrides and other not in overrides and cfg_t.get(other, "auto") != "auto":
+            was = cfg_t[other]
+            cfg_t[other] = "auto"
+            warnings.warn(f"--set {key}={overrides[key]!r}: {other} (pinned to {was!r} in "
+                          f"{file or 'the scenario'}) is derived from the global batch; "
+                          f"--set {other}=N to pin both", CapoptWarning, stacklevel=4)
+
+
 def _check_workload_fits_model(model, workload, file) -> None:
     """A LoRA rank beyond the wrapped matrices' smallest side is an error; a sequence longer
     than the card's position table is a warning (rotary cards extrapolate; a learned table
@@ -372,18 +417,30 @@ def _check_workload_fits_model(model, workload, file) -> None:
 
 
 def load_scenario(path_or_dict: str | os.PathLike | Mapping | None = None, *,
-                  overrides: Mapping[str, Any] | None = None) -> Scenario:
+                  overrides: Mapping[str, Any] | None = None,
+                  values: Mapping[str, tuple[Any, str]] | None = None) -> Scenario:
     """A `Scenario` from a TOML path, a scenario name in ``scenarios/``, or a dict.
 
-    ``None`` loads the default scenario. Bad input raises `CapoptError` naming file and field.
+    ``None`` loads the default scenario. ``overrides`` pins ``[config]`` knobs (``--set``);
+    ``values`` sets scenario fields, ``{"training.seq_len": (4096, "--seq-len")}``, over the
+    file's (each with the name it was given by, which a bad value's error names). Bad input
+    raises `CapoptError` naming file and field.
     """
     if isinstance(path_or_dict, Mapping):
         check_depth(path_or_dict, None, limit=4)
-        return scenario_from_dict(path_or_dict, overrides=overrides)
+        return scenario_from_dict(path_or_dict, overrides=overrides, values=values)
     path = resolve_scenario_path(path_or_dict or DEFAULT_SCENARIO)
     data = parse_toml(read_text(path), str(path))
     check_depth(data, str(path), limit=4)
-    return scenario_from_dict(data, file=str(path), overrides=overrides)
+    return scenario_from_dict(data, file=str(path), overrides=overrides, values=values)
+
+
+def one_line_scenario(values: Mapping[str, tuple[Any, str]],
+                      overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """A scenario from command-line values alone (no file): ``model.card`` is required, the
+    rest defaults as a file's would (one device, every knob searched); named
+    ``command line``."""
+    return scenario_from_dict({"name": "command line"}, overrides=overrides, values=values)
 
 
 def pinned_config(sc: Scenario, **knobs) -> Config:

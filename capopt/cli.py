@@ -15,16 +15,51 @@ from ._units import GiB
 from .report.text import calibration_table, optimize_table, plan_table, validation_table
 
 # --------------------------------------------------------------------------------------------
+# A question on one line: scenario fields given as flags (over a file's, or without one)
+QUESTION_FLAGS = {
+    "--model": "model.card", "--gpu": "hardware.gpu", "--count": "hardware.count",
+    "--per-node": "hardware.per_node", "--seq-len": "training.seq_len",
+    "--global-batch": "training.global_batch", "--precision": "training.precision",
+    "--optimizer": "training.optimizer", "--runtime": "training.runtime",
+    "--lora": "training.lora", "--vram-gib": "budget.vram_gib",
+}
+_FLAG_OF = {field: flag for flag, field in QUESTION_FLAGS.items()}
+
+
 def _overrides(items: list[str] | None) -> dict[str, Any]:
     from ._scenario import parse_override
-    return dict(parse_override(s) for s in items or [])
+    out = dict(parse_override(s) for s in items or [])
+    for key in out:
+        flag = next((f for f, field in QUESTION_FLAGS.items()
+                     if field.split(".")[1] in (key, key.replace("-", "_"))), None)
+        if flag:
+            raise CapoptError(f"{key!r} is a scenario field, not a knob", field="--set",
+                              allowed=f"{flag} VALUE")
+    return out
+
+
+def _scenario(args):
+    """The scenario a command is about: its file (or the default one) with the flags'
+    values over it, or, with ``--model`` and no file, the flags alone."""
+    from ._scenario import load_scenario, one_line_scenario
+    values = {field: (getattr(args, flag[2:].replace("-", "_")), flag)
+              for flag, field in QUESTION_FLAGS.items()
+              if getattr(args, flag[2:].replace("-", "_"), None) is not None}
+    overrides = _overrides(args.set)
+    if args.scenario is not None or "model.card" not in values:
+        return load_scenario(args.scenario, overrides=overrides, values=values)
+    try:
+        return one_line_scenario(values, overrides)
+    except CapoptError as e:
+        if e.file is None and e.field in _FLAG_OF:      # a field no flag gave: name the flag
+            raise CapoptError(e.message, field=_FLAG_OF[e.field], allowed=e.allowed) from None
+        raise
 
 
 def cmd_plan(args) -> int:
-    from ._scenario import load_scenario
     from ._scenario import pinned_config
     from ._validity import config_problems
-    sc = load_scenario(args.scenario, overrides=_overrides(args.set))
+    sc = _scenario(args)
     cfg = pinned_config(sc)
     for field, why in config_problems(cfg, sc)[:1]:
         raise CapoptError(why, file=sc.path, field=field)
@@ -42,8 +77,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_optimize(args) -> int:
-    from ._scenario import load_scenario
-    sc = load_scenario(args.scenario, overrides=_overrides(args.set))
+    sc = _scenario(args)
     from .search._space import no_layout_reason
     reason = no_layout_reason(sc)
     if reason:
@@ -72,9 +106,9 @@ def cmd_optimize(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from ._scenario import load_scenario, pinned_config
+    from ._scenario import pinned_config
     from .search.remedies import explain
-    sc = load_scenario(args.scenario, overrides=_overrides(args.set))
+    sc = _scenario(args)
     cfg = pinned_config(sc)
     rep = explain(sc, cfg)
     if args.json:
@@ -132,9 +166,9 @@ def cmd_catalog(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from ._scenario import load_scenario, pinned_config
+    from ._scenario import pinned_config
     from .validation import validate
-    sc = load_scenario(args.scenario, overrides=_overrides(args.set))
+    sc = _scenario(args)
     configs = [pinned_config(sc)] if args.pinned else None
     rep = validate(sc, top_k=args.top, tier=args.tier, configs=configs, out=args.out,
                    timeout_s=args.timeout, progress=not args.json)
@@ -227,6 +261,24 @@ _seconds = _number(float, "a number of seconds", lambda v: math.isfinite(v) and 
 _share = _number(float, "a number", lambda v: 0.0 <= v < 1.0, "a share from 0 to below 1")
 
 
+_whole = _number(int, "an integer", lambda v: v >= 1, "a positive integer")
+_gib = _number(float, "a number of GiB", lambda v: math.isfinite(v) and v > 0,
+               "a number of GiB > 0")
+
+
+def _lora(text: str) -> dict[str, int]:
+    """``RANK`` or ``RANK:BITS`` as the scenario's ``training.lora`` table."""
+    rank, _, bits = text.partition(":")
+    try:
+        out = {"rank": int(rank)}
+        if bits:
+            out["base_bits"] = int(bits)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: RANK or RANK:BITS, e.g. 16 or "
+                                         "64:4") from None
+    return out
+
+
 def _plot_path(text: str) -> str:
     if not text.lower().endswith(PLOT_FORMATS):
         raise argparse.ArgumentTypeError(f"{text!r}: the file's suffix says the format; "
@@ -255,6 +307,28 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.add_argument("--plot", metavar="FILE", type=_plot_path,
                        help="also save a figure (.png, .svg or .pdf)")
+        q = p.add_argument_group(
+            "the question on one line (over the scenario's values, or with --model and no "
+            "scenario, in place of a file)")
+        q.add_argument("--model", metavar="CARD", help="a card name, a card .toml or "
+                       "config.json path, or a Hugging Face repo id (owner/name[@revision])")
+        q.add_argument("--gpu", metavar="NAME", help="a GPU of `capopt catalog gpus`")
+        q.add_argument("--count", type=_positive_int, metavar="N", help="GPUs (default 1)")
+        q.add_argument("--per-node", type=_positive_int, metavar="N", help="GPUs per node")
+        q.add_argument("--seq-len", type=_whole, metavar="TOKENS")
+        q.add_argument("--global-batch", type=_whole, metavar="SEQUENCES",
+                       help="sequences per optimizer step")
+        q.add_argument("--precision", metavar="NAME",
+                       help="fp32, bf16, bf16-mixed (default), fp16-mixed, fp8-mixed")
+        q.add_argument("--optimizer", metavar="NAME", help="adamw (default), adam, "
+                       "adamw-8bit, adafactor, lion, sgd, sgd-momentum")
+        q.add_argument("--runtime", metavar="PROFILE", help="a profile of `capopt catalog "
+                       "profiles` (default xla-gpu)")
+        q.add_argument("--lora", type=_lora, metavar="RANK[:BITS]",
+                       help="LoRA adapters of RANK on attention and MLP; BITS 4 (QLoRA), 8 "
+                            "or 16 (default) for the frozen base")
+        q.add_argument("--vram-gib", type=_gib, metavar="GIB",
+                       help="memory per GPU to plan for (default: the GPU's)")
 
     p = sub.add_parser("plan", help="memory and time of one config")
     scenario_args(p, optional=True)
@@ -285,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="why a pinned config does not fit, and what would fix it")
-    scenario_args(p)
+    scenario_args(p, optional=True)
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("catalog", help="list GPUs, model cards, scenarios, runtime profiles")
