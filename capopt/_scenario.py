@@ -49,6 +49,20 @@ def list_scenarios() -> list[str]:
     return sorted(p.stem for p in d.glob("*.toml")) if d.is_dir() else []
 
 
+def describe_scenario(name: str) -> str:
+    """One line about a scenario of `list_scenarios`: its ``name`` field, or its file's first
+    comment line where it has none."""
+    text = read_text(scenarios_dir() / f"{name}.toml")
+    try:
+        title = tomllib.loads(text).get("name")
+    except tomllib.TOMLDecodeError:
+        title = None
+    if isinstance(title, str) and title.strip():
+        return title.strip()
+    first = next((ln for ln in text.splitlines() if ln.startswith("#")), "")
+    return first.lstrip("#").strip()
+
+
 def resolve_scenario_path(name_or_path: str | os.PathLike) -> Path:
     p = Path(name_or_path)
     if path_exists(p):

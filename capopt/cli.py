@@ -91,6 +91,11 @@ def cmd_optimize(args) -> int:
         print(json.dumps(d, indent=2))
     else:
         print(optimize_table(res))
+        if 0 < len(res.candidates) < args.top:
+            more = ("" if res.method == "exhaustive" else
+                    "; --method exhaustive scores every config")
+            print(f"only {len(res.candidates)} of the {res.evaluated:,} configs evaluated fit "
+                  f"(--top {args.top} asked{more})")
     if args.plot and res.best:
         from .report.figures import pareto, save
         from .search.explore import landscape
@@ -157,8 +162,12 @@ def cmd_catalog(args) -> int:
             print(table(rows, ["card", "family", "params", "layers", "hidden", "heads", "kv",
                                "experts"]))
     elif args.what == "scenarios":
-        from ._scenario import list_scenarios
-        print("\n".join(list_scenarios()))
+        from ._scenario import describe_scenario, list_scenarios
+        rows = [(name, describe_scenario(name)) for name in list_scenarios()]
+        if args.json:
+            print(json.dumps(dict(rows), indent=2))
+        else:
+            print(table(rows, ["scenario", "name"], "ll"))
     else:
         from ._runtime import list_profiles
         print("\n".join(list_profiles()))
@@ -171,7 +180,7 @@ def cmd_validate(args) -> int:
     sc = _scenario(args)
     configs = [pinned_config(sc)] if args.pinned else None
     rep = validate(sc, top_k=args.top, tier=args.tier, configs=configs, out=args.out,
-                   timeout_s=args.timeout, progress=not args.json)
+                   timeout_s=args.timeout, progress=not args.json, jobs=args.jobs)
     print(json.dumps(rep.to_dict(), indent=2) if args.json else validation_table(rep))
     return 0
 
@@ -356,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pinned", action="store_true", help="validate the pinned config only")
     p.add_argument("--out", metavar="FILE.jsonl", help="stream results here (resumable)")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds per candidate")
+    p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                   help="candidates measured at once, each in its own process (the device "
+                        "tier: one at a time on the one device)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="why a pinned config does not fit, and what would fix it")

@@ -187,6 +187,27 @@ def test_catalogs_list(capsys):
         assert code == 0 and out.strip()
 
 
+def test_catalog_of_scenarios_gives_each_its_name(capsys):
+    from capopt._scenario import list_scenarios, load_scenario
+    code, out, _ = run(["catalog", "scenarios"], capsys)
+    rows = {ln.split()[0]: ln for ln in out.splitlines()[2:]}
+    assert sorted(rows) == list_scenarios()
+    for name in ("llama3-8b-8xh100", "qlora-llama2-7b-24gb"):
+        assert load_scenario(name).name in rows[name]
+
+
+def test_optimize_says_when_fewer_than_top_fit(tmp_path, capsys):
+    # one device, everything pinned but remat: at most four configs exist
+    f = _write(tmp_path, '[model]\ncard = "tiny-llama"\n[hardware]\ngpu = "a100-sxm-80gb"\n'
+                         '[training]\nseq_len = 128\nglobal_batch = 4\n[config]\n'
+                         'micro_batch = 4\nremat = ["none", "full"]\n')
+    code, out, _ = run(["optimize", f, "--top", "5", "--method", "exhaustive"], capsys)
+    assert code == 0
+    assert "only 2 of the 2 configs evaluated fit (--top 5 asked)" in out
+    code, out, _ = run(["optimize", f, "--top", "2", "--method", "exhaustive"], capsys)
+    assert code == 0 and "only" not in out
+
+
 # ---- answers that used to be wrong without a word ------------------------------------------
 def _write(tmp_path, text, name="s.toml"):
     p = tmp_path / name

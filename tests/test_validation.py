@@ -321,6 +321,21 @@ def test_progress_bar_writes_one_line_per_candidate_off_a_terminal():
     assert len(lines) == 2 and "2/2" in lines[1] and "oom" in lines[1]
 
 
+def test_progress_bar_names_the_candidate_being_measured_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    buf = Tty()
+    p = Progress(2, stream=buf)
+    p.start("mb=1 ga=2")
+    assert "running" in buf.getvalue() and "mb=1 ga=2" in buf.getvalue() and "0/2" in buf.getvalue()
+    p.update("mb=1 ga=2", "ok")
+    assert buf.getvalue().count("\r") == 2 and "1/2" in buf.getvalue().split("\r")[-1]
+    off = io.StringIO()
+    Progress(2, stream=off).start("x")          # off a terminal: a line per result only
+    assert off.getvalue() == ""
+
+
 # ---- 5. xla-gpu and device tiers --------------------------------------------------------------
 _XLA_GPU, _WHY = xla_gpu_available()
 

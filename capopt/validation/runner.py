@@ -108,16 +108,26 @@ class Progress:
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.t0 = time.perf_counter()
 
+    def start(self, label: str) -> None:
+        """A candidate begins (on a terminal: the bar says which one is being measured)."""
+        with self.lock:
+            if self.enabled and self.tty:
+                self.stream.write("\r\033[K" + self._line("running", label))
+                self.stream.flush()
+
     def update(self, label: str, status: str) -> None:
         with self.lock:
             self._update(label, status)
+
+    def _line(self, status: str, label: str) -> str:
+        return (f"[{bar(self.done / max(self.total, 1), 20)}] {self.done}/{self.total} "
+                f"{status:<7} {label}  {time.perf_counter() - self.t0:,.0f} s")
 
     def _update(self, label: str, status: str) -> None:
         self.done += 1
         if not self.enabled:
             return
-        text = (f"[{bar(self.done / max(self.total, 1), 20)}] {self.done}/{self.total} "
-                f"{status:<7} {label}  {time.perf_counter() - self.t0:,.0f} s")
+        text = self._line(status, label)
         if self.tty:
             self.stream.write("\r\033[K" + text)
             if self.done == self.total:
@@ -379,6 +389,7 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
     def work(i: int) -> dict:
         job = {"tier": tier, "scenario": tsc, "config": cands[i], "index": i,
                "options": dict(options or {})}
+        bar.start(config_line(cands[i].to_dict()))
         rec = _finish(_run_one(job, timeout_s), tier=tier, sc=tsc, config=cands[i], index=i,
                       key=keys[i])
         if path is not None:
@@ -386,6 +397,8 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
         bar.update(config_line(rec["config"]), rec["status"])
         return rec
 
+    if tier == "device":
+        jobs = 1             # one accelerator: candidates timed one after another
     if jobs > 1 and len(todo) > 1:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             for i, rec in zip(todo, pool.map(work, todo)):
