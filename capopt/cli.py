@@ -180,7 +180,8 @@ def cmd_validate(args) -> int:
     sc = _scenario(args)
     configs = [pinned_config(sc)] if args.pinned else None
     rep = validate(sc, top_k=args.top, tier=args.tier, configs=configs, out=args.out,
-                   timeout_s=args.timeout, progress=not args.json, jobs=args.jobs)
+                   timeout_s=args.timeout, progress=not args.json, jobs=args.jobs,
+                   ray=args.ray)
     print(json.dumps(rep.to_dict(), indent=2) if args.json else validation_table(rep))
     return 0
 
@@ -368,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                    help="candidates measured at once, each in its own process (the device "
                         "tier: one at a time on the one device)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="run each candidate as a task on a Ray cluster: auto (the one this "
+                        "machine is in), local (start one here) or ray://HOST:PORT; one CPU "
+                        "per compile-only candidate, one GPU per device-tier one")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("explain", help="why a pinned config does not fit, and what would fix it")

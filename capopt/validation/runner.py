@@ -317,7 +317,7 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
              configs: Iterable[Config | dict] | None = None, out: str | os.PathLike | None = None,
              timeout_s: float = DEFAULT_TIMEOUT_S, progress: bool = True,
              profile: str | None = None, retry: bool = False, jobs: int = 1,
-             options: dict | None = None) -> ValidationReport:
+             options: dict | None = None, ray: str | None = None) -> ValidationReport:
     """Compile (tier ``exact`` / ``xla-gpu``) or run (tier ``device``) candidates as real Flax
     training steps and compare XLA's memory with the cost model's prediction.
 
@@ -333,6 +333,8 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
         profile: the runtime profile for the prediction (default: the tier's, see
             `tier_scenario`).
         jobs: candidates measured at once (each in its own process).
+        ray: a Ray cluster's address (``auto``, ``local`` or ``ray://HOST:PORT``): each
+            candidate runs there as a task (`capopt.validation.cluster`) instead of here.
         options: passed to the tier (device: ``warmup``, ``steps``, ``monitor``).
 
     Returns:
@@ -383,20 +385,34 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
     todo = [i for i, k in enumerate(keys) if k not in done]
     if path is not None and len(todo) < len(cands):
         notes.append(f"resumed: {len(cands) - len(todo)} result(s) from {path}")
+    if ray is not None:
+        from .cluster import connect
+        connect(ray)
     bar = Progress(len(todo), enabled=progress and bool(todo))
     results: dict[int, dict] = {}
 
-    def work(i: int) -> dict:
-        job = {"tier": tier, "scenario": tsc, "config": cands[i], "index": i,
-               "options": dict(options or {})}
-        bar.start(config_line(cands[i].to_dict()))
-        rec = _finish(_run_one(job, timeout_s), tier=tier, sc=tsc, config=cands[i], index=i,
-                      key=keys[i])
+    def job(i: int) -> dict:
+        return {"tier": tier, "scenario": tsc, "config": cands[i], "index": i,
+                "options": dict(options or {})}
+
+    def keep(i: int, result: dict) -> dict:
+        """A finished candidate: its record, streamed to ``out`` at once."""
+        rec = _finish(result, tier=tier, sc=tsc, config=cands[i], index=i, key=keys[i])
         if path is not None:
             _append(path, rec)
         bar.update(config_line(rec["config"]), rec["status"])
         return rec
 
+    def work(i: int) -> dict:
+        bar.start(config_line(cands[i].to_dict()))
+        return keep(i, _run_one(job(i), timeout_s))
+
+    if ray is not None:
+        from .cluster import run_tasks
+        for i, result in run_tasks(((i, job(i)) for i in todo), _run_one, timeout_s,
+                                   gpus=1.0 if tier == "device" else 0.0):
+            results[i] = keep(i, result)
+        todo = []
     if tier == "device":
         jobs = 1             # one accelerator: candidates timed one after another
     if jobs > 1 and len(todo) > 1:
