@@ -22,6 +22,8 @@ EXPECTED = {
     "h100-sxm-80gb", "h100-pcie-80gb", "h100-nvl-94gb", "h200-sxm-141gb", "b200-sxm-192gb",
     "rtx-3090-24gb", "rtx-4090-24gb", "rtx-5090-32gb", "rtx-a6000-48gb", "rtx-6000-ada-48gb",
     "mi300x-oam-192gb", "tpu-v4-32gb", "tpu-v5e-16gb", "tpu-v5p-95gb",
+    "h800-sxm-80gb", "a800-sxm-80gb", "h20-96gb", "gb200-nvl72-186gb", "mi250x-oam-128gb",
+    "mi325x-oam-256gb", "tpu-v6e-32gb",
 }
 
 # The catalog holds decimal figures (989.4 TFLOP/s) scaled by powers of ten; the only error in

@@ -40,8 +40,21 @@ _CUDA_SM: dict[tuple[int, int], tuple[int, int, int, int]] = {
     (10, 0): (233472, 232448, 2048, 128),
     (12, 0): (102400, 101376, 1536, 128),
 }
-# ROCm targets, from XLA's MI300 spec (xla/backends/gpu/target_config/specs/mi300.txtpb).
+# ROCm targets, from XLA's MI300 and MI200 specs (xla/backends/gpu/target_config/specs/
+# mi300.txtpb, mi200.txtpb; the MI200 one gives no register limits).
 _ROCM: dict[str, dict[str, int]] = {
+    "gfx90a": {
+        "threads_per_block_limit": 1024,
+        "threads_per_warp": 64,
+        "shared_memory_per_block": 65536,
+        "shared_memory_per_block_optin": 65536,
+        "shared_memory_per_core": 65536,
+        "threads_per_core_limit": 2048,
+        "fpus_per_core": 128,
+        "block_dim_limit_x": 2**31 - 1,
+        "block_dim_limit_y": 2**31 - 1,
+        "block_dim_limit_z": 2**31 - 1,
+    },
     "gfx942": {
         "threads_per_block_limit": 1024,
         "threads_per_warp": 64,
