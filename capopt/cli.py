@@ -56,6 +56,23 @@ def _scenario(args):
         raise
 
 
+def _emit(args, config, sc) -> bool:
+    """``--emit FORMAT``: the config as the framework's launch file, to ``--out`` (then the
+    table is printed as usual: returns False) or to stdout in place of the table (True)."""
+    from .report.launch import emit
+    text = emit(args.emit, config, sc)
+    if not args.out:
+        print(text, end="" if text.endswith("\n") else "\n")
+        return True
+    from pathlib import Path
+    try:
+        Path(args.out).write_text(text)
+    except OSError as e:
+        raise CapoptError(f"cannot write: {e.strerror}", file=args.out, field="--out") from None
+    print(f"wrote {args.out} ({args.emit})", file=sys.stderr)
+    return False
+
+
 def cmd_plan(args) -> int:
     from ._scenario import pinned_config
     from ._validity import config_problems
@@ -66,7 +83,9 @@ def cmd_plan(args) -> int:
     from ._plan import plan                 # JAX loads only once the input is known good
     p = plan(sc, cfg)
     d = p.to_dict()
-    if args.json:
+    if args.emit and _emit(args, cfg, sc):
+        pass
+    elif args.json:
         print(json.dumps(d, indent=2))
     else:
         print(plan_table(d, f"{sc.name}: {sc.model.name} on {sc.count}x {sc.hardware.name}"))
@@ -87,7 +106,9 @@ def cmd_optimize(args) -> int:
     from .search import optimize
     res = optimize(sc, top_k=args.top, method=args.method, seed=args.seed)
     d = res.to_dict()
-    if args.json:
+    if args.emit and res.best and _emit(args, res.best.config, sc):
+        pass
+    elif args.json:
         print(json.dumps(d, indent=2))
     else:
         print(optimize_table(res))
@@ -340,12 +361,21 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--vram-gib", type=_gib, metavar="GIB",
                        help="memory per GPU to plan for (default: the GPU's)")
 
+    def emit_args(p, which):
+        from .report.launch import FORMATS
+        p.add_argument("--emit", choices=FORMATS, metavar="FORMAT",
+                       help=f"write {which} as a launch config: {', '.join(FORMATS)} "
+                            "(to stdout in place of the table, or to --out)")
+        p.add_argument("--out", metavar="FILE", help="where --emit writes")
+
     p = sub.add_parser("plan", help="memory and time of one config")
     scenario_args(p, optional=True)
+    emit_args(p, "the config")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("optimize", help="find the fastest config that fits")
     scenario_args(p, optional=True)
+    emit_args(p, "the best config")
     p.add_argument("--top", type=_positive_int, default=5, help="candidates to show")
     p.add_argument("--method", choices=["gradient", "auto", "exhaustive"], default="gradient",
                    help="gradient (default): solve the continuous relaxation with optax, round "

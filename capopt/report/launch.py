@@ -1,0 +1,630 @@
+"""Launch configs: one `Config` written in a training framework's own form.
+
+    >>> from capopt._scenario import load_scenario
+    >>> from capopt._specs import Config
+    >>> sc = load_scenario("llama3-8b-8xh100")
+    >>> cfg = Config(micro_batch=1, grad_accum=32, dp=8, zero_stage=3, remat="full")
+    >>> print(emit("hf-trainer", cfg, sc))                              # doctest: +SKIP
+
+`emit(fmt, config, scenario)` returns the text of the file; `SUFFIX[fmt]` is its usual suffix.
+Every knob goes into a key the framework reads. Where the framework takes a knob in the training
+script rather than in this file (Accelerate's batch size, accumulation and clipping), the file
+says so in a comment naming the call. A knob the format cannot carry raises `CapoptError` naming
+the knob and the formats that can carry this config; nothing is dropped in silence.
+
+What is common to the PyTorch formats (deepspeed, accelerate, hf-trainer, torchtitan): the
+attention kernel is the model's, and PyTorch's scaled-dot-product attention picks a fused
+(flash or memory-efficient) kernel by default, so ``flash_attention = true`` needs no key and
+``false`` (materialised scores) is refused. LoRA adapters live in the model (peft), so no format
+here carries ``training.lora``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from .._errors import CapoptError
+from .._specs import Config, Scenario, remat_weights
+
+FORMATS: tuple[str, ...] = ("deepspeed", "megatron", "torchtitan", "accelerate", "hf-trainer",
+                            "maxtext")
+SUFFIX: dict[str, str] = {"deepspeed": ".json", "megatron": ".sh", "torchtitan": ".toml",
+                          "accelerate": ".yaml", "hf-trainer": ".json", "maxtext": ".txt"}
+
+
+class _Unexpressible(Exception):
+    """A knob this format has no setting for (turned into a `CapoptError` by `emit`)."""
+
+    def __init__(self, knob: str, value, why: str):
+        self.knob, self.value, self.why = knob, value, why
+        super().__init__(f"{knob} = {value!r}: {why}")
+
+
+def emit(fmt: str, config: Config, scenario: Scenario) -> str:
+    """The text of ``config`` as a launch file for ``fmt`` (one of `FORMATS`).
+
+    Raises `CapoptError` (field ``--emit``) for an unknown format, and for a knob the format
+    cannot express: the message names the knob, and ``allowed`` the formats that express this
+    whole config."""
+    if fmt not in _EMITTERS:
+        raise CapoptError(f"unknown launch format {fmt!r}", field="--emit",
+                          allowed=", ".join(FORMATS))
+    try:
+        return _EMITTERS[fmt](config, scenario)
+    except _Unexpressible as err:
+        others = [f for f in FORMATS if f != fmt and _expresses(f, config, scenario)]
+        tail = "" if others else "; no launch format here expresses this config"
+        raise CapoptError(f"{fmt} cannot express {err.knob} = {_show(err.value)}: "
+                          f"{err.why}{tail}", field="--emit",
+                          allowed=", ".join(others) or None) from None
+
+
+def _expresses(fmt: str, config: Config, scenario: Scenario) -> bool:
+    try:
+        _EMITTERS[fmt](config, scenario)
+    except _Unexpressible:
+        return False
+    return True
+
+
+def _show(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Shared readings of a config
+# --------------------------------------------------------------------------------------------
+def _global_batch(c: Config) -> int:
+    return c.micro_batch * c.grad_accum * c.dp
+
+
+def _stage_layers(c: Config, sc: Scenario) -> int:
+    layers = sc.model.num_hidden_layers
+    if layers % c.pp:
+        raise _Unexpressible("config.pp", c.pp, f"{layers} layers do not split evenly into "
+                             f"{c.pp} stages")
+    return layers // c.pp
+
+
+def _remat(c: Config, sc: Scenario) -> tuple[str, int]:
+    """("none" | "selective" | "full", 0) or ("blocks", k): k of a stage's blocks fully
+    recomputed, ``round(fraction x layers / pp)`` as `capopt._specs.remat_weights` counts them."""
+    if isinstance(c.remat, str):
+        return c.remat, 0
+    per_stage = _stage_layers(c, sc)
+    k = round(remat_weights(c.remat, per_stage)[2] * per_stage)
+    if k == 0:
+        return "none", 0
+    if k == per_stage:
+        return "full", 0
+    return "blocks", k
+
+
+def _nodes(c: Config, sc: Scenario) -> int:
+    if c.devices <= sc.per_node:
+        return 1
+    if c.devices % sc.per_node:
+        raise _Unexpressible("hardware.per_node", sc.per_node,
+                             f"{c.devices} devices do not fill whole nodes")
+    return c.devices // sc.per_node
+
+
+def _no_lora(sc: Scenario, where: str) -> None:
+    lora = sc.workload.lora
+    if lora is not None:
+        raise _Unexpressible("training.lora", f"rank {lora.rank} on {'+'.join(lora.targets)}",
+                             f"{where}; adapters are set in the model code (peft LoraConfig)")
+
+
+def _flash_by_default(c: Config) -> None:
+    if not c.flash_attention:
+        raise _Unexpressible("config.flash_attention", False, "PyTorch's attention picks a "
+                             "fused kernel; materialised scores are a model-code choice")
+
+
+def _header(fmt: str, c: Config, sc: Scenario, mark: str = "#") -> list[str]:
+    knobs = ", ".join(f"{k}={_show(v)}" for k, v in c.to_dict().items())
+    return [f"{mark} {fmt} launch config for {sc.name!r}: {sc.model.name} on {c.devices} x "
+            f"{sc.hardware.name}", f"{mark} capopt config: {knobs}"]
+
+
+# --------------------------------------------------------------------------------------------
+# DeepSpeed: the ds_config JSON
+# source: deepspeed/runtime/config.py, constants.py, precision_config.py, zero/config.py,
+#   zero/offload_config.py at deepspeedai/DeepSpeed edaa7221 (version.txt 0.19.6)
+# --------------------------------------------------------------------------------------------
+# capopt optimizer -> DeepSpeed "optimizer.type" (+ params). Names not in DeepSpeed's own list
+# are looked up in torch.optim, which needs zero_allow_untested_optimizer under ZeRO.
+_DS_OPTIMIZERS = {"adamw": ("AdamW", {}), "adam": ("Adam", {"adam_w_mode": False}),
+                  "lion": ("Lion", {}), "sgd": ("SGD", {}),
+                  "sgd-momentum": ("SGD", {"momentum": 0.9}),     # capopt's momentum SGD: 0.9
+                  "adafactor": ("Adafactor", {})}                # torch.optim.Adafactor
+_DS_OWN = ("AdamW", "Adam", "Lion")
+# ZeRO-Offload steps the optimizer on the host with DeepSpeed's CPU optimizers only.
+_DS_OFFLOADABLE = ("adamw", "adam", "lion")
+
+
+def _deepspeed_core(c: Config, sc: Scenario) -> dict:
+    """The zero_optimization and precision sections (shared with hf-trainer's inline config)."""
+    w = sc.workload
+    if c.offload_optimizer and c.zero_stage == 0:
+        raise _Unexpressible("config.offload_optimizer", True, "DeepSpeed offloads the "
+                             "optimizer under ZeRO stage 1, 2 or 3 only")
+    if c.offload_optimizer and w.optimizer not in _DS_OFFLOADABLE:
+        raise _Unexpressible("training.optimizer", w.optimizer, "ZeRO-Offload has CPU "
+                             "optimizers for Adam, AdamW and Lion only")
+    zero: dict = {"stage": c.zero_stage}
+    if c.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    out: dict = {"zero_optimization": zero}
+    if w.precision == "bf16-mixed":
+        out["bf16"] = {"enabled": True}
+    elif w.precision == "fp16-mixed":
+        out["fp16"] = {"enabled": True}
+    elif w.precision == "bf16":
+        # no fp32 master copy: DeepSpeed keeps master weights, grads and states in bf16
+        if c.zero_stage == 0:
+            raise _Unexpressible("training.precision", "bf16", "bf16 master weights need "
+                                 "ZeRO stage 1, 2 or 3 in DeepSpeed")
+        out["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True,
+                       "bf16_optimizer_states": True}
+    elif w.precision == "fp8-mixed":
+        raise _Unexpressible("training.precision", "fp8-mixed", "DeepSpeed's JSON has no "
+                             "fp8 switch (Transformer Engine layers are model code)")
+    return out
+
+
+def _deepspeed_parallel(c: Config) -> None:
+    if c.tp > 1:
+        raise _Unexpressible("config.tp", c.tp, "DeepSpeed's JSON carries no Megatron tensor "
+                             "parallelism (Megatron-DeepSpeed takes it on its command line)")
+    if c.pp > 1:
+        raise _Unexpressible("config.pp", c.pp, "DeepSpeed's pipeline stages are set in code "
+                             "(PipelineModule(num_stages=...)), not in its JSON")
+    if c.ep > 1:
+        raise _Unexpressible("config.ep", c.ep, "DeepSpeed's expert parallelism is set in code "
+                             "(deepspeed.moe.layer.MoE(ep_size=...))")
+
+
+def _emit_deepspeed(c: Config, sc: Scenario) -> str:
+    w = sc.workload
+    _deepspeed_parallel(c)
+    _no_lora(sc, "DeepSpeed's JSON has no LoRA setting")
+    _flash_by_default(c)
+    kind, _ = _remat(c, sc)
+    if kind != "none":
+        raise _Unexpressible("config.remat", c.remat, "DeepSpeed's JSON does not switch "
+                             "recomputation on (activation_checkpointing only tunes the "
+                             "checkpoints model code makes)")
+    if w.optimizer not in _DS_OPTIMIZERS:
+        raise _Unexpressible("training.optimizer", w.optimizer, "DeepSpeed has no 8-bit AdamW "
+                             "(a bitsandbytes optimizer is passed in from code)")
+    name, params = _DS_OPTIMIZERS[w.optimizer]
+    out: dict = {
+        # DeepSpeed checks train_batch_size = micro x accumulation x data-parallel ranks
+        "train_batch_size": _global_batch(c),
+        "train_micro_batch_size_per_gpu": c.micro_batch,
+        "gradient_accumulation_steps": c.grad_accum,
+        "gradient_clipping": 1.0 if w.grad_clip else 0.0,      # 0.0: DeepSpeed does not clip
+        "optimizer": {"type": name, "params": dict(params)},
+    }
+    if name not in _DS_OWN and c.zero_stage > 0:
+        out["zero_allow_untested_optimizer"] = True
+    out.update(_deepspeed_core(c, sc))
+    return json.dumps(out, indent=2, sort_keys=True) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Megatron-LM: pretrain_gpt.py arguments, as a bash array
+# source: megatron/training/arguments.py (+ argument_utils.py, which derives flags from
+#   TransformerConfig / ModelParallelConfig / TrainingConfig fields) and
+#   megatron/core/transformer/enums.py (AttnBackend) at NVIDIA/Megatron-LM d98e8a64
+#   (megatron core 0.20.0)
+# --------------------------------------------------------------------------------------------
+_MEGATRON_ZERO = {
+    0: [],
+    1: ["--use-distributed-optimizer"],     # Megatron's distributed optimizer is ZeRO-1
+    # Megatron-FSDP's sharding strategies: optim_grads is ZeRO-2, optim_grads_params ZeRO-3
+    2: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads"],
+    3: ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params"],
+}
+_MEGATRON_OPTIMIZERS = {
+    "adamw": ["--optimizer adam"],                      # Megatron's adam decays decoupled
+    "adam": ["--optimizer adam", "--weight-decay 0.0"],  # Adam = AdamW without decay
+    "sgd": ["--optimizer sgd", "--sgd-momentum 0.0"],   # Megatron's SGD momentum defaults 0.9
+    "sgd-momentum": ["--optimizer sgd", "--sgd-momentum 0.9"],
+    "lion": ["--optimizer lion"],
+}
+
+
+def _megatron_args(c: Config, sc: Scenario) -> list[str]:
+    w = sc.workload
+    _no_lora(sc, "Megatron-LM's training arguments have no LoRA")
+    if w.optimizer not in _MEGATRON_OPTIMIZERS:
+        raise _Unexpressible("training.optimizer", w.optimizer,
+                             "Megatron-LM offers adam, sgd, lion, muon and soap")
+    if w.precision == "bf16":
+        raise _Unexpressible("training.precision", "bf16", "Megatron keeps fp32 (or fp16) main "
+                             "params; it has no pure-bf16 training")
+    if c.offload_optimizer and c.zero_stage == 0:
+        raise _Unexpressible("config.offload_optimizer", True, "--optimizer-cpu-offload needs "
+                             "the distributed optimizer or Megatron-FSDP (ZeRO 1-3)")
+    if c.sequence_parallel and c.tp == 1:
+        raise _Unexpressible("config.sequence_parallel", True, "Megatron turns sequence "
+                             "parallelism off when tensor parallelism is 1")
+    args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
+    if c.ep > 1:
+        args.append(f"--expert-model-parallel-size {c.ep}")
+    if c.sequence_parallel:
+        args.append("--sequence-parallel")
+    # Megatron derives accumulation: global / (micro x data-parallel size)
+    args += [f"--micro-batch-size {c.micro_batch}", f"--global-batch-size {_global_batch(c)}",
+             f"--seq-length {w.seq_len}"]
+    args += _MEGATRON_ZERO[c.zero_stage]
+    kind, k = _remat(c, sc)
+    if kind == "selective":
+        args.append("--recompute-granularity selective")
+    elif kind == "full":
+        # uniform with 1 layer per checkpoint: every block recomputed from its own input
+        args += ["--recompute-granularity full", "--recompute-method uniform",
+                 "--recompute-num-layers 1"]
+    elif kind == "blocks":
+        # block: the first k blocks of each stage recomputed, the rest kept
+        args += ["--recompute-granularity full", "--recompute-method block",
+                 f"--recompute-num-layers {k}"]
+    prec = {"bf16-mixed": ["--bf16"], "fp16-mixed": ["--fp16"], "fp32": [],
+            "fp8-mixed": ["--bf16", "--fp8-format hybrid"]}     # fp8 GEMMs, bf16 elsewhere
+    args += prec[w.precision]
+    args.append(f"--clip-grad {1.0 if w.grad_clip else 0.0}")    # 0.0: Megatron does not clip
+    args += _MEGATRON_OPTIMIZERS[w.optimizer]
+    if c.offload_optimizer:
+        args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0"]
+    args.append(f"--attention-backend {'flash' if c.flash_attention else 'unfused'}")
+    return args
+
+
+def _emit_megatron(c: Config, sc: Scenario) -> str:
+    args = _megatron_args(c, sc)
+    lines = ["#!/usr/bin/env bash", *_header("megatron", c, sc),
+             f"# use: torchrun --nproc-per-node {min(c.devices, sc.per_node)} "
+             f"--nnodes {_nodes(c, sc)} pretrain_gpt.py \"${{MEGATRON_ARGS[@]}}\" <model, data>",
+             "MEGATRON_ARGS=("]
+    lines += [f"  {a}" for a in args]
+    lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# torchtitan: the job TOML (--job.config_file)
+# source: torchtitan/config/job_config.py and torchtitan/distributed/activation_checkpoint.py
+#   at pytorch/torchtitan v0.2.2 (73a0e697), its last release with TOML job files; main
+#   (b5bcd76c) configures runs in Python instead
+# --------------------------------------------------------------------------------------------
+_TITAN_OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return str(v)
+
+
+def _emit_torchtitan(c: Config, sc: Scenario) -> str:
+    w = sc.workload
+    _no_lora(sc, "torchtitan has no LoRA")
+    _flash_by_default(c)
+    if c.zero_stage == 1:
+        raise _Unexpressible("config.zero_stage", 1, "torchtitan shards with FSDP2 (ZeRO-3, "
+                             "or ZeRO-2 without resharding) or replicates (DDP); no ZeRO-1")
+    if c.offload_optimizer:
+        raise _Unexpressible("config.offload_optimizer", True, "training.enable_cpu_offload "
+                             "offloads parameters and gradients too")
+    if c.tp > 1 and not c.sequence_parallel:
+        raise _Unexpressible("config.sequence_parallel", False, "torchtitan's tensor "
+                             "parallelism always shards norms over the sequence")
+    if c.sequence_parallel and c.tp == 1:
+        raise _Unexpressible("config.sequence_parallel", True, "sequence parallelism rides "
+                             "on tensor parallelism in torchtitan")
+    if c.zero_stage == 0 and c.dp > 1 and (c.tp > 1 or c.pp > 1):
+        raise _Unexpressible("config.zero_stage", 0, "torchtitan's DDP does not compose with "
+                             "tensor or pipeline parallelism")
+    if not w.grad_clip:
+        raise _Unexpressible("training.grad_clip", False, "torchtitan always clips by global "
+                             "norm (training.max_norm; 0 would zero the gradients)")
+    if w.optimizer not in _TITAN_OPTIMIZERS:
+        raise _Unexpressible("training.optimizer", w.optimizer,
+                             "torchtitan builds Adam and AdamW")
+    if w.precision in ("fp16-mixed", "fp8-mixed"):
+        raise _Unexpressible("training.precision", w.precision, "torchtitan's training dtypes "
+                             "are bfloat16 and float32 (fp8 is a model converter)")
+    shard = c.dp if c.zero_stage in (2, 3) else 1
+    parallelism = {"data_parallel_replicate_degree": c.dp // shard,
+                   "data_parallel_shard_degree": shard,
+                   "tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
+                   "expert_parallel_degree": c.ep}
+    if c.zero_stage == 2:
+        # FSDP2 keeping parameters gathered from forward to backward: ZeRO-2's live set
+        parallelism["fsdp_reshard_after_forward"] = "never"
+    if c.pp > 1:
+        # capopt's micro-batches are the pipeline's; torchtitan splits the local batch into them
+        parallelism["pipeline_parallel_microbatch_size"] = c.micro_batch
+    training = {
+        # with pp, the local batch is one step's pipeline micro-batches together
+        "local_batch_size": c.micro_batch * (c.grad_accum if c.pp > 1 else 1),
+        # torchtitan accumulates global / (local x data-parallel degree) times
+        "global_batch_size": _global_batch(c),
+        "seq_len": w.seq_len,
+        "max_norm": 1.0,
+        "dtype": "bfloat16" if w.precision == "bf16" else "float32",
+        "mixed_precision_param": "bfloat16" if w.precision == "bf16-mixed" else "float32",
+    }
+    kind, k = _remat(c, sc)
+    if kind == "blocks":
+        per_stage = _stage_layers(c, sc)
+        # selective_ac_option n checkpoints every n-th block: per_stage // n blocks
+        every = next((n for n in range(2, per_stage + 1) if per_stage // n == k), None)
+        if every is None:
+            raise _Unexpressible("config.remat", c.remat, f"{k} of {per_stage} blocks is not "
+                                 "every n-th block of a stage")
+        ac = {"mode": "selective", "selective_ac_option": str(every)}
+    elif kind == "selective":
+        ac = {"mode": "selective", "selective_ac_option": "op"}     # per-op selective AC
+    else:
+        ac = {"mode": kind}
+    sections = {"optimizer": {"name": _TITAN_OPTIMIZERS[w.optimizer]}, "training": training,
+                "parallelism": parallelism, "activation_checkpoint": ac}
+    lines = _header("torchtitan", c, sc)
+    lines.append(f"# [model] name and flavor: set them to torchtitan's for {sc.model.name}")
+    for name, body in sections.items():
+        lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in body.items()]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Accelerate: the `accelerate launch --config_file` YAML
+# source: src/accelerate/commands/config/config_args.py (ClusterConfig),
+#   src/accelerate/commands/launch.py, src/accelerate/utils/constants.py at
+#   huggingface/accelerate 16cb6eb8 (1.15.0 dev)
+# --------------------------------------------------------------------------------------------
+def _yaml_scalar(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v) if v in ("", "no", "yes", "true", "false", "null") else v
+    return str(v)
+
+
+def _yaml(d: dict, indent: int = 0) -> list[str]:
+    out = []
+    for k in sorted(d):
+        v = d[k]
+        if isinstance(v, dict):
+            out.append(" " * indent + f"{k}:")
+            out += _yaml(v, indent + 2)
+        else:
+            out.append(" " * indent + f"{k}: {_yaml_scalar(v)}")
+    return out
+
+
+_ACCEL_PRECISION = {"fp32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp8-mixed": "fp8"}
+
+
+def _emit_accelerate(c: Config, sc: Scenario) -> str:
+    w = sc.workload
+    for knob, value in (("config.tp", c.tp), ("config.pp", c.pp), ("config.ep", c.ep)):
+        if value > 1:
+            raise _Unexpressible(knob, value, "capopt writes Accelerate configs for data "
+                                 "parallelism (DDP, FSDP, DeepSpeed ZeRO) only")
+    _no_lora(sc, "Accelerate's config has no LoRA")
+    _flash_by_default(c)
+    if w.precision == "bf16":
+        raise _Unexpressible("training.precision", "bf16", "Accelerate's mixed_precision keeps "
+                             "fp32 weights; pure bf16 is the model's dtype, set in code")
+    kind, _ = _remat(c, sc)
+    use_ds = c.zero_stage == 1 or c.offload_optimizer   # FSDP has no ZeRO-1; its offload
+    use_fsdp = c.zero_stage in (2, 3) and not use_ds    # moves parameters too
+    if kind in ("selective", "blocks"):
+        raise _Unexpressible("config.remat", c.remat, "Accelerate checkpoints whole layers, "
+                             "all or none")
+    if kind == "full" and not use_fsdp:
+        raise _Unexpressible("config.remat", c.remat, "Accelerate's config switches "
+                             "recomputation on under FSDP only (fsdp_activation_checkpointing)")
+    nodes = _nodes(c, sc)
+    cfg: dict = {"compute_environment": "LOCAL_MACHINE", "num_processes": c.devices,
+                 "num_machines": nodes, "machine_rank": 0,
+                 "mixed_precision": _ACCEL_PRECISION[w.precision], "use_cpu": False}
+    script = [f"DataLoader(batch_size={c.micro_batch}) per process"]
+    if use_ds:
+        _deepspeed_core(c, sc)             # the same limits as DeepSpeed's own JSON
+        ds = {"zero_stage": c.zero_stage, "gradient_accumulation_steps": c.grad_accum,
+              "gradient_clipping": 1.0 if w.grad_clip else 0.0}
+        if c.offload_optimizer:
+            ds["offload_optimizer_device"] = "cpu"
+            ds["offload_param_device"] = "none"
+        cfg["distributed_type"] = "DEEPSPEED"
+        cfg["deepspeed_config"] = ds
+    else:
+        if c.devices == 1:
+            cfg["distributed_type"] = "NO"
+        elif use_fsdp:
+            cfg["distributed_type"] = "FSDP"
+            cfg["fsdp_config"] = {
+                "fsdp_version": 2,
+                # FSDP2's spelling of FULL_SHARD (true, ZeRO-3) and SHARD_GRAD_OP (false, ZeRO-2)
+                "fsdp_reshard_after_forward": c.zero_stage == 3,
+                "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                "fsdp_offload_params": False,
+                "fsdp_activation_checkpointing": kind == "full",
+                "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            }
+        else:
+            cfg["distributed_type"] = "MULTI_GPU"
+        script.append(f"Accelerator(gradient_accumulation_steps={c.grad_accum})")
+        if w.grad_clip:
+            script.append("accelerator.clip_grad_norm_(model.parameters(), max_norm=1.0)")
+    lines = _header("accelerate", c, sc)
+    lines.append("# set in the training script (Accelerate takes these in code):")
+    lines += [f"#   {s}" for s in script]
+    lines.append(f"#   optimizer: {w.optimizer}")
+    return "\n".join(lines + _yaml(cfg)) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face Trainer: TrainingArguments fields as JSON (HfArgumentParser.parse_json_file)
+# source: src/transformers/training_args.py (TrainingArguments, OptimizerNames) and
+#   src/transformers/trainer_optimizer.py, modeling_utils.py of transformers 5.24.0 (PyPI wheel)
+# --------------------------------------------------------------------------------------------
+_HF_OPTIM = {"adamw": ("adamw_torch", {}),
+             "adam": ("adamw_torch", {"weight_decay": 0.0}),     # Adam = AdamW without decay
+             "sgd": ("sgd", {}), "sgd-momentum": ("sgd", {"optim_args": "momentum=0.9"}),
+             "adafactor": ("adafactor", {}), "lion": ("lion_32bit", {}),
+             "adamw-8bit": ("adamw_bnb_8bit", {})}
+
+
+def _emit_hf_trainer(c: Config, sc: Scenario) -> str:
+    w = sc.workload
+    for knob, value in (("config.tp", c.tp), ("config.pp", c.pp), ("config.ep", c.ep)):
+        if value > 1:
+            raise _Unexpressible(knob, value, "TrainingArguments has no tensor, pipeline or "
+                                 "expert degree (its FSDP and DeepSpeed are data parallel)")
+    _no_lora(sc, "TrainingArguments has no LoRA field")
+    _flash_by_default(c)
+    if w.precision in ("bf16", "fp8-mixed"):
+        raise _Unexpressible("training.precision", w.precision, "TrainingArguments offers "
+                             "fp32, bf16 and fp16 mixed precision")
+    kind, k = _remat(c, sc)
+    if kind == "selective":
+        raise _Unexpressible("config.remat", c.remat, "activation_checkpointing recomputes "
+                             "whole layers")
+    every = 1
+    if kind == "blocks":
+        layers = sc.model.num_hidden_layers
+        # every_n_layers n checkpoints the layers whose index % n == 0: ceil(layers / n)
+        every = next((n for n in range(2, layers + 1) if -(-layers // n) == k), 0)
+        if not every:
+            raise _Unexpressible("config.remat", c.remat, f"{k} of {layers} layers is not "
+                                 "every n-th layer")
+    optim, extra = _HF_OPTIM[w.optimizer]
+    out: dict = {"per_device_train_batch_size": c.micro_batch,
+                 "gradient_accumulation_steps": c.grad_accum,
+                 "bf16": w.precision == "bf16-mixed", "fp16": w.precision == "fp16-mixed",
+                 # the name since transformers 5 (gradient_checkpointing is its old alias)
+                 "activation_checkpointing": kind in ("full", "blocks"),
+                 "max_grad_norm": 1.0 if w.grad_clip else 0.0,     # 0.0: the Trainer skips it
+                 "optim": optim, **extra}
+    if every > 1:
+        out["activation_checkpointing_kwargs"] = {"every_n_layers": every}
+    if c.zero_stage == 1 or c.offload_optimizer:
+        # ZeRO-1 and optimizer offload go through DeepSpeed; "auto" takes the Trainer's values
+        if w.optimizer not in _DS_OPTIMIZERS:
+            raise _Unexpressible("training.optimizer", w.optimizer, "DeepSpeed has no 8-bit "
+                                 "AdamW")
+        ds = _deepspeed_core(c, sc)
+        ds.update({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                   "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"})
+        for key in ("bf16", "fp16"):
+            if key in ds:
+                ds[key]["enabled"] = "auto"
+        out["deepspeed"] = ds
+    elif c.zero_stage in (2, 3):
+        # FSDP's FULL_SHARD is ZeRO-3, SHARD_GRAD_OP ZeRO-2
+        out["fsdp"] = ("full_shard" if c.zero_stage == 3 else "shard_grad_op") + " auto_wrap"
+    return json.dumps(out, indent=2, sort_keys=True) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# MaxText: key=value overrides for `python3 -m maxtext.train <base.yml> key=value ...`
+# source: src/maxtext/configs/base.yml, src/maxtext/configs/types.py and
+#   src/maxtext/layers/decoders.py (get_remat_policy) at AI-Hypercomputer/maxtext e591f30c
+#   (maxtext 0.2.4)
+# --------------------------------------------------------------------------------------------
+_MAXTEXT_REMAT = {
+    # MaxText wraps every block in jax.checkpoint ("none" recomputes all, as "full" does);
+    # minimal_with_context saves every named tensor, recomputing element-wise ops only
+    "none": "minimal_with_context",
+    # minimal saves the projections and recomputes the attention core: Megatron's selective
+    "selective": "minimal",
+    "full": "full",
+}
+_MAXTEXT_PRECISION = {"fp32": ("float32", "float32", ""), "bf16-mixed": ("bfloat16", "float32", ""),
+                      "bf16": ("bfloat16", "bfloat16", ""),
+                      "fp8-mixed": ("bfloat16", "float32", "fp8")}
+
+
+def _emit_maxtext(c: Config, sc: Scenario) -> str:
+    w = sc.workload
+    _no_lora(sc, "MaxText's train.py has no LoRA training")
+    if c.zero_stage == 2:
+        raise _Unexpressible("config.zero_stage", 2, "MaxText shards over fsdp (ZeRO-3) or "
+                             "the optimizer over data (ZeRO-1), not gradients alone")
+    if c.sequence_parallel:
+        raise _Unexpressible("config.sequence_parallel", True, "MaxText's tensor_sequence axis "
+                             "is its own layout, not Megatron's sequence parallelism")
+    if w.precision == "fp16-mixed":
+        raise _Unexpressible("training.precision", "fp16-mixed", "MaxText has no loss scaling")
+    opt = {"adamw": ["opt_type=adamw"], "adam": ["opt_type=adamw", "adam_weight_decay=0.0"],
+           "sgd": ["opt_type=sgd"]}.get(w.optimizer)
+    if opt is None:
+        raise _Unexpressible("training.optimizer", w.optimizer,
+                             "MaxText offers adamw, adam_pax, sgd and muon")
+    kind, _ = _remat(c, sc)
+    if kind == "blocks":
+        raise _Unexpressible("config.remat", c.remat, "MaxText applies one remat_policy to "
+                             "every block")
+    if c.pp > 1 and c.grad_accum % c.pp:
+        raise _Unexpressible("config.grad_accum", c.grad_accum, "num_pipeline_microbatches "
+                             "must be a multiple of the pipeline stages")
+    nodes = _nodes(c, sc)
+    data_axis = "fsdp" if c.zero_stage == 3 else "data"
+    replicas = c.dp // c.ep          # the expert axis also splits the batch in MaxText
+    axes = {"data": 1, "fsdp": 1, "tensor": c.tp, "pipeline": c.pp, "expert": c.ep}
+    axes[data_axis] = replicas
+    dcn = {k: 1 for k in axes}
+    # across nodes: the data-parallel axis first, else the pipeline
+    split = data_axis if replicas % nodes == 0 else "pipeline" if c.pp % nodes == 0 else None
+    if split is None:
+        raise _Unexpressible("hardware.per_node", sc.per_node, "no data or pipeline axis "
+                             f"splits over {nodes} nodes")
+    axes[split] //= nodes
+    dcn[split] = nodes
+    # per_device_batch_size counts every device (tensor and pipeline ranks too)
+    if c.pp > 1:
+        # pipeline micro-batches are MaxText's, drawn from one step's batch (no accumulation)
+        per_device, accum = c.micro_batch * c.grad_accum / (c.tp * c.pp), 1
+    else:
+        per_device, accum = c.micro_batch / c.tp, c.grad_accum
+    dtype, weight_dtype, quant = _MAXTEXT_PRECISION[w.precision]
+    attention = ("dot_product" if not c.flash_attention
+                 else "flash" if sc.hardware.name.startswith("tpu") else "cudnn_flash_te")
+    kv = [f"ici_{k}_parallelism={v}" for k, v in axes.items()]
+    kv += [f"dcn_{k}_parallelism={v}" for k, v in dcn.items()]
+    kv.append(f"shard_optimizer_over_data={'true' if c.zero_stage == 1 else 'false'}")
+    kv += [f"per_device_batch_size={per_device:g}", f"gradient_accumulation_steps={accum}",
+           f"max_target_length={w.seq_len}"]
+    if c.pp > 1:
+        kv += [f"num_pipeline_microbatches={c.grad_accum}",
+               f"num_layers_per_pipeline_stage={_stage_layers(c, sc)}"]
+    kv += [f"remat_policy={_MAXTEXT_REMAT[kind]}", f"dtype={dtype}",
+           f"weight_dtype={weight_dtype}", f"attention={attention}",
+           f"gradient_clipping_threshold={1.0 if w.grad_clip else 0.0}",   # 0 disables
+           f"optimizer_memory_host_offload={'true' if c.offload_optimizer else 'false'}"]
+    if quant:
+        kv.append(f"quantization={quant}")
+    kv += opt
+    lines = _header("maxtext", c, sc)
+    lines.append("# use: python3 -m maxtext.train src/maxtext/configs/base.yml "
+                 "$(grep -v '^#' this-file) model_name=<MaxText's name for the model>")
+    return "\n".join(lines + kv) + "\n"
+
+
+_EMITTERS: dict[str, Callable[[Config, Scenario], str]] = {
+    "deepspeed": _emit_deepspeed, "megatron": _emit_megatron, "torchtitan": _emit_torchtitan,
+    "accelerate": _emit_accelerate, "hf-trainer": _emit_hf_trainer, "maxtext": _emit_maxtext,
+}
+
+__all__ = ["FORMATS", "SUFFIX", "emit"]

@@ -1,0 +1,488 @@
+"""Launch configs (`capopt.report.launch`): each format's text, read back with a parser of its
+own syntax, gives the config's knobs again; what a format cannot carry is refused in one line
+that names the knob; the text is the same every time.
+
+The framework classes themselves (TrainingArguments, Accelerate's ClusterConfig, DeepSpeedConfig)
+are tried only where the framework is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import shlex
+import tomllib
+
+import pytest
+import yaml
+
+from capopt._errors import CapoptError
+from capopt._scenario import load_scenario
+from capopt._specs import Config, LoRA
+from capopt.report.launch import FORMATS, SUFFIX, emit
+
+SC = load_scenario("llama3-8b-8xh100")        # 32 layers, 8 GPUs on one node, bf16-mixed AdamW
+LAYERS = SC.model.num_hidden_layers
+
+# global batch 256 = micro x accumulation x dp in each
+CONFIGS = {
+    "dp-only": Config(micro_batch=4, grad_accum=8, dp=8, zero_stage=0),
+    "zero3-full": Config(micro_batch=1, grad_accum=32, dp=8, zero_stage=3, remat="full"),
+    "zero1": Config(micro_batch=2, grad_accum=16, dp=8, zero_stage=1),
+    "tp-pp-sp": Config(micro_batch=1, grad_accum=64, dp=2, tp=2, pp=2, zero_stage=1,
+                       sequence_parallel=True, remat="selective"),
+    "tp-sp-zero3": Config(micro_batch=1, grad_accum=64, dp=4, tp=2, zero_stage=3,
+                          sequence_parallel=True, remat="selective"),
+    "fraction": Config(micro_batch=2, grad_accum=16, dp=8, zero_stage=3, remat=0.25),
+    "offload": Config(micro_batch=2, grad_accum=16, dp=8, zero_stage=2, offload_optimizer=True),
+}
+# which formats carry which config (the rest must refuse it)
+EXPRESSES = {
+    "dp-only": {"deepspeed", "megatron", "torchtitan", "accelerate", "hf-trainer", "maxtext"},
+    "zero3-full": {"megatron", "torchtitan", "accelerate", "hf-trainer", "maxtext"},
+    "zero1": {"deepspeed", "megatron", "accelerate", "hf-trainer", "maxtext"},
+    "tp-pp-sp": {"megatron"},
+    "tp-sp-zero3": {"megatron", "torchtitan"},
+    "fraction": {"megatron", "torchtitan", "hf-trainer"},
+    "offload": {"deepspeed", "megatron", "accelerate", "hf-trainer"},
+}
+
+
+def _remat(c: Config):
+    """The recomputation a framework can be asked for: none | selective | full | ("blocks", k)
+    with k of a stage's blocks (capopt's whole-block count)."""
+    if isinstance(c.remat, str):
+        return c.remat
+    k = round(c.remat * LAYERS / c.pp)
+    return "none" if k == 0 else "full" if k == LAYERS // c.pp else ("blocks", k)
+
+
+def expected(c: Config) -> dict:
+    return {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "dp": c.dp, "tp": c.tp,
+            "pp": c.pp, "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel,
+            "remat": _remat(c), "offload_optimizer": c.offload_optimizer, "grad_clip": True,
+            "precision": "bf16-mixed"}
+
+
+# --------------------------------------------------------------------------------------------
+# Readers: each format's text back to capopt's knobs, with that format's own syntax
+# --------------------------------------------------------------------------------------------
+def read_deepspeed(text: str) -> dict:
+    d = json.loads(text)
+    zero = d["zero_optimization"]
+    micro, accum = d["train_micro_batch_size_per_gpu"], d["gradient_accumulation_steps"]
+    return {"micro_batch": micro, "grad_accum": accum, "dp": d["train_batch_size"] // (micro
+            * accum), "tp": 1, "pp": 1, "zero_stage": zero["stage"], "sequence_parallel": False,
+            "remat": "none", "offload_optimizer": zero.get("offload_optimizer", {}).get("device")
+            == "cpu", "grad_clip": d["gradient_clipping"] == 1.0,
+            "precision": "bf16-mixed" if d.get("bf16", {}).get("enabled") else "?"}
+
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """The flags capopt writes, spelled as Megatron-LM's arguments.py spells them."""
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    for name in ("tensor-model-parallel-size", "pipeline-model-parallel-size", "micro-batch-size",
+                 "global-batch-size", "seq-length", "expert-model-parallel-size",
+                 "recompute-num-layers"):
+        p.add_argument(f"--{name}", type=int, default=1 if "parallel" in name else None)
+    for name in ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16",
+                 "fp16", "optimizer-cpu-offload"):
+        p.add_argument(f"--{name}", action="store_true")
+    p.add_argument("--data-parallel-sharding-strategy", default="no_shard",
+                   choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
+    p.add_argument("--recompute-granularity", choices=["full", "selective"])
+    p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument("--clip-grad", type=float, default=1.0)
+    p.add_argument("--optimizer", choices=["adam", "sgd", "muon", "lion", "soap"])
+    p.add_argument("--sgd-momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
+    p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
+    p.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"])
+    return p
+
+
+def megatron_argv(text: str) -> list[str]:
+    body = text.split("MEGATRON_ARGS=(\n", 1)[1].split("\n)", 1)[0]
+    return shlex.split(body)
+
+
+def read_megatron(text: str) -> dict:
+    a = megatron_parser().parse_args(megatron_argv(text))
+    devices = 8
+    dp = devices // (a.tensor_model_parallel_size * a.pipeline_model_parallel_size)
+    zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+    stage = (zero[a.data_parallel_sharding_strategy] if a.use_megatron_fsdp
+             else 1 if a.use_distributed_optimizer else 0)
+    per_stage = LAYERS // a.pipeline_model_parallel_size
+    if a.recompute_granularity is None:
+        remat = "none"
+    elif a.recompute_granularity == "selective":
+        remat = "selective"
+    elif a.recompute_method == "uniform" and a.recompute_num_layers == 1:
+        remat = "full"
+    else:
+        assert a.recompute_method == "block"
+        remat = ("full" if a.recompute_num_layers == per_stage
+                 else ("blocks", a.recompute_num_layers))
+    return {"micro_batch": a.micro_batch_size,
+            "grad_accum": a.global_batch_size // (a.micro_batch_size * dp), "dp": dp,
+            "tp": a.tensor_model_parallel_size, "pp": a.pipeline_model_parallel_size,
+            "zero_stage": stage, "sequence_parallel": a.sequence_parallel, "remat": remat,
+            "offload_optimizer": a.optimizer_cpu_offload, "grad_clip": a.clip_grad == 1.0,
+            "precision": "bf16-mixed" if a.bf16 and not a.fp8_format else "?"}
+
+
+def read_torchtitan(text: str) -> dict:
+    d = tomllib.loads(text)
+    par, tr, ac = d["parallelism"], d["training"], d["activation_checkpoint"]
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    if par["data_parallel_shard_degree"] == 1:
+        stage = 0
+    else:
+        stage = 2 if par.get("fsdp_reshard_after_forward") == "never" else 3
+    pp = par["pipeline_parallel_degree"]
+    micro = par.get("pipeline_parallel_microbatch_size", tr["local_batch_size"])
+    if ac["mode"] == "selective":
+        opt = ac["selective_ac_option"]
+        remat = "selective" if opt == "op" else ("blocks", (LAYERS // pp) // int(opt))
+    else:
+        remat = ac["mode"]
+    return {"micro_batch": micro, "grad_accum": tr["global_batch_size"] // (micro * dp),
+            "dp": dp, "tp": par["tensor_parallel_degree"], "pp": pp, "zero_stage": stage,
+            # torchtitan's TP shards norms over the sequence: SP whenever tp > 1
+            "sequence_parallel": par["tensor_parallel_degree"] > 1, "remat": remat,
+            "offload_optimizer": False, "grad_clip": tr["max_norm"] == 1.0,
+            "precision": "bf16-mixed" if (tr["dtype"], tr["mixed_precision_param"])
+            == ("float32", "bfloat16") else "?"}
+
+
+def _script_value(text: str, pattern: str):
+    m = re.search(pattern, text)
+    return int(m.group(1)) if m else None
+
+
+def read_accelerate(text: str) -> dict:
+    d = yaml.safe_load(text)
+    kind = d["distributed_type"]
+    if kind == "DEEPSPEED":
+        ds = d["deepspeed_config"]
+        stage, accum = ds["zero_stage"], ds["gradient_accumulation_steps"]
+        offload, clip, remat = ds.get("offload_optimizer_device") == "cpu", \
+            ds["gradient_clipping"] == 1.0, "none"
+    else:
+        fsdp = d.get("fsdp_config", {})
+        stage = (3 if fsdp["fsdp_reshard_after_forward"] else 2) if kind == "FSDP" else 0
+        accum = _script_value(text, r"Accelerator\(gradient_accumulation_steps=(\d+)\)")
+        offload = False
+        clip = "clip_grad_norm_(model.parameters(), max_norm=1.0)" in text
+        remat = "full" if fsdp.get("fsdp_activation_checkpointing") else "none"
+    return {"micro_batch": _script_value(text, r"DataLoader\(batch_size=(\d+)\)"),
+            "grad_accum": accum, "dp": d["num_processes"], "tp": 1, "pp": 1,
+            "zero_stage": stage, "sequence_parallel": False, "remat": remat,
+            "offload_optimizer": offload, "grad_clip": clip,
+            "precision": {"bf16": "bf16-mixed"}.get(d["mixed_precision"], "?")}
+
+
+def _hf_remat(d: dict):
+    if not d["activation_checkpointing"]:
+        return "none"
+    n = d.get("activation_checkpointing_kwargs", {}).get("every_n_layers", 1)
+    return "full" if n == 1 else ("blocks", -(-LAYERS // n))      # layer index % n == 0
+
+
+def read_hf_trainer(text: str) -> dict:
+    d = json.loads(text)
+    if "deepspeed" in d:
+        zero = d["deepspeed"]["zero_optimization"]
+        stage, offload = zero["stage"], zero.get("offload_optimizer", {}).get("device") == "cpu"
+    else:
+        fsdp = d.get("fsdp", "")
+        stage = 3 if "full_shard" in fsdp else 2 if "shard_grad_op" in fsdp else 0
+        offload = False
+    return {"micro_batch": d["per_device_train_batch_size"],
+            "grad_accum": d["gradient_accumulation_steps"], "dp": 8, "tp": 1, "pp": 1,
+            "zero_stage": stage, "sequence_parallel": False,
+            "remat": _hf_remat(d),
+            "offload_optimizer": offload, "grad_clip": d["max_grad_norm"] == 1.0,
+            "precision": "bf16-mixed" if d["bf16"] and not d["fp16"] else "?"}
+
+
+def maxtext_overrides(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.split("=", 1)
+            assert key not in out, key
+            out[key] = value
+    return out
+
+
+def read_maxtext(text: str) -> dict:
+    d = maxtext_overrides(text)
+    axis = {k: int(d[f"ici_{k}_parallelism"]) * int(d[f"dcn_{k}_parallelism"])
+            for k in ("data", "fsdp", "tensor", "pipeline", "expert")}
+    dp = axis["data"] * axis["fsdp"] * axis["expert"]
+    tp, pp = axis["tensor"], axis["pipeline"]
+    per_device = float(d["per_device_batch_size"])
+    accum = int(d["gradient_accumulation_steps"])
+    stage = 3 if axis["fsdp"] > 1 else 1 if d["shard_optimizer_over_data"] == "true" else 0
+    remat = {"minimal_with_context": "none", "minimal": "selective", "full": "full"}
+    return {"micro_batch": round(per_device * tp), "grad_accum": accum, "dp": dp, "tp": tp,
+            "pp": pp, "zero_stage": stage, "sequence_parallel": False,
+            "remat": remat[d["remat_policy"]],
+            "offload_optimizer": d["optimizer_memory_host_offload"] == "true",
+            "grad_clip": float(d["gradient_clipping_threshold"]) == 1.0,
+            "precision": "bf16-mixed" if (d["dtype"], d["weight_dtype"])
+            == ("bfloat16", "float32") and "quantization" not in d else "?"}
+
+
+READERS = {"deepspeed": read_deepspeed, "megatron": read_megatron,
+           "torchtitan": read_torchtitan, "accelerate": read_accelerate,
+           "hf-trainer": read_hf_trainer, "maxtext": read_maxtext}
+
+
+# --------------------------------------------------------------------------------------------
+# Round trips
+# --------------------------------------------------------------------------------------------
+def test_the_api_names_every_format():
+    assert set(FORMATS) == set(SUFFIX) == set(READERS)
+    assert all(s.startswith(".") for s in SUFFIX.values())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_each_knob_reads_back(fmt, name):
+    cfg = CONFIGS[name]
+    if fmt not in EXPRESSES[name]:
+        with pytest.raises(CapoptError) as err:
+            emit(fmt, cfg, SC)
+        assert err.value.field == "--emit" and "\n" not in str(err.value)
+        return
+    text = emit(fmt, cfg, SC)
+    assert READERS[fmt](text) == expected(cfg)
+    assert text == emit(fmt, cfg, SC)                        # deterministic
+    assert text.endswith("\n")
+
+
+def test_a_recomputed_fraction_is_whole_blocks_per_stage():
+    # 0.25 of 32 layers on 2 stages: round(0.25 * 16) = 4 blocks of each stage
+    cfg = Config(micro_batch=1, grad_accum=64, dp=2, tp=2, pp=2, zero_stage=1,
+                 sequence_parallel=True, remat=0.25)
+    argv = megatron_argv(emit("megatron", cfg, SC))
+    a = megatron_parser().parse_args(argv)
+    assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == \
+        ("full", "block", 4)
+    # torchtitan checkpoints every n-th block: 32 // 4 = 8 of 32 is every 4th
+    d = tomllib.loads(emit("torchtitan", CONFIGS["fraction"], SC))
+    assert d["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "4"}
+    # 0.4 of 32 is 13 blocks: no n gives 32 // n == 13
+    with pytest.raises(CapoptError, match="config.remat"):
+        emit("torchtitan", CONFIGS["fraction"].replace(remat=0.4), SC)
+    # a fraction that rounds to every block is full, to none is none
+    assert read_megatron(emit("megatron", CONFIGS["fraction"].replace(remat=0.99), SC)
+                         )["remat"] == "full"
+    assert read_megatron(emit("megatron", CONFIGS["fraction"].replace(remat=0.01), SC)
+                         )["remat"] == "none"
+
+
+def test_megatron_writes_expert_parallel_and_the_optimizer():
+    sc = load_scenario("mixtral-8x7b-ep-32xh100")
+    cfg = Config(micro_batch=1, grad_accum=16, dp=32, ep=8, zero_stage=1, remat="full")
+    text = emit("megatron", cfg, sc)
+    a = megatron_parser().parse_args(megatron_argv(text))
+    assert a.expert_model_parallel_size == 8 and a.optimizer == "adam"
+    assert "--nnodes 4" in text and "--nproc-per-node 8" in text
+    # MaxText across 4 nodes: the data axis crosses them, experts split the batch inside
+    d = maxtext_overrides(emit("maxtext", cfg, sc))
+    assert (d["ici_expert_parallelism"], d["ici_data_parallelism"],
+            d["dcn_data_parallelism"]) == ("8", "1", "4")
+
+
+@pytest.mark.parametrize("optimizer, hf, megatron", [
+    ("adamw", "adamw_torch", ["adam"]), ("adam", "adamw_torch", ["adam"]),
+    ("sgd", "sgd", ["sgd"]), ("sgd-momentum", "sgd", ["sgd"]),
+    ("adafactor", "adafactor", None), ("lion", "lion_32bit", ["lion"]),
+    ("adamw-8bit", "adamw_bnb_8bit", None)])
+def test_optimizer_names(optimizer, hf, megatron):
+    sc = SC.replace(workload=SC.workload.__class__(**{**SC.workload.__dict__,
+                                                      "optimizer": optimizer}))
+    cfg = CONFIGS["dp-only"]
+    d = json.loads(emit("hf-trainer", cfg, sc))
+    assert d["optim"] == hf
+    if optimizer == "sgd-momentum":
+        assert d["optim_args"] == "momentum=0.9"
+    if megatron is None:
+        with pytest.raises(CapoptError, match="training.optimizer"):
+            emit("megatron", cfg, sc)
+    else:
+        a = megatron_parser().parse_args(megatron_argv(emit("megatron", cfg, sc)))
+        assert [a.optimizer] == megatron
+        if optimizer.startswith("sgd"):
+            assert a.sgd_momentum == (0.9 if optimizer == "sgd-momentum" else 0.0)
+
+
+def _with(sc, **workload):
+    return sc.replace(workload=sc.workload.__class__(**{**sc.workload.__dict__, **workload}))
+
+
+def test_precisions():
+    cfg = CONFIGS["zero1"]
+    fp16 = _with(SC, precision="fp16-mixed")
+    assert json.loads(emit("deepspeed", cfg, fp16))["fp16"] == {"enabled": True}
+    assert json.loads(emit("hf-trainer", cfg, fp16))["fp16"] is True
+    assert "--fp16" in megatron_argv(emit("megatron", cfg, fp16))
+    pure = _with(SC, precision="bf16")
+    ds = json.loads(emit("deepspeed", cfg, pure))["bf16"]
+    assert ds["bf16_master_weights_and_grads"] and ds["bf16_optimizer_states"]
+    assert maxtext_overrides(emit("maxtext", cfg, pure))["weight_dtype"] == "bfloat16"
+    t = tomllib.loads(emit("torchtitan", CONFIGS["zero3-full"], pure))["training"]
+    assert t["dtype"] == "bfloat16"
+    fp8 = _with(SC, precision="fp8-mixed")
+    assert "hybrid" in megatron_argv(emit("megatron", cfg, fp8))
+    assert maxtext_overrides(emit("maxtext", cfg, fp8))["quantization"] == "fp8"
+    for fmt in ("deepspeed", "hf-trainer"):
+        with pytest.raises(CapoptError, match="training.precision"):
+            emit(fmt, cfg, fp8)
+    with pytest.raises(CapoptError, match="training.precision"):
+        emit("megatron", cfg, pure)
+
+
+def test_no_clipping_is_written_as_such():
+    sc = _with(SC, grad_clip=False)
+    cfg = CONFIGS["zero1"]
+    assert json.loads(emit("deepspeed", cfg, sc))["gradient_clipping"] == 0.0
+    assert json.loads(emit("hf-trainer", cfg, sc))["max_grad_norm"] == 0.0
+    assert megatron_parser().parse_args(megatron_argv(emit("megatron", cfg, sc))).clip_grad == 0
+    with pytest.raises(CapoptError, match="training.grad_clip"):
+        emit("torchtitan", CONFIGS["zero3-full"], sc)       # torchtitan always clips
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_lora_is_refused_naming_the_knob(fmt):
+    sc = load_scenario("qlora-llama2-7b-24gb")
+    assert sc.workload.lora == LoRA(rank=64, targets=("attn", "mlp"), base_bits=4)
+    with pytest.raises(CapoptError) as err:
+        emit(fmt, Config(micro_batch=4, grad_accum=4, remat="full"), sc)
+    msg = str(err.value)
+    assert "training.lora" in msg and "\n" not in msg and msg.startswith("--emit: ")
+    assert "no launch format here expresses this config" in msg
+
+
+def test_a_refusal_names_the_formats_that_express_the_config():
+    with pytest.raises(CapoptError) as err:
+        emit("deepspeed", CONFIGS["tp-pp-sp"], SC)
+    assert "config.tp = 2" in str(err.value) and err.value.allowed == "megatron"
+    with pytest.raises(CapoptError) as err:
+        emit("deepspeed", CONFIGS["zero3-full"], SC)
+    assert "config.remat = 'full'" in str(err.value)
+    assert err.value.allowed == "megatron, torchtitan, accelerate, hf-trainer, maxtext"
+
+
+def test_unknown_format_and_flash_off():
+    with pytest.raises(CapoptError) as err:
+        emit("jax", CONFIGS["dp-only"], SC)
+    assert err.value.allowed == ", ".join(FORMATS)
+    eager = CONFIGS["dp-only"].replace(flash_attention=False)
+    for fmt in ("deepspeed", "torchtitan", "accelerate", "hf-trainer"):
+        with pytest.raises(CapoptError, match="config.flash_attention"):
+            emit(fmt, eager, SC)
+    assert "--attention-backend unfused" in emit("megatron", eager, SC)
+    assert maxtext_overrides(emit("maxtext", eager, SC))["attention"] == "dot_product"
+
+
+# --------------------------------------------------------------------------------------------
+# The frameworks' own config classes, where they are installed
+# --------------------------------------------------------------------------------------------
+def _installed(*names):
+    return all(importlib.util.find_spec(n) is not None for n in names)
+
+
+HF_CASES = ["dp-only", "zero3-full", "zero1", "offload", "fraction"]
+
+
+@pytest.mark.skipif(not _installed("transformers", "accelerate"),
+                    reason="transformers and accelerate are not installed")
+@pytest.mark.parametrize("name", HF_CASES)
+def test_training_arguments_take_the_file(name, tmp_path):
+    from transformers import HfArgumentParser, TrainingArguments
+    cfg = CONFIGS[name]
+    d = json.loads(emit("hf-trainer", cfg, SC))
+    if "deepspeed" in d and not _installed("deepspeed"):
+        pytest.skip("deepspeed is not installed")
+    path = tmp_path / "args.json"
+    # this machine has no GPU: TrainingArguments refuses bf16 there unless told use_cpu
+    d["use_cpu"] = True
+    path.write_text(json.dumps(d))
+    (args,) = HfArgumentParser(TrainingArguments).parse_json_file(path)
+    assert args.per_device_train_batch_size == cfg.micro_batch
+    assert args.gradient_accumulation_steps == cfg.grad_accum
+    assert args.activation_checkpointing == (cfg.remat != "none")
+    assert args.optim.value == "adamw_torch" and args.bf16
+
+
+@pytest.mark.skipif(not _installed("accelerate"), reason="accelerate is not installed")
+@pytest.mark.parametrize("name", ["dp-only", "zero3-full", "zero1", "offload"])
+def test_accelerate_loads_the_file(name, tmp_path):
+    from accelerate.commands.config.config_args import ClusterConfig
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(emit("accelerate", CONFIGS[name], SC))
+    loaded = ClusterConfig.from_yaml_file(path)
+    assert loaded.num_processes == 8
+    assert str(loaded.distributed_type).split(".")[-1] == \
+        yaml.safe_load(path.read_text())["distributed_type"]
+
+
+@pytest.mark.skipif(not _installed("deepspeed"), reason="deepspeed is not installed")
+@pytest.mark.parametrize("name", ["dp-only", "zero1", "offload"])
+def test_deepspeed_config_takes_the_file(name, monkeypatch):
+    from deepspeed.runtime.config import DeepSpeedConfig
+    cfg = CONFIGS[name]
+    class DataParallel:          # stands in for an initialised process group of dp ranks
+        def get_data_parallel_world_size(self):
+            return cfg.dp
+
+        def get_sequence_parallel_world_size(self):
+            return 1
+
+    import deepspeed.runtime.config as ds_config
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    ds = DeepSpeedConfig(json.loads(emit("deepspeed", cfg, SC)), mpu=DataParallel())
+    assert ds.train_micro_batch_size_per_gpu == cfg.micro_batch
+    assert ds.gradient_accumulation_steps == cfg.grad_accum
+    assert ds.zero_optimization_stage == cfg.zero_stage
+    assert ds.gradient_clipping == 1.0 and ds.bfloat16_config.enabled
+
+
+# --- the command line ----------------------------------------------------------------------
+PINS = ["--set", "micro_batch=1", "--set", "zero_stage=3", "--set", "remat=full"]
+
+
+def test_emit_writes_the_launch_file_to_stdout_in_place_of_the_table(capsys):
+    from capopt.cli import main
+    assert main(["plan", "llama3-8b-8xh100", *PINS, "--emit", "torchtitan"]) == 0
+    out = capsys.readouterr().out
+    t = tomllib.loads(out)                          # the whole of stdout is the TOML file
+    assert t["parallelism"]["data_parallel_shard_degree"] == 8
+    assert t["activation_checkpoint"]["mode"] == "full"
+
+
+def test_emit_out_writes_the_file_and_prints_the_table(tmp_path, capsys):
+    from capopt.cli import main
+    f = tmp_path / "ds.json"
+    assert main(["plan", "llama3-8b-8xh100", *PINS, "--set", "remat=none", "--emit",
+                 "deepspeed", "--out", str(f)]) == 0
+    out, err = capsys.readouterr()
+    assert "per device" in out and f"wrote {f}" in err
+    d = json.loads(f.read_text())
+    assert d["zero_optimization"]["stage"] == 3 and d["train_micro_batch_size_per_gpu"] == 1
+
+
+def test_emit_refusal_is_one_line_exit_2(capsys):
+    from capopt.cli import main
+    code = main(["plan", "llama3-8b-8xh100", *PINS, "--set", "tp=2", "--emit", "deepspeed"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--emit" in err and "tp" in err and "megatron" in err
