@@ -41,13 +41,13 @@ def optimize(scenario=None, *, top_k=5, method="gradient", seed=0, starts=32, st
 
 
 def validate(scenario, *, top_k=3, tier="exact", configs=None, out=None, timeout_s=900.0,
-             progress=True, profile=None, retry=False, jobs=1, options=None):
+             progress=True, profile=None, retry=False, jobs=1, options=None, ray=None):
     """Compile (and on a GPU, run) candidates as real Flax training steps and compare XLA's
     memory with the prediction: `capopt.validation.runner.validate`, which says more."""
     from .validation.runner import validate as _validate
     return _validate(scenario, top_k=top_k, tier=tier, configs=configs, out=out,
                      timeout_s=timeout_s, progress=progress, profile=profile, retry=retry,
-                     jobs=jobs, options=options)
+                     jobs=jobs, options=options, ray=ray)
 
 
 __all__ = sorted([
