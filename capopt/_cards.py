@@ -309,6 +309,30 @@ def _qwen2(hf: _HF) -> dict[str, Any]:
             "tie_word_embeddings": hf.get_bool("tie_word_embeddings", False)}
 
 
+def _qwen3(hf: _HF) -> dict[str, Any]:
+    # Qwen3Attention: `attention_bias` on q, k, v and o (false in the released models), and an
+    # RMSNorm over each head's q and k (q_norm, k_norm: head_dim wide).
+    bias = hf.get_bool("attention_bias", False)
+    return {**_decoder_common(hf), "attention_bias": bias, "attention_out_bias": bias,
+            "qk_norm": True, "tie_word_embeddings": hf.get_bool("tie_word_embeddings", False)}
+
+
+def _qwen3_moe(hf: _HF) -> dict[str, Any]:
+    # Qwen3MoeSparseMoeBlock: num_experts SwiGLU experts of moe_intermediate_size and a
+    # bias-free router, in every layer when decoder_sparse_step is 1 and mlp_only_layers is
+    # empty (the released models); no shared expert.
+    step = hf.get_int("decoder_sparse_step", 1)
+    dense = hf.config.get("mlp_only_layers") or []
+    if step != 1 or dense:
+        raise CapoptError("some layers have a dense MLP (decoder_sparse_step "
+                          f"{step}, mlp_only_layers {dense}); a card has one MLP kind for "
+                          "every layer", file=hf.file, field="decoder_sparse_step",
+                          allowed="decoder_sparse_step = 1 and no mlp_only_layers")
+    return {**_qwen3(hf), "intermediate_size": hf.get_int("moe_intermediate_size"),
+            "num_local_experts": hf.get_int("num_experts"),
+            "num_experts_per_tok": hf.get_int("num_experts_per_tok"), "router_bias": False}
+
+
 def _phi3(hf: _HF) -> dict[str, Any]:
     # Fused qkv_proj and gate_up_proj hold exactly the q, k, v and gate, up matrices.
     bias = hf.get_bool("attention_bias", False)
@@ -329,6 +353,12 @@ def _gemma(hf: _HF) -> dict[str, Any]:
 def _gemma2(hf: _HF) -> dict[str, Any]:
     # Gemma 2 adds a norm after attention and after the MLP: four per layer.
     return {**_gemma(hf), "norms_per_layer": 4}
+
+
+def _gemma3_text(hf: _HF) -> dict[str, Any]:
+    # Gemma 3's text model: Gemma 2's four norms per layer, plus an RMSNorm over each head's
+    # q and k (head_dim wide); local/global attention changes no parameter.
+    return {**_gemma2(hf), "qk_norm": True}
 
 
 def _gpt2(hf: _HF) -> dict[str, Any]:
@@ -414,8 +444,8 @@ def _vit(hf: _HF) -> dict[str, Any]:
 
 _IMPORTERS: dict[str, Callable[[_HF], dict[str, Any]]] = {
     "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2,
-    "phi3": _phi3, "gemma": _gemma, "gemma2": _gemma2, "gpt2": _gpt2, "bert": _bert,
-    "vit": _vit,
+    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "phi3": _phi3, "gemma": _gemma, "gemma2": _gemma2,
+    "gemma3_text": _gemma3_text, "gpt2": _gpt2, "bert": _bert, "vit": _vit,
 }
 HF_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_IMPORTERS))
 """The Hugging Face ``model_type`` values that `card_from_hf_config` imports."""

@@ -96,6 +96,11 @@ def model_tensors(m: "ModelSpec") -> list[Tensor]:
     _add(out, "blocks.attn.k.kernel", (h, kv), L, "block", "kv", matmul="k")
     _add(out, "blocks.attn.v.kernel", (h, kv), L, "block", "kv", matmul="v")
     _add(out, "blocks.attn.o.kernel", (q, h), L, "block", "row", matmul="o")
+    if m.qk_norm:                  # one head_dim-wide norm for every head's q, one for k
+        for which in ("q", "k"):
+            _add(out, f"blocks.attn.{which}_norm.scale", (hd,), L, "block", "rep")
+            if ln:
+                _add(out, f"blocks.attn.{which}_norm.bias", (hd,), L, "block", "rep")
     if m.attention_bias:
         _add(out, "blocks.attn.q.bias", (q,), L, "block", "col")
         _add(out, "blocks.attn.k.bias", (kv,), L, "block", "kv")

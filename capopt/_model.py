@@ -49,6 +49,8 @@ class ModelSpec:
     norm_type: str = "layernorm"                # layernorm (weight+bias) | rmsnorm (weight)
     norms_per_layer: int = 2                    # 2: before (or after) attention and MLP;
                                                 # 4: Gemma 2 also normalises each output
+    qk_norm: bool = False                       # a norm over each head's q and k, head_dim
+                                                # wide, shared by the heads (Qwen3, Gemma 3)
     mlp_type: str = "gelu"                      # gelu (up, down) | gated (gate, up, down)
     hidden_act: str = "gelu"
     tie_word_embeddings: bool = False

@@ -127,6 +127,8 @@ def test_hf_import_counts_the_official_checkpoint(fixture, expected, source):
 @pytest.mark.parametrize("fixture, name", [
     ("llama-2-7b.json", "llama-2-7b"), ("mistral-7b-v0.1.json", "mistral-7b"),
     ("mixtral-8x7b-v0.1.json", "mixtral-8x7b"), ("gpt2.json", "gpt2-124m"),
+    ("qwen3-4b.json", "qwen3-4b"), ("qwen3-30b-a3b.json", "qwen3-30b-a3b"),
+    ("gemma-3-1b-pt.json", "gemma-3-1b"),
 ])
 def test_hf_import_agrees_with_the_catalog_card(fixture, name):
     imported, card = load_card(FIXTURES / fixture), load_card(name)
@@ -154,6 +156,22 @@ def test_hf_family_conventions():
     # q, k, v and o biases (4 x 4096) and gate, up (2 x 11008) and down (4096) biases, per layer
     assert llama.num_params() - plain.num_params() == 32 * (4 * 4096 + 2 * 11008 + 4096)
     assert llama.name == "llama-2-7b-hf"              # from _name_or_path
+
+
+def test_per_head_qk_norms_are_two_head_dim_vectors_per_layer():
+    card = load_card("qwen3-8b")
+    without = dataclasses.replace(card, qk_norm=False)
+    assert card.num_params() - without.num_params() == 2 * card.head_size * card.num_hidden_layers
+    for fixture in ("qwen3-4b.json", "qwen3-30b-a3b.json", "gemma-3-1b-pt.json"):
+        assert load_card(FIXTURES / fixture).qk_norm
+
+
+def test_qwen3_moe_with_dense_layers_is_refused_in_one_line():
+    config = {**json.loads((FIXTURES / "qwen3-30b-a3b.json").read_text()),
+              "mlp_only_layers": [0, 1]}
+    with pytest.raises(CapoptError) as e:
+        card_from_hf_config(config, name="mixed")
+    assert "mlp_only_layers" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_hf_gpt2_defaults_n_inner_to_four_times_width():

@@ -9,6 +9,7 @@ from capopt._errors import CapoptError
 from capopt._hardware import get_hardware
 from capopt._model import ModelSpec
 from capopt._runtime import get_profile
+from capopt._cards import load_card
 from capopt._specs import Budget, Config, Scenario, Workload
 from capopt.validation import runner as runner_mod
 from capopt.validation.random_configs import draw_torch_cases
@@ -56,6 +57,11 @@ def test_parameter_counts_equal_the_cards():
         with FakeTensorMode():
             assert count_params(build_torch_model(m)) == m.num_params(), case.name
     assert len(seen) >= 5
+    # per-head q/k norms (Qwen3, Gemma 3): a dense card of each, whole
+    for name in ("qwen3-4b", "gemma-3-1b"):
+        m = load_card(name)
+        with FakeTensorMode():
+            assert count_params(build_torch_model(m)) == m.num_params() == m.published_params
 
 
 @needs_torch

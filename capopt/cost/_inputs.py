@@ -200,6 +200,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
              f=m.intermediate_size, V=m.vocab_size, E=m.num_local_experts,
              topk=m.num_experts_per_tok, s=s,
              gated=float(m.mlp_type == "gated"), mlp=float(m.family == "mlp"),
+             qk_norm=float(getattr(m, "qk_norm", False)),
              causal=float(m.family == "decoder"),
              hidden_dropout=float(m.hidden_dropout > 0), attn_dropout=float(m.attention_dropout > 0),
              layernorm=float(m.norm_type == "layernorm"))

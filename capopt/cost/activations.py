@@ -9,7 +9,8 @@ Residual stream (split by tp only under sequence parallelism), ``resid_saved`` h
 the block input, the first norm's output, the stream after attention and the second norm's
 output (Korthikanti et al. 2022: the two norm inputs and the two projection inputs); a block
 with four norms (Gemma 2) keeps the inputs of the two extra norms too. Attention (split by
-tp): q, k, v and the attention output (q + 2 kv + q wide). MLP (split by tp; top-k x capacity
+tp): q, k, v and the attention output (q + 2 kv + q wide); per-head q/k norms (Qwen3, Gemma 3)
+add their inputs (q + kv wide) and their statistics. MLP (split by tp; top-k x capacity
 slots per token in an MoE): ``mlp_gated_saved`` f-wide tensors for a gated MLP, ``mlp_gelu_saved``
 (+ ``mlp_gelu_lowp_saved`` in 16-bit) for a GELU one. Materialised attention: ``score_copies``
 score matrices in the compute dtype and ``score_fp32_copies`` in float32 per head and key, a
@@ -92,6 +93,10 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     gelu = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
     mlp = n["gated"] * n["rt_mlp_gated_saved"] + (1.0 - n["gated"]) * gelu - frozen_mlp
     attn = ab * (2.0 * q + 2.0 * kvw)
+    # per-head q/k norms (Qwen3, Gemma 3): each keeps its input (the projection's output, in
+    # the compute dtype) and ``norm_stats`` float32 statistics per head for its backward; its
+    # output goes on to the rotary embedding, whose backward needs only the angles
+    attn = attn + n["qk_norm"] * (ab * (q + kvw) + 4.0 * n["rt_norm_stats"] * (a + kv))
     tp = attn + ab * mlp * f * slots
 
     score_copies = (n["rt_score_copies"] * (1.0 - n["rt_score_cast_lowp_only"] * (1.0 - lowp))

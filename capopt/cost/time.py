@@ -98,6 +98,7 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     e_h = e_h + n["mlp"] * 2.0 * h                     # plain MLP: the activation
     e_f = tf * (2.0 + n["gated"]) * n["f"] / tp * n["topk"] * cap
     e_rope = tf * n["rotary"] * 2.0 * (q + kv) / tp
+    e_rope = e_rope + tf * n["qk_norm"] * 2.0 * (q + kv) / tp    # per-head q/k norms: read, write
     e_s = (tf * (n["rt_ew_score"] + n["attn_dropout"] * n["rt_ew_score_dropout"])
            * n["a"] / tp * s * (1.0 - k.flash))
     fwd = e_h + e_f + e_rope + e_s

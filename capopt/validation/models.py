@@ -296,12 +296,17 @@ class Attention(nnx.Module):
         self.k = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, **kw)
         self.v = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, **kw)
         self.o = Linear(self.heads * hd, h, bias=spec.attention_out_bias, **kw)
+        # a norm over each head's q and k (Qwen3, Gemma 3), before the rotary embedding
+        self.q_norm = Norm(hd, spec.norm_type, policy=policy) if spec.qk_norm else None
+        self.k_norm = Norm(hd, spec.norm_type, policy=policy) if spec.qk_norm else None
 
     def __call__(self, x, key):
         b, s, _ = x.shape
         q = self.q(x).reshape(b, s, self.heads, self.head_dim)
         k = self.k(x).reshape(b, s, self.kv_heads, self.head_dim)
         v = self.v(x).reshape(b, s, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             pos = jnp.arange(s)
             q, k = rotary(q, pos), rotary(k, pos)

@@ -78,10 +78,10 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
     h, hd = spec.hidden_size, spec.head_size
     heads, kvh = spec.num_attention_heads, spec.kv_heads
 
-    def norm():
+    def norm(width: int = h):
         if spec.norm_type == "rmsnorm":
-            return RMSNorm(h, dtype)
-        return nn.LayerNorm(h, eps=1e-6, dtype=dtype)
+            return RMSNorm(width, dtype)
+        return nn.LayerNorm(width, eps=1e-6, dtype=dtype)
 
     def dropout(x, rate: float, training: bool):
         if rate <= 0.0 or not training:
@@ -117,11 +117,17 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
             self.o = linear("o", heads * hd, h, spec.attention_out_bias)
             self.rate = float(spec.attention_dropout)
             self.rotary = spec.position_embedding == "rotary"
+            # a norm over each head's q and k (Qwen3, Gemma 3), before the rotary embedding
+            self.q_norm = norm(hd) if spec.qk_norm else None
+            self.k_norm = norm(hd) if spec.qk_norm else None
 
         def forward(self, x):
             b, s, _ = x.shape
-            q = self.q(x).view(b, s, heads, hd).transpose(1, 2)
-            k = self.k(x).view(b, s, kvh, hd).transpose(1, 2)
+            q = self.q(x).view(b, s, heads, hd)
+            k = self.k(x).view(b, s, kvh, hd)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = self.v(x).view(b, s, kvh, hd).transpose(1, 2)
             if self.rotary:
                 q, k = rotary(q, s), rotary(k, s)
