@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from capopt._hardware import get_hardware  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
-from capopt._specs import Budget, Config, Scenario, Workload, LoRA  # noqa: E402
+from capopt._specs import Budget, Config, Scenario, Workload, LoRA, stable_text  # noqa: E402
 from _random_cases import measure, pct, summary  # noqa: E402
 from capopt.validation.random_configs import Case, describe, draw_cases, features  # noqa: E402
 
@@ -80,8 +80,8 @@ def full_size_cases() -> list[Case]:
 def measurement_key(case: Case) -> str:
     """What a measurement depends on (not the cost model): card, workload, target, config."""
     sc = case.scenario
-    text = repr((sc.model, sc.workload, sc.hardware.name, sc.count,
-                 json.dumps(case.config.to_dict(), sort_keys=True)))
+    text = stable_text((sc.model, sc.workload, sc.hardware.name, sc.count,
+                        json.dumps(case.config.to_dict(), sort_keys=True)))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

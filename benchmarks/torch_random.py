@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from _random_cases import measure, pct, summary  # noqa: E402
+from capopt._specs import stable_text  # noqa: E402
 from capopt.validation.random_configs import Case, describe, draw_torch_cases  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -43,8 +44,8 @@ PARTS = ("params_bytes", "optimizer_bytes", "grads_bytes", "rest_bytes")
 
 def measurement_key(case: Case) -> str:
     sc = case.scenario
-    text = repr(("torch", sc.model, sc.workload, json.dumps(case.config.to_dict(),
-                                                            sort_keys=True)))
+    text = stable_text(("torch", sc.model, sc.workload, json.dumps(case.config.to_dict(),
+                                                                   sort_keys=True)))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

@@ -287,3 +287,31 @@ class Scenario:
 
     def replace(self, **changes) -> "Scenario":
         return dataclasses.replace(self, **changes)
+
+
+def stable_text(x: Any) -> str:
+    """A text of what ``x`` holds, for keys that must outlive the code: a dataclass as its
+    class name and the fields that differ from their defaults (so a field added with a
+    default leaves every earlier text as it was; fields outside equality are left out),
+    tuples, lists and dicts element by element, anything else as `repr`."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        items = []
+        for f in dataclasses.fields(x):
+            if not f.compare:
+                continue
+            v = getattr(x, f.name)
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                default = dataclasses.MISSING
+            if default is not dataclasses.MISSING and v == default:
+                continue
+            items.append(f"{f.name}={stable_text(v)}")
+        return f"{type(x).__name__}({', '.join(items)})"
+    if isinstance(x, (tuple, list)):
+        return "(" + ", ".join(stable_text(v) for v in x) + ")"
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k!r}: {stable_text(v)}" for k, v in sorted(x.items())) + "}"
+    return repr(x)

@@ -85,3 +85,27 @@ def test_memory_random_results_come_from_the_current_model():
         # float32 cost model, the same program: equal to float32 rounding
         assert p["peak_bytes"] == pytest.approx(q["predicted_peak_bytes"], rel=1e-6), q["case"]
         assert rec["measured"]["peak_bytes"] == q["measured_peak_bytes"]
+
+
+def test_measurement_keys_survive_a_field_added_with_its_default():
+    """A stored measurement is found again after a card or workload field is added with a
+    default (its key names only what differs from the defaults)."""
+    import dataclasses
+
+    from capopt._specs import stable_text
+
+    @dataclasses.dataclass(frozen=True)
+    class Before:
+        a: int
+        b: str = "x"
+
+    @dataclasses.dataclass(frozen=True)
+    class After:
+        a: int
+        b: str = "x"
+        c: bool = False
+
+    Before.__name__ = After.__name__ = "Spec"
+    assert stable_text(Before(1)) == stable_text(After(1)) == "Spec(a=1)"
+    assert stable_text(After(1, c=True)) != stable_text(Before(1))
+    assert stable_text((Before(2, "y"), {"k": [1, 2]})) == "(Spec(a=2, b='y'), {'k': (1, 2)})"

@@ -34,7 +34,8 @@ def connect(address: str) -> None:
     try:
         ray.init(address=None if address == "local" else address, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
-    except (ConnectionError, ValueError, RuntimeError) as e:
+    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
+        ray.shutdown()              # a half-made connection would refuse the next ray.init
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise CapoptError(f"cannot reach a Ray cluster at {address!r}: {first[:200]}",
                           field="--ray", allowed="auto, local, or ray://HOST:PORT") from None

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 from .._errors import CapoptError
 from .._format import bar, config_line
-from .._specs import Config, Scenario
+from .._specs import Config, Scenario, stable_text
 from .predict import predicted_terms, predicted_torch_terms, relative_error, tier_terms
 from .tiers import TIERS, environment, torch_available, xla_gpu_available
 from .worker import looks_like_oom
@@ -54,8 +54,8 @@ def tier_scenario(scenario: Scenario, tier: str, profile: str | None = None) -> 
 
 
 def scenario_fingerprint(sc: Scenario) -> str:
-    text = repr((sc.model, sc.workload, sc.hardware.name, sc.count, sc.runtime.name,
-                 sc.runtime.coeffs))
+    text = stable_text((sc.model, sc.workload, sc.hardware.name, sc.count, sc.runtime.name,
+                        sc.runtime.coeffs))
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
