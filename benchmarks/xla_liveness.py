@@ -1,0 +1,198 @@
+"""Where the xla-gpu peak error comes from: XLA's live set at its peak against its buffer
+assignment, and the prediction against both.
+
+    python benchmarks/xla_liveness.py [--cases 200] [--jobs 2] [--split fit]
+
+For each random config of `memory_random.py`'s draw (fixed seed) in ``--split`` (default the
+fitting split: its live sets may be read; the held-out split's stay unexamined), compiles the
+step for an H100 through the xla-gpu tier with ``--xla_dump_to``, reads the values live at the
+peak of XLA's own schedule (`capopt.validation.liveset`) and splits the peak into:
+
+``live``     the bytes of the values live at the peak instruction, each memory slot once
+             (values that share a slot, in-place updates, count once; the JSON also has the
+             sum with each value counted, ``live_all``: the two bracket what is live);
+``packing``  measured peak - live: what the buffer assignment adds to the live bytes (its heap
+             packing: buffers that are never live together cannot always share an offset),
+             together with any buffer the live-range dump does not list at that instruction;
+and compares the ``xla-gpu`` profile's prediction with each: ``error`` (against the measured
+peak, as `memory_random.py`) and ``liveness error`` (against ``live``, what a model of XLA's
+schedule without packing would be judged on). Where the peak falls in XLA's schedule is its
+phase (the peak instruction's scope: forward, loss, backward or rebuild of block i, update).
+
+Records are appended to a JSONL file as they finish (a rerun resumes); the table and ``--out``
+(JSON) are recomputed from the current model every time. The dumps are deleted once read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+CHILD = """
+import json, sys
+from capopt.validation.tiers import configure_jax_for, run_xla_gpu
+configure_jax_for("xla-gpu")
+from capopt.validation.random_configs import draw_cases
+case = draw_cases(int(sys.argv[1]), int(sys.argv[2]))[int(sys.argv[3])]
+out = run_xla_gpu(case.scenario, case.config)
+json.dump(out, open(sys.argv[4], "w"), default=str)
+"""
+
+
+def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> dict:
+    """Compile case ``index`` with a dump; the measured terms and the peak's live set."""
+    from capopt.validation.liveset import read_peak
+    from capopt.validation.tiers import environment
+    tmp = tempfile.mkdtemp(prefix="capopt-liveness-")
+    try:
+        env = environment("xla-gpu", config)
+        env["XLA_FLAGS"] += f" --xla_dump_to={tmp}/dump --xla_dump_hlo_module_re=jit_step"
+        res = os.path.join(tmp, "result.json")
+        done = subprocess.run([sys.executable, "-c", CHILD, str(cases), str(seed), str(index),
+                               res], env=env, capture_output=True, text=True,
+                              timeout=timeout_s, cwd=str(ROOT))
+        if done.returncode or not os.path.exists(res):
+            tail = (done.stderr or "").strip().splitlines()
+            return {"status": "error", "error": tail[-1] if tail else f"exit {done.returncode}"}
+        out = json.load(open(res))
+        peak = read_peak(Path(tmp) / "dump")
+        at = next((v for v in peak.values if v.name == peak.at), None)
+        from capopt.validation.liveset import LiveValue
+        where = LiveValue(name=peak.at, index="", bytes=0, shape="", op_name=peak.at_op_name,
+                          parameter=False) if at is None else at
+        return {"status": "ok", "measured": out["measured"], "details": out["details"],
+                "live_bytes": peak.total_bytes,
+                "live_all_bytes": sum(v.bytes for v in peak.values),
+                "peak_index": peak.index, "schedule_length": peak.length,
+                "peak_phase": where.phase, "peak_block": where.block,
+                "peak_module": where.module}
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "error": f"timeout after {timeout_s:g} s"}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--split", default="fit", choices=["fit", "heldout"])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N cases of the split")
+    ap.add_argument("--measurements", default=str(RESULTS / "xla_liveness.jsonl"))
+    ap.add_argument("--out", default=str(RESULTS / "xla_liveness.json"))
+    args = ap.parse_args(argv)
+    from capopt.validation.tiers import xla_gpu_available
+    ok, why = xla_gpu_available()
+    if not ok:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    from _random_cases import pct, summary
+    from memory_random import measurement_key, predicted_peak
+    from capopt.validation.random_configs import describe, draw_cases
+    from capopt.validation.runner import _append, load_results
+    t0 = time.perf_counter()
+    cases = draw_cases(args.cases, args.seed)
+    chosen = [(i, c) for i, c in enumerate(cases) if c.split == args.split]
+    if args.limit:
+        chosen = chosen[:args.limit]
+    path = Path(args.measurements)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
+    todo = [(i, c) for i, c in chosen if measurement_key(c) not in done]
+    if todo:
+        print(f"compiling {len(todo)} case(s) with a dump ({len(done)} already in "
+              f"{path.name})", file=sys.stderr)
+
+    def one(item):
+        i, c = item
+        rec = measure_one(i, args.cases, args.seed, c.config, args.timeout)
+        rec.update(key=measurement_key(c), case=c.name, split=c.split, describe=describe(c))
+        _append(path, rec)
+        print(f"  [{time.perf_counter() - t0:6.0f} s] {rec['status']:<5} {rec['describe']}",
+              file=sys.stderr)
+        return rec
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for rec in pool.map(one, todo):
+            if rec["status"] == "ok":
+                done[rec["key"]] = rec
+    points = []
+    for _, c in chosen:
+        rec = done.get(measurement_key(c))
+        if rec is None:
+            continue
+        m = rec["measured"]
+        p = predicted_peak(c, rec)["peak_bytes"]
+        # the live set counts the step's arguments (parameters, optimizer state, batch) and
+        # every value live at the peak; measured peak = argument + output + temp - alias
+        live = rec["live_bytes"]
+        points.append({
+            "case": c.name, "describe": rec["describe"], "features": c.features,
+            "measured_peak_bytes": m["peak_bytes"], "live_bytes": live,
+            "live_all_bytes": rec["live_all_bytes"], "predicted_peak_bytes": p,
+            "packing": (m["peak_bytes"] - live) / m["peak_bytes"],
+            "packing_all": (m["peak_bytes"] - rec["live_all_bytes"]) / m["peak_bytes"],
+            "error": (p - m["peak_bytes"]) / m["peak_bytes"],
+            "liveness_error": (p - live) / live,
+            "peak_phase": rec["peak_phase"], "peak_block": rec["peak_block"],
+            "peak_module": rec["peak_module"],
+            "peak_position": rec["peak_index"] / max(rec["schedule_length"], 1)})
+    packing = [q["packing"] for q in points]
+    table = {"error (vs measured)": summary([q["error"] for q in points]),
+             "liveness error (vs live set)": summary([q["liveness_error"] for q in points]),
+             "packing share of the peak": summary(packing),
+             "same, values sharing a slot each counted": summary(
+                 [q["packing_all"] for q in points])}
+    print(f"\nxla-gpu tier, {args.split} split of the random draw (seed {args.seed}): "
+          f"{len(points)} of {len(chosen)} cases\n")
+    print(f"{'':<42} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7} {'mean':>7}")
+    for name, s in table.items():
+        if s.get("n"):
+            print(f"{name:<42} {s['n']:>4} {pct(s['median_abs']):>7} {pct(s['p90_abs']):>7} "
+                  f"{100 * s['worst_signed']:+6.1f}% {100 * s['mean_signed']:+6.1f}%")
+    by_layout = {}
+    for lay in sorted({q["features"]["layout"] for q in points}):
+        sel = [q for q in points if q["features"]["layout"] == lay]
+        by_layout[lay] = {"n": len(sel),
+                          "error": summary([q["error"] for q in sel]),
+                          "liveness_error": summary([q["liveness_error"] for q in sel]),
+                          "packing": summary([q["packing"] for q in sel])}
+    print(f"\n{'layout':<18} {'n':>3} {'|error|':>8} {'|liveness|':>10} {'packing':>8}   "
+          "(medians)")
+    for lay, s in by_layout.items():
+        print(f"{lay:<18} {s['n']:>3} {pct(s['error']['median_abs']):>8} "
+              f"{pct(s['liveness_error']['median_abs']):>10} "
+              f"{pct(s['packing']['median_abs']):>8}")
+    phases = {}
+    for q in points:
+        phases[q["peak_phase"]] = phases.get(q["peak_phase"], 0) + 1
+    print("\nwhere XLA's peak falls: " + ", ".join(f"{k} {v}" for k, v in
+                                                    sorted(phases.items())))
+    out = {"tier": "xla-gpu", "gpu": "h100-sxm-80gb", "profile": "xla-gpu", "seed": args.seed,
+           "cases": args.cases, "split": args.split, "summary": table,
+           "by_layout": by_layout, "peak_phases": phases, "points": points,
+           "not_measured": [c.name for _, c in chosen if measurement_key(c) not in done],
+           "total_s": time.perf_counter() - t0}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {args.out} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
