@@ -55,7 +55,7 @@ json.dump(out, open(sys.argv[4], "w"), default=str)
 
 def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> dict:
     """Compile case ``index`` with a dump; the measured terms and the peak's live set."""
-    from capopt.validation.liveset import read_peak
+    from capopt.validation.liveset import LiveValue, read_peak
     from capopt.validation.tiers import environment
     tmp = tempfile.mkdtemp(prefix="capopt-liveness-")
     try:
@@ -70,10 +70,9 @@ def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> 
             return {"status": "error", "error": tail[-1] if tail else f"exit {done.returncode}"}
         out = json.load(open(res))
         peak = read_peak(Path(tmp) / "dump")
-        at = next((v for v in peak.values if v.name == peak.at), None)
-        from capopt.validation.liveset import LiveValue
+        # the peak instruction's scope says its phase and block
         where = LiveValue(name=peak.at, index="", bytes=0, shape="", op_name=peak.at_op_name,
-                          parameter=False) if at is None else at
+                          parameter=False)
         return {"status": "ok", "measured": out["measured"], "details": out["details"],
                 "live_bytes": peak.total_bytes,
                 "live_all_bytes": sum(v.bytes for v in peak.values),

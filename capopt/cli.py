@@ -42,9 +42,8 @@ def _scenario(args):
     """The scenario a command is about: its file (or the default one) with the flags'
     values over it, or, with ``--model`` and no file, the flags alone."""
     from ._scenario import load_scenario, one_line_scenario
-    values = {field: (getattr(args, flag[2:].replace("-", "_")), flag)
-              for flag, field in QUESTION_FLAGS.items()
-              if getattr(args, flag[2:].replace("-", "_"), None) is not None}
+    given = {flag: getattr(args, flag[2:].replace("-", "_"), None) for flag in QUESTION_FLAGS}
+    values = {QUESTION_FLAGS[flag]: (v, flag) for flag, v in given.items() if v is not None}
     overrides = _overrides(args.set)
     if args.scenario is not None or "model.card" not in values:
         return load_scenario(args.scenario, overrides=overrides, values=values)
@@ -84,7 +83,7 @@ def cmd_plan(args) -> int:
     p = plan(sc, cfg)
     d = p.to_dict()
     if args.emit and _emit(args, cfg, sc):
-        pass
+        pass                                # the launch file took the table's place
     elif args.json:
         print(json.dumps(d, indent=2))
     else:
@@ -107,7 +106,7 @@ def cmd_optimize(args) -> int:
     res = optimize(sc, top_k=args.top, method=args.method, seed=args.seed)
     d = res.to_dict()
     if args.emit and res.best and _emit(args, res.best.config, sc):
-        pass
+        pass                                # the launch file took the table's place
     elif args.json:
         print(json.dumps(d, indent=2))
     else:

@@ -177,6 +177,14 @@ def _deepspeed_core(c: Config, sc: Scenario) -> dict:
     return out
 
 
+def _data_parallel_only(c: Config, why: str) -> None:
+    """Refuse tensor, pipeline and expert degrees above 1 (a format with data parallelism
+    alone), naming the first one set."""
+    for knob, value in (("config.tp", c.tp), ("config.pp", c.pp), ("config.ep", c.ep)):
+        if value > 1:
+            raise _Unexpressible(knob, value, why)
+
+
 def _deepspeed_parallel(c: Config) -> None:
     if c.tp > 1:
         raise _Unexpressible("config.tp", c.tp, "DeepSpeed's JSON carries no Megatron tensor "
@@ -416,10 +424,8 @@ _ACCEL_PRECISION = {"fp32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16", "f
 
 def _emit_accelerate(c: Config, sc: Scenario) -> str:
     w = sc.workload
-    for knob, value in (("config.tp", c.tp), ("config.pp", c.pp), ("config.ep", c.ep)):
-        if value > 1:
-            raise _Unexpressible(knob, value, "capopt writes Accelerate configs for data "
-                                 "parallelism (DDP, FSDP, DeepSpeed ZeRO) only")
+    _data_parallel_only(c, "capopt writes Accelerate configs for data parallelism (DDP, "
+                           "FSDP, DeepSpeed ZeRO) only")
     _no_lora(sc, "Accelerate's config has no LoRA")
     _flash_by_default(c)
     if w.precision == "bf16":
@@ -488,10 +494,8 @@ _HF_OPTIM = {"adamw": ("adamw_torch", {}),
 
 def _emit_hf_trainer(c: Config, sc: Scenario) -> str:
     w = sc.workload
-    for knob, value in (("config.tp", c.tp), ("config.pp", c.pp), ("config.ep", c.ep)):
-        if value > 1:
-            raise _Unexpressible(knob, value, "TrainingArguments has no tensor, pipeline or "
-                                 "expert degree (its FSDP and DeepSpeed are data parallel)")
+    _data_parallel_only(c, "TrainingArguments has no tensor, pipeline or expert degree (its "
+                           "FSDP and DeepSpeed are data parallel)")
     _no_lora(sc, "TrainingArguments has no LoRA field")
     _flash_by_default(c)
     if w.precision in ("bf16", "fp8-mixed"):

@@ -407,15 +407,14 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
         bar.start(config_line(cands[i].to_dict()))
         return keep(i, _run_one(job(i), timeout_s))
 
+    if tier == "device":
+        jobs = 1             # one accelerator: candidates timed one after another
     if ray is not None:
         from .cluster import run_tasks
         for i, result in run_tasks(((i, job(i)) for i in todo), _run_one, timeout_s,
                                    gpus=1.0 if tier == "device" else 0.0):
             results[i] = keep(i, result)
-        todo = []
-    if tier == "device":
-        jobs = 1             # one accelerator: candidates timed one after another
-    if jobs > 1 and len(todo) > 1:
+    elif jobs > 1 and len(todo) > 1:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             for i, rec in zip(todo, pool.map(work, todo)):
                 results[i] = rec
