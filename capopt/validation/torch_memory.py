@@ -26,6 +26,8 @@ sharded parameters, their gradients and optimizer state) is counted by its local
 
 from __future__ import annotations
 
+import sys
+
 import weakref
 
 CATEGORIES = ("params", "optimizer", "inputs", "grads", "weight_casts", "activations",
@@ -38,6 +40,12 @@ def local_shard(t):
     nothing); any other tensor itself."""
     inner = getattr(t, "_local_tensor", None)
     return inner if inner is not None else t
+
+
+def _dtensor_type():
+    """DTensor, where torch has it (the class is imported by then when any exists)."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return getattr(mod, "DTensor", None)
 
 
 def _dispatch_base():
@@ -65,6 +73,8 @@ class LiveBytes(_dispatch_base()):
         self.phase_peaks: dict[str, int] = {}
         self.step_start = 0
         self._param_storages: set[int] = set()
+        self._in_dtensor = False
+        self.paused = False          # (see `ShapesOnly`)
 
     # -- registration ---------------------------------------------------------------------
     def _storage_id(self, t) -> int | None:
@@ -72,6 +82,8 @@ class LiveBytes(_dispatch_base()):
         if not isinstance(t, torch.Tensor):
             return None
         t = local_shard(t)
+        if t.is_meta:                 # shapes only (DTensor's sharding propagation): no memory
+            return None
         st = t.untyped_storage()
         sid = self._ids.get(st)
         if sid is not None:
@@ -152,7 +164,25 @@ class LiveBytes(_dispatch_base()):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         import torch
         from torch.utils._pytree import tree_leaves
-        out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return func(*args, **(kwargs or {}))
+        dtensor = _dtensor_type()
+        if dtensor is not None and dtensor in types:
+            # a DTensor op: its handler computes on the local shards (tensor parallelism's
+            # loss_parallel cross-entropy, sharding's redistributions), below this mode. The
+            # op is dispatched again with the mode on, and the mode steps aside for DTensor
+            # ops (NotImplemented: the subclass handles them), so that the handler's own
+            # temporaries are counted as a GPU would allocate them, not only its result.
+            if self._in_dtensor:
+                return NotImplemented
+            self._in_dtensor = True
+            try:
+                with self:
+                    out = func(*args, **(kwargs or {}))
+            finally:
+                self._in_dtensor = False
+        else:
+            out = func(*args, **(kwargs or {}))
         cast_of_param = False
         if (func is torch.ops.aten._to_copy.default and args
                 and isinstance(args[0], torch.Tensor)):
@@ -203,4 +233,38 @@ class LiveBytes(_dispatch_base()):
         return self.events[start:]
 
 
-__all__ = ["CATEGORIES", "LiveBytes", "local_shard"]
+class ShapesOnly:
+    """While the meter runs, DTensor's sharding propagation traces each new op on fake tensors
+    of the global shapes to learn its output's shape (`ShardingPropagator`, "so that it
+    avoids materializing memory"); it picks up the step's own fake mode, so the meter would
+    see those tensors. They are paused here: a GPU allocates nothing for them."""
+
+    def __init__(self, meter: LiveBytes):
+        self.meter = meter
+
+    def __enter__(self):
+        try:
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+        except ImportError:                      # a torch without DTensor
+            self.cls = None
+            return self
+        self.cls = ShardingPropagator
+        self.orig = orig = ShardingPropagator._propagate_tensor_meta_non_cached
+        meter = self.meter
+
+        def traced(prop, *args, **kwargs):
+            was, meter.paused = meter.paused, True
+            try:
+                return orig(prop, *args, **kwargs)
+            finally:
+                meter.paused = was
+        ShardingPropagator._propagate_tensor_meta_non_cached = traced
+        return self
+
+    def __exit__(self, *exc):
+        if self.cls is not None:
+            self.cls._propagate_tensor_meta_non_cached = self.orig
+        return False
+
+
+__all__ = ["CATEGORIES", "LiveBytes", "ShapesOnly", "local_shard"]

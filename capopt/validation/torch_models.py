@@ -120,15 +120,20 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
             # a norm over each head's q and k (Qwen3, Gemma 3), before the rotary embedding
             self.q_norm = norm(hd) if spec.qk_norm else None
             self.k_norm = norm(hd) if spec.qk_norm else None
+            self.kv_heads_local = kvh
 
         def forward(self, x):
             b, s, _ = x.shape
-            q = self.q(x).view(b, s, heads, hd)
-            k = self.k(x).view(b, s, kvh, hd)
+            # (heads counted from the projections' widths: under tensor parallelism each
+            # rank's share; KV heads kept whole read the ``kv_heads_local`` ones this rank's
+            # query heads share, `capopt.validation.torch_tp`)
+            kvl = self.kv_heads_local
+            q = self.q(x).view(b, s, -1, hd)
+            k = self.k(x).view(b, s, -1, hd)[:, :, :kvl]
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
-            v = self.v(x).view(b, s, kvh, hd).transpose(1, 2)
+            v = self.v(x).view(b, s, -1, hd)[:, :, :kvl].transpose(1, 2)
             if self.rotary:
                 q, k = rotary(q, s), rotary(k, s)
             rate = self.rate if self.training else 0.0
@@ -139,16 +144,17 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
                 out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                     q, k, v, rate, True)[0]
             else:
-                if kvh != heads:
-                    k = k.repeat_interleave(heads // kvh, dim=1)
-                    v = v.repeat_interleave(heads // kvh, dim=1)
+                group = q.shape[1] // k.shape[1]
+                if group > 1:
+                    k = k.repeat_interleave(group, dim=1)
+                    v = v.repeat_interleave(group, dim=1)
                 scores = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
                 mask = torch.ones(s, s, dtype=torch.bool).tril()
                 scores = scores.masked_fill(~mask, float("-inf"))
                 p = torch.softmax(scores.float(), dim=-1).to(q.dtype)
                 p = dropout(p, rate, self.training)
                 out = p @ v
-            return self.o(out.transpose(1, 2).reshape(b, s, heads * hd))
+            return self.o(out.transpose(1, 2).reshape(b, s, -1))
 
     class MLP(nn.Module):
         def __init__(self):
@@ -198,6 +204,10 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
             self.lm_head_bias = (nn.Parameter(torch.zeros(spec.vocab_size, dtype=dtype))
                                  if (self.tied and spec.lm_head_bias) else None)
             self.plan = tuple(checkpoint) + ("none",) * spec.num_hidden_layers
+            # set by tensor parallelism (`capopt.validation.torch_tp`): how the head's input
+            # meets a sharded or replicated embedding, and whether the logits stay sharded
+            self.head_input = None
+            self.loss_parallel = False
 
         def forward(self, ids):
             x = self.embed(ids)
@@ -208,6 +218,8 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
                 x = recompute(blk, x, self.plan[i])
             x = self.final_norm(x)
             if self.tied:
+                if self.head_input is not None:
+                    x = self.head_input(x)
                 logits = F.linear(x, self.embed.weight, self.lm_head_bias)
             else:
                 logits = self.lm_head(x)

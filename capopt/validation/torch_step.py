@@ -62,9 +62,12 @@ def check_supported(scenario: Scenario, config: Config) -> None:
     if w.lora is not None and config.dp > 1:
         raise _unsupported("the torch tier runs LoRA and QLoRA on one device (FSDP2 shards "
                            "one dtype per group; a frozen base and float32 adapters are two)")
-    if config.tp > 1 or config.pp > 1 or config.ep > 1 or config.offload_optimizer:
-        raise _unsupported("the torch tier runs one device or data parallelism (tp = pp = "
-                           "ep = 1, no offload)")
+    if config.pp > 1 or config.ep > 1 or config.offload_optimizer:
+        raise _unsupported("the torch tier runs data and tensor parallelism (pp = ep = 1, "
+                           "no offload)")
+    if config.tp > 1 and (config.dp > 1 or config.sequence_parallel or w.lora is not None):
+        raise _unsupported("the torch tier runs tensor parallelism alone (dp = 1), without "
+                           "sequence parallelism or LoRA")
     if config.dp > 1 and config.zero_stage not in (2, 3):
         raise _unsupported("the torch tier runs data parallelism as FSDP2 over a fake "
                            "process group: ZeRO-2 (reshard_after_forward=False) or ZeRO-3")
@@ -101,7 +104,7 @@ def _state_tensors(opt):
 
 
 def _fake_mesh(dp: int):
-    """A device mesh of ``dp`` CPU ranks over PyTorch's fake process group (this process is
+    """A device mesh of ``dp`` CPU ranks (data- or tensor-parallel) over PyTorch's fake process group (this process is
     rank 0; collectives return tensors of the right shape and move nothing). Built outside
     `FakeTensorMode`: the mesh reads its rank table."""
     import torch.distributed as dist
@@ -140,6 +143,13 @@ class _TrackResize:
         return False
 
 
+def _loss_context(model):
+    if model.loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
 def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> dict[str, Any]:
     """Measure one steady-state step: ``{"measured": {...}, "details": {...}}``; with
     ``explain``, ``details["live_at_peak"]`` lists what was live at the peak (category, op,
@@ -150,21 +160,25 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .step import remat_plan
-    from .torch_memory import LiveBytes, local_shard
+    from .torch_memory import LiveBytes, ShapesOnly, local_shard
     from .torch_models import build_torch_model, count_params
 
     spec, w = scenario.model, scenario.workload
     param_dtype, autocast = _dtypes(w.precision)
     plan = remat_plan(config, spec.num_hidden_layers)
     t0 = time.perf_counter()
-    mesh = _fake_mesh(config.dp) if config.dp > 1 else None
+    ranks = config.dp * config.tp
+    mesh = _fake_mesh(ranks) if ranks > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=False):
         # LoRA: the model in its compute dtype, frozen; the adapters in param_dtype
         model = build_torch_model(spec, flash=config.flash_attention, checkpoint=plan,
                                   param_dtype=param_dtype, lora=w.lora,
                                   frozen_dtype=autocast or param_dtype)
         model.train()
-        if mesh is not None:
+        if config.tp > 1:
+            from .torch_tp import parallelize
+            parallelize(model, spec, mesh)
+        elif mesh is not None:
             # FSDP2, torchtitan's wrapping: each block its own group, the root (embeddings,
             # final norm, head) another; ZeRO-3 frees a block's unsharded parameters after
             # its forward pass, ZeRO-2 keeps them to its backward pass
@@ -188,7 +202,7 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
         b, s = config.micro_batch, scenario.seq_len
         meter = LiveBytes()
         meter.explain = explain
-        with meter, _TrackResize(meter):
+        with meter, _TrackResize(meter), ShapesOnly(meter):
             # (the meter counts a DTensor by its local shard)
             meter.register(list(model.parameters()) + list(model.buffers()), "params")
             meter.register(list(_state_tensors(opt)), "optimizer")
@@ -212,12 +226,17 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                 with ctx:
                     logits = model(ids)
                 meter.set_phase("loss")
-                loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
-                                       labels.view(-1)) / config.grad_accum
-                del logits
-                meter.set_phase("backward")
-                (loss * scale if scale is not None else loss).backward()
-                del loss              # (the batch stays referenced, as a loader's loop keeps it)
+                # (tensor parallelism: logits sharded over the vocabulary go through
+                # loss_parallel's cross-entropy, its backward too; replicated ones are local)
+                with _loss_context(model):
+                    if not model.loss_parallel and hasattr(logits, "to_local"):
+                        logits = logits.to_local()
+                    loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
+                                           labels.view(-1)) / config.grad_accum
+                    del logits
+                    meter.set_phase("backward")
+                    (loss * scale if scale is not None else loss).backward()
+                    del loss          # (the batch stays referenced, as a loader's loop keeps it)
             meter.set_phase("update")
             grads = [p.grad for p in params if p.grad is not None]
             meter.mark(grads, "grads")
