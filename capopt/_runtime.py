@@ -111,6 +111,11 @@ SCHEMA: dict[str, Coeff] = {
                              "block's, beside every kept gradient; a tied table's head gradient "
                              "waits to be summed with it, and an accumulated one is added to "
                              ".grad after"),
+    "embed_grad_whole_tp": _c(0, "1: a table split over the vocabulary by tensor parallelism "
+                                 "gets a gradient of the whole table (reduced only by the "
+                                 "optimizer's step)"),
+    "head_grad_at_loss": _c(1, "1: the head's weight gradient is live at the loss's backward "
+                               "peak; 0: it is computed after the loss's backward has run"),
     "rebuild_fraction": _c(1, "share of a recomputed block's activations live while it is "
                               "rebuilt"),
     "selective_saves_dots": _c(0, "selective recomputation: 0 Korthikanti et al. (all but the "
@@ -156,6 +161,9 @@ SCHEMA: dict[str, Coeff] = {
     "logits_fp32_copies": _c(2, "float32 logits-sized buffers at the loss"),
     "logits_pad_copies": _c(0, "compute-dtype logits copies added when the vocabulary is not "
                                "a multiple of 16 (padded for the head's backward GEMM)"),
+    "logits_parallel_extra_copies": _c(0, "float32 logits-sized buffers added at the loss "
+                                          "when the head is split over the vocabulary "
+                                          "(a vocabulary-parallel cross-entropy)"),
     "grad_combine_bytes": _c(0, "gradient bytes one combined data-parallel collective carries "
                                 "(kept live until it runs)"),
     "grad_combine_copy": _c(0, "1: a combined collective copies its gradients into one flat "

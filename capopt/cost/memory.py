@@ -161,6 +161,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
                          + layers * lora_tp * n["param_bytes"]) * shard(f_param, dp)
     params_bytes = lora * lora_params_bytes + (1 - lora) * full_params_bytes
 
+    # (a vocabulary-parallel table whose gradient is the whole table, ``embed_grad_whole_tp``:
+    # the rest of it, beside the device's share)
+    embed_whole = (first * (1 - lora) * n["rt_embed_grad_whole_tp"] * (1.0 - vocab_rep)
+                   * n["embed_grad_tp"] * (1.0 - 1.0 / k.tp))
     trainable = lora * layers * lora_tp + (1 - lora) * dense_params
     trainable_expert = (1 - lora) * expert_params
     trainable_layer = lora * lora_tp + (1 - lora) * per_layer
@@ -177,7 +181,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # the head's gradient lands in it when tied). ZeRO-2/3 keep a 1/dp slice.
     gb = n["grad_bytes"]
     grad_layer = zero_shard(f_grad, trainable_layer, trainable_layer_expert, k) * gb
-    grads_all = zero_shard(f_grad, trainable, trainable_expert, k) * gb
+    grads_all = (zero_shard(f_grad, trainable, trainable_expert, k) + embed_whole) * gb
     accumulating = step_at_least(k.grad_accum, 2.0)
     # (under accumulation the embedding's accumulator is that buffer, counted in ``accum``)
     # (the dense gradient itself is the whole table: ZeRO splits it only once reduced)
@@ -242,11 +246,14 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # In 16-bit, a vocabulary that is not a multiple of 16 is padded to one for the head's
     # backward GEMM: ``logits_pad_copies`` more compute-dtype copies while the cast is padded
     # (in float32 the padded copy takes the place of the second float32 buffer).
+    # A head split over the vocabulary (tp > 1) computes the loss vocabulary-parallel, with
+    # ``logits_parallel_extra_copies`` more float32 buffers (its own fused backward).
     lowp = (n["act_bytes"] < 4.0).astype(jnp.result_type(float))
     pad = lowp * n["vocab_unaligned"] * n["rt_logits_pad_copies"]
-    per_elem = (n["rt_logits_fp32_copies"] * 4.0
-                + (n["rt_logits_act_copies"] + pad) * n["act_bytes"])
     vocab_split = n["logit_tp"] * (1.0 - vocab_rep)
+    parallel_loss = vocab_split * step_at_least(k.tp, 2.0)
+    per_elem = ((n["rt_logits_fp32_copies"] + parallel_loss * n["rt_logits_parallel_extra_copies"])
+                * 4.0 + (n["rt_logits_act_copies"] + pad) * n["act_bytes"])
     split = jnp.maximum(vocab_split, n["logit_tp"] * k.sp * n["rt_logits_follow_sp"])
     logit_div = split * k.tp + (1.0 - split)
     logits_bytes = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * per_elem / logit_div
@@ -320,8 +327,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     kept_bottom = keep_all * (head_grad + above_bottom)
     kept_rebuild = keep_all * (head_grad + layers * stored_share * grad_layer)
     dp_bwd = root_grad + block_unsharded       # (FSDP groups' unsharded gradients)
+    at_loss = n["rt_head_grad_at_loss"]
     grads = {
-        "loss": accum + jnp.maximum(embed_grad + keep_all * head_grad, in_grad),
+        "loss": accum + jnp.maximum(embed_grad + at_loss * keep_all * head_grad, in_grad),
         "top": accum + jnp.maximum(embed_grad + keep_all * head_grad, in_grad) + grad_layer
         + dp_bwd,
         # (pending: only what the blocks above have produced, the stored ones)
