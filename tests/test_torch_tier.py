@@ -378,6 +378,26 @@ def test_tensor_parallel_shards_the_blocks_and_the_vocabulary_where_tp_divides_i
 
 
 @needs_torch
+def test_tensor_parallel_gpt_with_a_tied_biased_head_and_learned_positions():
+    """GPT-2's layout under tp = 2: learned positions and LayerNorms replicated, a tied head
+    (the embedding DTensor, split over a vocabulary tp divides) with a logit bias split the
+    same way; every parameter counted once, as the profile counts it."""
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec(position_embedding="learned", max_position_embeddings=512,
+                 norm_type="layernorm", mlp_type="gelu", hidden_act="gelu_new",
+                 num_key_value_heads=4, intermediate_size=1024, vocab_size=2048,
+                 tie_word_embeddings=True, lm_head_bias=True, attention_bias=True,
+                 attention_out_bias=True, mlp_bias=True)
+    sc = _scenario(spec, seq=128).replace(count=2, per_node=2)
+    cfg = Config(micro_batch=2, tp=2)
+    m = run_torch(sc, cfg)["measured"]
+    p = predicted_torch_terms(cfg, sc)
+    assert p["params_bytes"] == m["params_bytes"]
+    assert abs(p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"] < 0.05
+
+
+@needs_torch
 def test_loss_parallel_keeps_four_float32_copies_of_the_local_logits():
     """A head split over the vocabulary computes the cross-entropy with loss_parallel, whose
     fused backward (the saved log_softmax output, a zeros_like scatter target, exp(x) and
@@ -396,11 +416,32 @@ def test_loss_parallel_keeps_four_float32_copies_of_the_local_logits():
     assert not [r for r in out["details"]["live_at_peak"] if r[-1] >= 2 * local]
 
 
-def test_tensor_parallelism_runs_alone():
+def test_tensor_parallelism_without_sequence_parallelism_or_lora():
+    from capopt._specs import LoRA
     from capopt.validation.step import Unsupported
     from capopt.validation.torch_step import check_supported
     sc = _scenario(_spec()).replace(count=4, per_node=4)
-    with pytest.raises(Unsupported, match="tensor parallelism alone"):
-        check_supported(sc, Config(micro_batch=1, dp=2, tp=2, zero_stage=3))
+    check_supported(sc, Config(micro_batch=1, dp=2, tp=2, zero_stage=3))      # 2-D runs
     with pytest.raises(Unsupported, match="sequence parallelism"):
         check_supported(sc, Config(micro_batch=1, tp=2, sequence_parallel=True))
+    import dataclasses
+    lora = sc.replace(workload=dataclasses.replace(sc.workload, lora=LoRA(rank=8)))
+    with pytest.raises(Unsupported, match="LoRA"):
+        check_supported(lora, Config(micro_batch=1, tp=2))
+
+
+@needs_torch
+def test_two_dimensional_fsdp2_over_tensor_parallel_shards_states_dp_times_tp_ways():
+    """dp 2 x tp 2 (torchtitan's 2-D): FSDP2 shards the tensor-parallel shards again over the
+    data-parallel dimension, so rank 0 holds a quarter of every block matrix (dim 0 padded to
+    an even count per tensor) and AdamW's moments alike; the profile counts them within that
+    padding and predicts the peak within 5% (the plain case's bound)."""
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec(vocab_size=1024)
+    sc = _scenario(spec, seq=128, batch=8).replace(count=4, per_node=4)
+    cfg = Config(micro_batch=4, dp=2, tp=2, zero_stage=3)
+    m = run_torch(sc, cfg)["measured"]
+    p = predicted_torch_terms(cfg, sc)
+    assert p["params_bytes"] <= m["params_bytes"] < p["params_bytes"] * 1.01
+    assert abs(p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"] < 0.05

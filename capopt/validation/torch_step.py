@@ -18,13 +18,20 @@ caching allocator's reserved memory.
 
 Limits (what a GPU would do differently): CPU's autocast op lists; SDPA's CPU flash kernel
 (the same saved tensors as CUDA's flash attention: output and log-sum-exp); no CUDA context,
-cuBLAS or NCCL workspaces; tensor and pipeline parallelism are not run here.
+cuBLAS or NCCL workspaces; pipeline parallelism is not run here.
 
 Data parallelism (``dp > 1``) is FSDP2 (``fully_shard``, each block and the root a group)
 over PyTorch's fake process group: this process is rank 0 of ``dp``, the collectives return
 buffers of the right shape, and the meter sees rank 0's shards, its all-gather and
 reduce-scatter buffers and the unsharded parameters FSDP2 resizes in place. ZeRO-3 reshards
 after the forward pass, ZeRO-2 does not; ZeRO-1 and plain DDP are not run.
+
+Tensor parallelism (``tp > 1``) is DTensor's Megatron-LM layout over the same fake group
+(`capopt.validation.torch_tp`): rank 0's shards of every split matrix, replicated DTensors
+for the rest, logits split over the vocabulary through ``loss_parallel``'s cross-entropy
+where the head is; the meter counts what DTensor's handlers allocate on the local shards.
+With ``dp > 1`` too, FSDP2 then shards over the data-parallel dimension of a dp x tp mesh,
+as torchtitan's 2-D parallelism does.
 """
 
 from __future__ import annotations
@@ -65,9 +72,9 @@ def check_supported(scenario: Scenario, config: Config) -> None:
     if config.pp > 1 or config.ep > 1 or config.offload_optimizer:
         raise _unsupported("the torch tier runs data and tensor parallelism (pp = ep = 1, "
                            "no offload)")
-    if config.tp > 1 and (config.dp > 1 or config.sequence_parallel or w.lora is not None):
-        raise _unsupported("the torch tier runs tensor parallelism alone (dp = 1), without "
-                           "sequence parallelism or LoRA")
+    if config.tp > 1 and (config.sequence_parallel or w.lora is not None):
+        raise _unsupported("the torch tier runs tensor parallelism without sequence "
+                           "parallelism or LoRA")
     if config.dp > 1 and config.zero_stage not in (2, 3):
         raise _unsupported("the torch tier runs data parallelism as FSDP2 over a fake "
                            "process group: ZeRO-2 (reshard_after_forward=False) or ZeRO-3")
@@ -103,19 +110,20 @@ def _state_tensors(opt):
                 yield v
 
 
-def _fake_mesh(dp: int):
-    """A device mesh of ``dp`` CPU ranks (data- or tensor-parallel) over PyTorch's fake process group (this process is
-    rank 0; collectives return tensors of the right shape and move nothing). Built outside
-    `FakeTensorMode`: the mesh reads its rank table."""
+def _fake_mesh(dp: int, tp: int):
+    """A ``(dp, tp)`` device mesh of CPU ranks (dimensions "dp" and "tp") over PyTorch's fake
+    process group (this process is rank 0; collectives return tensors of the right shape
+    and move nothing). Built outside `FakeTensorMode`: the mesh reads its rank table."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
-    if dist.is_initialized() and (dist.get_world_size() != dp
+    world = dp * tp
+    if dist.is_initialized() and (dist.get_world_size() != world
                                   or dist.get_backend() != "fake"):
         dist.destroy_process_group()
     if not dist.is_initialized():
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dp)
-    return init_device_mesh("cpu", (dp,))
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    return init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
 
 
 class _TrackResize:
@@ -143,6 +151,27 @@ class _TrackResize:
         return False
 
 
+class _RealMeshes:
+    """FSDP2 over tensor-parallel parameters joins the dp and tp meshes into one
+    (`DeviceMesh._concatenate`), reading the real rank table: outside the fake mode."""
+
+    def __enter__(self):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.distributed.device_mesh import DeviceMesh
+        self.orig = orig = DeviceMesh._concatenate
+
+        def concatenate(meshes):
+            with unset_fake_temporarily():
+                return orig(meshes)
+        DeviceMesh._concatenate = staticmethod(concatenate)
+        return self
+
+    def __exit__(self, *exc):
+        from torch.distributed.device_mesh import DeviceMesh
+        DeviceMesh._concatenate = staticmethod(self.orig)
+        return False
+
+
 def _loss_context(model):
     if model.loss_parallel:
         from torch.distributed.tensor.parallel import loss_parallel
@@ -167,8 +196,7 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     param_dtype, autocast = _dtypes(w.precision)
     plan = remat_plan(config, spec.num_hidden_layers)
     t0 = time.perf_counter()
-    ranks = config.dp * config.tp
-    mesh = _fake_mesh(ranks) if ranks > 1 else None
+    mesh = _fake_mesh(config.dp, config.tp) if config.dp * config.tp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=False):
         # LoRA: the model in its compute dtype, frozen; the adapters in param_dtype
         model = build_torch_model(spec, flash=config.flash_attention, checkpoint=plan,
@@ -177,16 +205,18 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
         model.train()
         if config.tp > 1:
             from .torch_tp import parallelize
-            parallelize(model, spec, mesh)
-        elif mesh is not None:
+            parallelize(model, spec, mesh["tp"])
+        if config.dp > 1:
             # FSDP2, torchtitan's wrapping: each block its own group, the root (embeddings,
             # final norm, head) another; ZeRO-3 frees a block's unsharded parameters after
-            # its forward pass, ZeRO-2 keeps them to its backward pass
+            # its forward pass, ZeRO-2 keeps them to its backward pass (with tp: over the
+            # data-parallel dimension, after tensor parallelism, as torchtitan's 2-D)
             from torch.distributed.fsdp import fully_shard
             reshard = config.zero_stage == 3
-            for blk in model.blocks:
-                fully_shard(blk, mesh=mesh, reshard_after_forward=reshard)
-            fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+            with _RealMeshes():
+                for blk in model.blocks:
+                    fully_shard(blk, mesh=mesh["dp"], reshard_after_forward=reshard)
+                fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = _optimizer(w.optimizer, params)
         # fp16-mixed: dynamic loss scaling as torch.amp.GradScaler does it (the loss times the

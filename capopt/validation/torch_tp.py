@@ -48,6 +48,7 @@ def replicate(module, mesh) -> None:
 
 def parallelize(model, spec: ModelSpec, mesh) -> None:
     """Shard ``model`` (a `capopt.validation.torch_models` decoder) over the 1-D ``mesh``."""
+    from torch import nn
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
@@ -89,7 +90,7 @@ def parallelize(model, spec: ModelSpec, mesh) -> None:
             replicate(model.lm_head, mesh)
     if model.lm_head_bias is not None:           # a tied head's bias: its logits' layout
         placement = [Shard(0)] if vocab_split else [Replicate()]
-        model.lm_head_bias = type(model.lm_head_bias)(
+        model.lm_head_bias = nn.Parameter(
             distribute_tensor(model.lm_head_bias.data, mesh, placement))
 
     def head_input(x):
