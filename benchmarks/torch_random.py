@@ -1,6 +1,6 @@
 """Live-tensor peak on configs drawn at random, judged by the torch tier (PyTorch, fake tensors).
 
-    python benchmarks/torch_random.py [--cases 60] [--jobs 2] [--no-measure] [--lora]
+    python benchmarks/torch_random.py [--cases 60] [--jobs 2] [--no-measure] [--lora | --tp]
 
 Draws ``--cases`` configs with `capopt.validation.random_configs.draw_torch_cases` (fixed
 seed; half on one device, half on 8 ranks as FSDP2 ZeRO-2 or ZeRO-3; card shapes split into
@@ -11,7 +11,10 @@ model with no context, workspace or fragmentation) with the peak the tier counte
 by part (parameters, optimizer state, gradients, the rest). It also times one tier run of a
 tiny card and of an 8B-class card (``llama-3-8b``, seq 2048, micro-batch 1, full remat).
 ``--lora``: every case fine-tunes with LoRA or QLoRA on one device instead (its own draw, its
-own results files).
+own results files). ``--tp``: every case is tensor-parallel alone (tp 2 or 4 on a fake group
+of that many ranks; half the cards with a vocabulary padded to a multiple of 128, so that the
+embedding and head are split over it), its own results files too; ``--tp --tp-dp 2``: the
+same on a 2 x tp mesh, FSDP2 over the data-parallel dimension (torchtitan's 2-D).
 
 Measurements go to a JSONL file as they finish and a rerun resumes (a measurement does not
 depend on the cost model); the tables and ``--out`` (JSON) are recomputed from the current
@@ -78,6 +81,11 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--lora", action="store_true",
                     help="LoRA and QLoRA cases on one device (results: torch_lora.json[l])")
+    ap.add_argument("--tp", action="store_true",
+                    help="tensor-parallel cases (tp 2 or 4, dp 1; results: torch_tp.json[l])")
+    ap.add_argument("--tp-dp", type=int, default=1,
+                    help="with --tp: FSDP2 over this many data-parallel ranks too (2-D; "
+                         "results: torch_tp2d.json[l] for 2)")
     ap.add_argument("--measurements", default=None,
                     help="default: benchmarks/results/torch_random.jsonl (torch_lora.jsonl)")
     ap.add_argument("--out", default=None,
@@ -85,10 +93,13 @@ def main(argv=None) -> int:
     ap.add_argument("--no-measure", action="store_true",
                     help="only recompute the predictions for what is already measured")
     args = ap.parse_args(argv)
-    stem = "torch_lora" if args.lora else "torch_random"
+    stem = ("torch_lora" if args.lora else
+            f"torch_tp{'' if args.tp_dp == 1 else f'{args.tp_dp}d'}" if args.tp else
+            "torch_random")
     args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
     args.out = args.out or str(RESULTS / f"{stem}.json")
-    groups_of = GROUPS + (("lora", "lora_rank", "lora_targets") if args.lora else ())
+    groups_of = GROUPS + (("lora", "lora_rank", "lora_targets") if args.lora else ()) + (
+        ("vocab",) if args.tp else ())
     from capopt.validation.predict import predicted_torch_terms
     from capopt.validation.runner import load_results
     from capopt.validation.tiers import torch_available
@@ -97,8 +108,9 @@ def main(argv=None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    cases = draw_torch_cases(args.cases, args.seed, lora=args.lora)
-    timing = [] if args.lora else timing_cases()
+    cases = draw_torch_cases(args.cases, args.seed, lora=args.lora,
+                             tp=(2, 4) if args.tp else (), tp_dp=args.tp_dp)
+    timing = [] if (args.lora or args.tp) else timing_cases()
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)
     every = cases + [c for _, c in timing]
@@ -120,6 +132,8 @@ def main(argv=None) -> int:
         lora = case.scenario.workload.lora
         if lora is not None:
             feats.update(lora_rank=lora.rank, lora_targets="+".join(lora.targets))
+        feats["vocab"] = ("split over tp" if case.scenario.model.vocab_size % case.config.tp == 0
+                          else "replicated")
         points.append({"case": case.name, "split": case.split, "describe": describe(case),
                        "features": feats, "measured": m, "error": err,
                        "reserved_error": res_err,

@@ -46,6 +46,28 @@ def test_draws_are_reproducible_valid_and_cover_every_feature():
     assert max(c.config.dp * c.config.tp for c in a) == 8
 
 
+def test_tensor_parallel_torch_draws_are_valid_and_split_the_vocabulary_on_half_the_cards():
+    """``draw_torch_cases(tp=...)``: every case tensor-parallel alone (dp 1), valid for its
+    card, both degrees drawn; some cards keep a prime vocabulary (the tables replicated),
+    others are padded to a multiple of 128 (split over tp); the plain draw is untouched by
+    the option (every case of seed 2 finds its stored measurement by its key)."""
+    from capopt.validation.random_configs import draw_torch_cases
+    cases = draw_torch_cases(60, 0, tp=(2, 4))
+    assert len(cases) == 60
+    assert all(c.config.dp == 1 and c.config.tp in (2, 4) for c in cases)
+    assert all(not config_problems(c.config, c.scenario) for c in cases)
+    assert {c.config.tp for c in cases} == {2, 4}
+    split = [c.scenario.model.vocab_size % c.config.tp == 0 for c in cases]
+    assert 10 <= sum(split) <= 50
+    assert any(c.scenario.model.vocab_size % 128 == 0 for c in cases)
+    stored = RESULTS / "torch_random_seed2.jsonl"
+    if stored.exists():
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import torch_random as bench
+        keys = {json.loads(line)["key"] for line in stored.read_text().splitlines()}
+        assert all(bench.measurement_key(c) in keys for c in draw_torch_cases(120, 2))
+
+
 def test_split_is_by_card_shape_and_held_out_shapes_are_unseen():
     cases = draw_cases(200, 0)
     by_shape = {}

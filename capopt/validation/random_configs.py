@@ -291,13 +291,19 @@ TORCH_STYLES = ("gpt", "llama", "gqa-wide-head", "mqa", "gemma")
 
 def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = None,
                      runtime: RuntimeProfile | str = "pytorch-eager", per_shape: int = 2,
-                     ranks: tuple[int, ...] = (1, 8), lora: bool = False) -> list[Case]:
+                     ranks: tuple[int, ...] = (1, 8), lora: bool = False,
+                     tp: tuple[int, ...] = (), tp_dp: int = 1) -> list[Case]:
     """``n`` cases the torch tier runs, drawn as `draw_cases` draws (the same card styles and
     sizes, micro-batches, sequences, accumulation, remat, flash), with the torch tier's
     precisions and optimizers; a card's configs take the data-parallel degrees of ``ranks``
     in turn (more than one: FSDP2 as ZeRO-2 or ZeRO-3, drawn); split by card shape the same
     way. ``lora``: every case fine-tunes with LoRA or QLoRA (rank 4, 8 or 16; attention or
-    attention and MLP; a 16-bit or NF4 base), on one device, as the tier runs them."""
+    attention and MLP; a 16-bit or NF4 base), on one device, as the tier runs them. ``tp``:
+    every case is tensor-parallel, its degree drawn from ``tp`` among those the card's heads
+    and widths allow (a card none allows is skipped), and half the cards have their
+    vocabulary padded to a multiple of 128 as Megatron-LM pads it (so that the embedding and
+    head are split over the vocabulary; a prime vocabulary keeps them whole); with ``tp_dp``
+    > 1 it is FSDP2 over that many data-parallel ranks too (ZeRO-2 or ZeRO-3, drawn)."""
     from .torch_step import OPTIMIZERS as TORCH_OPTIMIZERS
     from .torch_step import PRECISIONS as TORCH_PRECISIONS
     hw, rt, rng = _draw_setup(hardware, runtime, seed)
@@ -311,7 +317,7 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
             wl, cfg = draw_config(rng, m, single_device_share=1.0)
             wl.update(precision=_pick(rng, TORCH_PRECISIONS),
                       optimizer=_pick(rng, TORCH_OPTIMIZERS), lora=None)
-            dp = 1 if lora else ranks[j % len(ranks)]
+            dp = tp_dp if tp else 1 if lora else ranks[j % len(ranks)]
             if lora:
                 wl["lora"] = LoRA(rank=int(_pick(rng, (4, 8, 16))),
                                   targets=_pick(rng, (("attn",), ("attn", "mlp"))),
@@ -320,6 +326,14 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
                     wl["lora"] = dataclasses.replace(wl["lora"], base_bits=16)
             zero = int(_pick(rng, (2, 3))) if dp > 1 else 0
             cfg = cfg.replace(dp=dp, zero_stage=zero, sequence_parallel=False, ep=1)
+            if tp:
+                if j == 0 and rng.random() < 0.5:      # Megatron's padded vocabulary
+                    m = dataclasses.replace(m, vocab_size=-(-m.vocab_size // 128) * 128)
+                heads, kv = m.num_attention_heads, m.kv_heads
+                fits = [t for t in tp if heads % t == 0 and (kv % t == 0 or t % kv == 0)]
+                if not fits:
+                    break
+                cfg = cfg.replace(tp=_pick(rng, fits))
             wl["global_batch"] = cfg.micro_batch * cfg.grad_accum * dp
             case = _case(f"torch{'lora' if lora else ''}{seed}-{len(cases):03d}-{style}", style,
                          m, shape, split, wl, cfg, hw, rt)
