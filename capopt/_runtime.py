@@ -116,6 +116,9 @@ SCHEMA: dict[str, Coeff] = {
                                  "optimizer's step)"),
     "head_grad_at_loss": _c(1, "1: the head's weight gradient is live at the loss's backward "
                                "peak; 0: it is computed after the loss's backward has run"),
+    "sp_gathered_inputs_saved": _c(0, "1: under sequence parallelism the projections save "
+                                      "their gathered, whole-sequence inputs (not the "
+                                      "device's slice)"),
     "rebuild_fraction": _c(1, "share of a recomputed block's activations live while it is "
                               "rebuilt"),
     "selective_saves_dots": _c(0, "selective recomputation: 0 Korthikanti et al. (all but the "

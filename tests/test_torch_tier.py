@@ -398,6 +398,33 @@ def test_tensor_parallel_gpt_with_a_tied_biased_head_and_learned_positions():
 
 
 @needs_torch
+def test_sequence_parallelism_splits_the_stream_and_saves_the_gathered_inputs_whole():
+    """tp = 2 with sequence parallelism (torchtitan's plan): the residual stream is each
+    rank's half of the sequence, so the saved activations shrink, but each projection's
+    cast of its gathered input is saved for the whole sequence (the profile's
+    sp_gathered_inputs_saved); predicted within 5% (the plain case's bound), and below the
+    same step without sequence parallelism, as measured."""
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec(vocab_size=1024, num_hidden_layers=3)
+    sc = _scenario(spec, seq=512).replace(count=2, per_node=2)
+    out = {}
+    for sp in (False, True):
+        cfg = Config(micro_batch=4, tp=2, sequence_parallel=sp)
+        m = run_torch(sc, cfg, explain=sp)
+        p = predicted_torch_terms(cfg, sc)
+        assert abs(p["peak_bytes"] - m["measured"]["peak_bytes"]) / m["measured"]["peak_bytes"] < 0.05
+        out[sp] = (m, p)
+    assert out[True][0]["measured"]["peak_bytes"] < out[False][0]["measured"]["peak_bytes"]
+    assert out[True][1]["peak_bytes"] < out[False][1]["peak_bytes"]
+    # bf16 casts of a whole-sequence h-wide input (4 x 512 x 256 x 2 bytes) are saved
+    whole = 4 * 512 * spec.hidden_size * 2
+    casts = [r for r in out[True][0]["details"]["live_at_peak"]
+             if r[-1] == whole and r[2] == "torch.bfloat16"]
+    assert len(casts) >= 3 * spec.num_hidden_layers
+
+
+@needs_torch
 def test_loss_parallel_keeps_four_float32_copies_of_the_local_logits():
     """A head split over the vocabulary computes the cross-entropy with loss_parallel, whose
     fused backward (the saved log_softmax output, a zeros_like scatter target, exp(x) and
@@ -416,14 +443,17 @@ def test_loss_parallel_keeps_four_float32_copies_of_the_local_logits():
     assert not [r for r in out["details"]["live_at_peak"] if r[-1] >= 2 * local]
 
 
-def test_tensor_parallelism_without_sequence_parallelism_or_lora():
+def test_tensor_parallelism_refuses_lora_and_learned_positions_with_sequence_parallelism():
     from capopt._specs import LoRA
     from capopt.validation.step import Unsupported
     from capopt.validation.torch_step import check_supported
     sc = _scenario(_spec()).replace(count=4, per_node=4)
     check_supported(sc, Config(micro_batch=1, dp=2, tp=2, zero_stage=3))      # 2-D runs
+    check_supported(sc, Config(micro_batch=1, tp=2, sequence_parallel=True))  # rotary: SP runs
+    gpt = _scenario(_spec(position_embedding="learned", max_position_embeddings=512))
     with pytest.raises(Unsupported, match="sequence parallelism"):
-        check_supported(sc, Config(micro_batch=1, tp=2, sequence_parallel=True))
+        check_supported(gpt.replace(count=2, per_node=2),
+                        Config(micro_batch=1, tp=2, sequence_parallel=True))
     import dataclasses
     lora = sc.replace(workload=dataclasses.replace(sc.workload, lora=LoRA(rank=8)))
     with pytest.raises(Unsupported, match="LoRA"):

@@ -23,6 +23,10 @@ Korthikanti et al.'s (everything but the attention core), 1 is JAX's
 backward pass reads (q, k, v, the attention's output projection, gate and up), nothing else.
 ``full`` keeps the block input.
 
+Sequence parallelism splits the residual-stream tensors over tp; a runtime that gathers the
+attention's and the MLP's inputs whole before their projections and lets the matmuls save
+the gathered tensor (``sp_gathered_inputs_saved``: PyTorch's DTensor plan) keeps those whole.
+
 The knobs arrive as the runtime applies them (`capopt.cost._inputs.runtime_knobs`): blockwise
 ("flash") attention is off where the runtime's kernel does not tile the sequence.
 """
@@ -87,6 +91,10 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     frozen_mlp = n["lora"] * (1.0 - n["lora_mlp"]) * n["rt_frozen_inputs_dropped"]
     rep = ((1.0 - mixed) * ab * (n["rt_resid_saved"] - frozen_mlp) * h + mixed * stream
            + ab * extra_norms * h + 2.0 * n["hidden_dropout"] * h)
+    # of which the projections' inputs (the two norm outputs, or under autocast each
+    # projection's cast of them): a runtime whose sequence parallelism gathers them whole
+    # before the projections saves them whole (``sp_gathered_inputs_saved``)
+    proj = (1.0 - mixed) * ab * (2.0 - frozen_mlp) * h + mixed * casts
     rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"], 0.0)            # float32 router probabilities
     stats = n["rt_norm_stats"] + n["rt_layernorm_mean_saved"] * n["layernorm"]
     rep = rep + 4.0 * stats * n["norms_per_layer"]                   # float32 norm statistics
@@ -122,6 +130,7 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     zero = jnp.zeros_like(h)
     return {
         "rep": jnp.where(tf > 0, rep, plain),
+        "proj": jnp.where(tf > 0, proj, zero),
         "tp": jnp.where(tf > 0, tp, zero),
         "scores": jnp.where(tf > 0, scores, zero),
         "input": ((1.0 - mixed) * ab + mixed * n["param_bytes"]) * h,
@@ -134,7 +143,9 @@ def saved_bytes(k: Knobs, n: dict, tokens) -> tuple:
     """Bytes one block keeps for ``tokens`` tokens under each policy: (none, selective, full)."""
     inv = block_inventory(k, n)
     rep_div = shard(k.sp, k.tp)
-    none = tokens * (inv["rep"] * rep_div + (inv["tp"] + inv["scores"]) / k.tp)
+    whole = n["rt_sp_gathered_inputs_saved"] * inv["proj"]      # not split by sp
+    none = tokens * ((inv["rep"] - whole) * rep_div + whole
+                     + (inv["tp"] + inv["scores"]) / k.tp)
     korthikanti = none - tokens * inv["scores"] / k.tp
     dots = tokens * (inv["sel_rep"] * rep_div + inv["sel_tp"] / k.tp)
     c = n["rt_selective_saves_dots"]

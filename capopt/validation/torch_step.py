@@ -31,7 +31,8 @@ Tensor parallelism (``tp > 1``) is DTensor's Megatron-LM layout over the same fa
 for the rest, logits split over the vocabulary through ``loss_parallel``'s cross-entropy
 where the head is; the meter counts what DTensor's handlers allocate on the local shards.
 With ``dp > 1`` too, FSDP2 then shards over the data-parallel dimension of a dp x tp mesh,
-as torchtitan's 2-D parallelism does.
+as torchtitan's 2-D parallelism does; with ``sequence_parallel``, torchtitan's plan with
+sequence parallelism (the residual stream split over the sequence).
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ def check_supported(scenario: Scenario, config: Config) -> None:
     if config.pp > 1 or config.ep > 1 or config.offload_optimizer:
         raise _unsupported("the torch tier runs data and tensor parallelism (pp = ep = 1, "
                            "no offload)")
-    if config.tp > 1 and (config.sequence_parallel or w.lora is not None):
-        raise _unsupported("the torch tier runs tensor parallelism without sequence "
-                           "parallelism or LoRA")
+    if config.tp > 1 and w.lora is not None:
+        raise _unsupported("the torch tier runs tensor parallelism without LoRA")
+    if config.sequence_parallel and scenario.model.position_embedding == "learned":
+        raise _unsupported("the torch tier runs sequence parallelism on cards without "
+                           "learned positions (rotary)")
     if config.dp > 1 and config.zero_stage not in (2, 3):
         raise _unsupported("the torch tier runs data parallelism as FSDP2 over a fake "
                            "process group: ZeRO-2 (reshard_after_forward=False) or ZeRO-3")
@@ -205,7 +208,7 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
         model.train()
         if config.tp > 1:
             from .torch_tp import parallelize
-            parallelize(model, spec, mesh["tp"])
+            parallelize(model, spec, mesh["tp"], sequence_parallel=config.sequence_parallel)
         if config.dp > 1:
             # FSDP2, torchtitan's wrapping: each block its own group, the root (embeddings,
             # final norm, head) another; ZeRO-3 frees a block's unsharded parameters after
