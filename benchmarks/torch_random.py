@@ -14,7 +14,8 @@ tiny card and of an 8B-class card (``llama-3-8b``, seq 2048, micro-batch 1, full
 own results files). ``--tp``: every case is tensor-parallel alone (tp 2 or 4 on a fake group
 of that many ranks; half the cards with a vocabulary padded to a multiple of 128, so that the
 embedding and head are split over it), its own results files too; ``--tp --tp-dp 2``: the
-same on a 2 x tp mesh, FSDP2 over the data-parallel dimension (torchtitan's 2-D).
+same on a 2 x tp mesh, FSDP2 over the data-parallel dimension (torchtitan's 2-D);
+``--tp --tp-sp``: tensor parallelism with sequence parallelism.
 
 Measurements go to a JSONL file as they finish and a rerun resumes (a measurement does not
 depend on the cost model); the tables and ``--out`` (JSON) are recomputed from the current
@@ -86,6 +87,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tp-dp", type=int, default=1,
                     help="with --tp: FSDP2 over this many data-parallel ranks too (2-D; "
                          "results: torch_tp2d.json[l] for 2)")
+    ap.add_argument("--tp-sp", action="store_true",
+                    help="with --tp: sequence parallelism too, on cards without learned "
+                         "positions (results: torch_tp_sp.json[l])")
     ap.add_argument("--measurements", default=None,
                     help="default: benchmarks/results/torch_random.jsonl (torch_lora.jsonl)")
     ap.add_argument("--out", default=None,
@@ -94,7 +98,8 @@ def main(argv=None) -> int:
                     help="only recompute the predictions for what is already measured")
     args = ap.parse_args(argv)
     stem = ("torch_lora" if args.lora else
-            f"torch_tp{'' if args.tp_dp == 1 else f'{args.tp_dp}d'}" if args.tp else
+            f"torch_tp{'' if args.tp_dp == 1 else f'{args.tp_dp}d'}"
+            f"{'_sp' if args.tp_sp else ''}" if args.tp else
             "torch_random")
     args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
     args.out = args.out or str(RESULTS / f"{stem}.json")
@@ -109,7 +114,8 @@ def main(argv=None) -> int:
         return 2
     t0 = time.perf_counter()
     cases = draw_torch_cases(args.cases, args.seed, lora=args.lora,
-                             tp=(2, 4) if args.tp else (), tp_dp=args.tp_dp)
+                             tp=(2, 4) if args.tp else (), tp_dp=args.tp_dp,
+                             tp_sp=args.tp_sp)
     timing = [] if (args.lora or args.tp) else timing_cases()
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)

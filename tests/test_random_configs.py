@@ -109,6 +109,44 @@ def test_memory_random_results_come_from_the_current_model():
         assert rec["measured"]["peak_bytes"] == q["measured_peak_bytes"]
 
 
+@pytest.mark.parametrize("name, draw", [
+    ("torch_random_seed2", dict(n=120, seed=2)),
+    ("torch_lora_seed1", dict(n=60, seed=1, lora=True)),
+    ("torch_tp", dict(n=60, seed=0, tp=(2, 4))),
+    ("torch_tp_seed1", dict(n=60, seed=1, tp=(2, 4))),
+    ("torch_tp2d_seed1", dict(n=60, seed=1, tp=(2, 4), tp_dp=2)),
+])
+def test_torch_results_come_from_the_current_model(name, draw):
+    """Each torch-tier results file the README quotes holds, for its measured cases, the
+    peak the current pytorch-eager profile predicts (recomputed from the recorded
+    measurements; no torch needed), and the measurement it was compared with."""
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.random_configs import draw_torch_cases
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        pytest.skip(f"no {path.name} (run benchmarks/torch_random.py)")
+    doc = json.loads(path.read_text())
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import torch_random as bench
+    recs = {}
+    for line in (RESULTS / f"{name}.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("status") == "ok":
+            recs[r["key"]] = r
+    n = draw.pop("n")
+    by_name = {c.name: c for c in draw_torch_cases(n, **draw)}
+    points = doc["points"]
+    assert len(points) >= 50
+    rng = np.random.default_rng(0)
+    for q in rng.choice(points, size=min(12, len(points)), replace=False):
+        case = by_name[q["case"]]
+        rec = recs[bench.measurement_key(case)]
+        p = predicted_torch_terms(case.config, case.scenario)
+        # float32 cost model, the same program: equal to float32 rounding
+        assert p["peak_bytes"] == pytest.approx(q["predicted"]["peak_bytes"], rel=1e-6), q["case"]
+        assert rec["measured"]["peak_bytes"] == q["measured"]["peak_bytes"]
+
+
 def test_measurement_keys_survive_a_field_added_with_its_default():
     """A stored measurement is found again after a card or workload field is added with a
     default (its key names only what differs from the defaults)."""

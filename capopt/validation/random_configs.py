@@ -292,7 +292,8 @@ TORCH_STYLES = ("gpt", "llama", "gqa-wide-head", "mqa", "gemma")
 def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = None,
                      runtime: RuntimeProfile | str = "pytorch-eager", per_shape: int = 2,
                      ranks: tuple[int, ...] = (1, 8), lora: bool = False,
-                     tp: tuple[int, ...] = (), tp_dp: int = 1) -> list[Case]:
+                     tp: tuple[int, ...] = (), tp_dp: int = 1,
+                     tp_sp: bool = False) -> list[Case]:
     """``n`` cases the torch tier runs, drawn as `draw_cases` draws (the same card styles and
     sizes, micro-batches, sequences, accumulation, remat, flash), with the torch tier's
     precisions and optimizers; a card's configs take the data-parallel degrees of ``ranks``
@@ -303,7 +304,8 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
     and widths allow (a card none allows is skipped), and half the cards have their
     vocabulary padded to a multiple of 128 as Megatron-LM pads it (so that the embedding and
     head are split over the vocabulary; a prime vocabulary keeps them whole); with ``tp_dp``
-    > 1 it is FSDP2 over that many data-parallel ranks too (ZeRO-2 or ZeRO-3, drawn)."""
+    > 1 it is FSDP2 over that many data-parallel ranks too (ZeRO-2 or ZeRO-3, drawn); with
+    ``tp_sp``, sequence-parallel on every card without learned positions."""
     from .torch_step import OPTIMIZERS as TORCH_OPTIMIZERS
     from .torch_step import PRECISIONS as TORCH_PRECISIONS
     hw, rt, rng = _draw_setup(hardware, runtime, seed)
@@ -333,7 +335,8 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
                 fits = [t for t in tp if heads % t == 0 and (kv % t == 0 or t % kv == 0)]
                 if not fits:
                     break
-                cfg = cfg.replace(tp=_pick(rng, fits))
+                cfg = cfg.replace(tp=_pick(rng, fits), sequence_parallel=bool(
+                    tp_sp and m.position_embedding != "learned"))
             wl["global_batch"] = cfg.micro_batch * cfg.grad_accum * dp
             case = _case(f"torch{'lora' if lora else ''}{seed}-{len(cases):03d}-{style}", style,
                          m, shape, split, wl, cfg, hw, rt)
