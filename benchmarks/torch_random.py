@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
     args.out = args.out or str(RESULTS / f"{stem}.json")
     groups_of = GROUPS + (("lora", "lora_rank", "lora_targets") if args.lora else ()) + (
-        ("vocab",) if args.tp else ())
+        ("vocab",) if args.tp else ()) + (("sequence_parallel",) if args.tp_sp else ())
     from capopt.validation.predict import predicted_torch_terms
     from capopt.validation.runner import load_results
     from capopt.validation.tiers import torch_available

@@ -15,7 +15,7 @@ Figures:
                         benchmarks/results/memory_random.json (no compiling)
   torch_peak_errors.png  predicted vs torch-tier peak of live tensors on the never-examined
                         draws, by layout, from benchmarks/results/torch_random_seed2.json,
-                        torch_tp_seed1.json and torch_tp2d_seed1.json
+                        torch_tp_seed1.json, torch_tp_sp_seed1.json and torch_tp2d_seed1.json
 """
 
 from __future__ import annotations
@@ -83,20 +83,23 @@ def torch_figure():
     results = ROOT / "benchmarks" / "results"
     pts = []
     # the never-examined draws: seed 2 (one device, FSDP2), seed 1 of the tensor-parallel
-    # draws (tp alone, and FSDP2 x tp)
+    # draws (tp alone, with sequence parallelism, and FSDP2 x tp); in the tp+sp draw only
+    # the sequence-parallel cases (its others are the tp draw's)
     for name, layout in (("torch_random_seed2.json", None), ("torch_tp_seed1.json", "tp"),
-                         ("torch_tp2d_seed1.json", "2-D")):
+                         ("torch_tp_sp_seed1.json", "tp+sp"), ("torch_tp2d_seed1.json", "2-D")):
         path = results / name
         if not path.exists():
             continue
         d = json.loads(path.read_text())
         pts += [{"split": layout or q["features"]["layout"],
                  "measured_peak_bytes": q["measured"]["peak_bytes"], "error": q["error"]}
-                for q in d["points"]]
+                for q in d["points"]
+                if layout != "tp+sp" or q["features"]["sequence_parallel"] == "sp"]
     groups = {"1 device": ("one device", "o", "C0"),
               "dp ZeRO-2": ("FSDP2 ZeRO-2, 8 ranks", "s", "C1"),
               "dp ZeRO-3": ("FSDP2 ZeRO-3, 8 ranks", "D", "C3"),
               "tp": ("tensor parallel, tp 2-4", "^", "C2"),
+              "tp+sp": ("tensor + sequence parallel", "<", "C5"),
               "2-D": ("FSDP2 x tp, 2 x 2-4 ranks", "v", "C4")}
     return figures.peak_errors(pts, groups=groups, title=(
         "live-tensor peak on random configs (never examined): pytorch-eager profile "

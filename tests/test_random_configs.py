@@ -115,6 +115,7 @@ def test_memory_random_results_come_from_the_current_model():
     ("torch_tp", dict(n=60, seed=0, tp=(2, 4))),
     ("torch_tp_seed1", dict(n=60, seed=1, tp=(2, 4))),
     ("torch_tp2d_seed1", dict(n=60, seed=1, tp=(2, 4), tp_dp=2)),
+    ("torch_tp_sp_seed1", dict(n=60, seed=1, tp=(2, 4), tp_sp=True)),
 ])
 def test_torch_results_come_from_the_current_model(name, draw):
     """Each torch-tier results file the README quotes holds, for its measured cases, the
