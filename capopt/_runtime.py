@@ -99,6 +99,9 @@ SCHEMA: dict[str, Coeff] = {
     "zero_unsharded_grad_copies": _c(0, "unsharded copies of a block's gradients live while "
                                         "it is differentiated under ZeRO-2/3 (before the "
                                         "reduce-scatter)"),
+    "zero2_keeps_shards": _c(0, "1: under ZeRO-2 the parameters stay sharded and the "
+                                "unsharded copy gathered for the forward pass is kept to the "
+                                "backward pass beside them"),
     "zero3_keeps_stored_gathered": _c(0, "1: a block that is not recomputed keeps its gathered "
                                          "(compute-dtype) weights for its backward pass"),
     # --- which buffers are live together (the phase walk, capopt.cost.memory) ---

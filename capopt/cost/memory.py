@@ -162,9 +162,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     params_bytes = lora * lora_params_bytes + (1 - lora) * full_params_bytes
 
     # (a vocabulary-parallel table whose gradient is the whole table, ``embed_grad_whole_tp``:
-    # the rest of it, beside the device's share)
+    # the rest of it, beside the device's share; a runtime that shards gradients over the
+    # data-parallel group, ZeRO-2/3, reduce-scatters it into the shard at the backward's end)
     embed_whole = (first * (1 - lora) * n["rt_embed_grad_whole_tp"] * (1.0 - vocab_rep)
-                   * n["embed_grad_tp"] * (1.0 - 1.0 / k.tp))
+                   * n["embed_grad_tp"] * (1.0 - 1.0 / k.tp) * (1.0 - f_grad))
     trainable = lora * layers * lora_tp + (1 - lora) * dense_params
     trainable_expert = (1 - lora) * expert_params
     trainable_layer = lora * lora_tp + (1 - lora) * per_layer
@@ -377,12 +378,19 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # FSDP-style groups are gathered when the pass reaches them (pre-forward and pre-backward
     # hooks): at the forward pass's end only the root is, at the loss's backward none yet
     fsdp = n["rt_zero3_root_group"]
+    # ZeRO-2 as FSDP2 runs it (``zero2_keeps_shards``): the parameters stay sharded, and each
+    # group's unsharded copy, gathered for its forward pass, is kept to its backward pass
+    # beside them (counted as the parameters above): the shards are the extra, until the
+    # backward pass reshards every group
+    z2_shards = (n["rt_zero2_keeps_shards"] * z[2] * (1 - lora)
+                 * zero_shard(1.0, dense_params, expert_params, k) * n["param_bytes"])
     comm = {
-        "loss": comm_bytes - fsdp * (gathered + root_gathered), "top": comm_bytes,
-        "rebuild": gather_window + buckets + p2p + root_gathered,
-        "bottom": gather_window + buckets + p2p + root_gathered,
+        "loss": comm_bytes - fsdp * (gathered + root_gathered) + z2_shards,
+        "top": comm_bytes + z2_shards,
+        "rebuild": gather_window + buckets + p2p + root_gathered + z2_shards,
+        "bottom": gather_window + buckets + p2p + root_gathered + z2_shards,
         "update": buckets + 0.0 * comm_bytes,
-        "forward": comm_bytes - fsdp * gathered,
+        "forward": comm_bytes - fsdp * gathered + z2_shards,
     }
     # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)
     exists = {"rebuild": remat_share}
