@@ -18,6 +18,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+def _recorded(path: Path) -> dict:
+    """The measurements a benchmark recorded, by key (the ok ones)."""
+    from capopt.validation.runner import load_results
+    return {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
+
+
 def test_draws_are_reproducible_valid_and_cover_every_feature():
     a, b = draw_cases(200, 0), draw_cases(200, 0)
     assert [c.name for c in a] == [c.name for c in b]
@@ -91,11 +97,7 @@ def test_memory_random_results_come_from_the_current_model():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import memory_random as bench
     cases = draw_cases(doc["cases"], doc["seed"]) + bench.full_size_cases()
-    recs = {}
-    for line in (RESULTS / "memory_random.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r.get("status") == "ok":
-            recs[r["key"]] = r
+    recs = _recorded(RESULTS / "memory_random.jsonl")
     by_name = {c.name: c for c in cases}
     points = doc["points"]
     assert len(points) >= 80
@@ -129,11 +131,7 @@ def test_torch_results_come_from_the_current_model(name, draw):
     doc = json.loads(path.read_text())
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import torch_random as bench
-    recs = {}
-    for line in (RESULTS / f"{name}.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r.get("status") == "ok":
-            recs[r["key"]] = r
+    recs = _recorded(RESULTS / f"{name}.jsonl")
     n = draw.pop("n")
     by_name = {c.name: c for c in draw_torch_cases(n, **draw)}
     points = doc["points"]

@@ -27,7 +27,6 @@ sharded parameters, their gradients and optimizer state) is counted by its local
 from __future__ import annotations
 
 import sys
-
 import weakref
 
 CATEGORIES = ("params", "optimizer", "inputs", "grads", "weight_casts", "activations",
