@@ -24,6 +24,16 @@ def _recorded(path: Path) -> dict:
     return {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
 
 
+def _sampled(points, cases, recs: dict, key, size: int):
+    """A fixed sample of a results file's points, each with its case and its recorded
+    measurement: (point, case, record)."""
+    by_name = {c.name: c for c in cases}
+    rng = np.random.default_rng(0)
+    for q in rng.choice(points, size=min(size, len(points)), replace=False):
+        case = by_name[q["case"]]
+        yield q, case, recs[key(case)]
+
+
 def test_draws_are_reproducible_valid_and_cover_every_feature():
     a, b = draw_cases(200, 0), draw_cases(200, 0)
     assert [c.name for c in a] == [c.name for c in b]
@@ -98,13 +108,9 @@ def test_memory_random_results_come_from_the_current_model():
     import memory_random as bench
     cases = draw_cases(doc["cases"], doc["seed"]) + bench.full_size_cases()
     recs = _recorded(RESULTS / "memory_random.jsonl")
-    by_name = {c.name: c for c in cases}
     points = doc["points"]
     assert len(points) >= 80
-    rng = np.random.default_rng(0)
-    for q in rng.choice(points, size=min(25, len(points)), replace=False):
-        case = by_name[q["case"]]
-        rec = recs[bench.measurement_key(case)]
+    for q, case, rec in _sampled(points, cases, recs, bench.measurement_key, 25):
         p = bench.predicted_peak(case, rec)
         # float32 cost model, the same program: equal to float32 rounding
         assert p["peak_bytes"] == pytest.approx(q["predicted_peak_bytes"], rel=1e-6), q["case"]
@@ -132,14 +138,10 @@ def test_torch_results_come_from_the_current_model(name, draw):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import torch_random as bench
     recs = _recorded(RESULTS / f"{name}.jsonl")
-    n = draw.pop("n")
-    by_name = {c.name: c for c in draw_torch_cases(n, **draw)}
+    cases = draw_torch_cases(draw["n"], **{k: v for k, v in draw.items() if k != "n"})
     points = doc["points"]
     assert len(points) >= 50
-    rng = np.random.default_rng(0)
-    for q in rng.choice(points, size=min(12, len(points)), replace=False):
-        case = by_name[q["case"]]
-        rec = recs[bench.measurement_key(case)]
+    for q, case, rec in _sampled(points, cases, recs, bench.measurement_key, 12):
         p = predicted_torch_terms(case.config, case.scenario)
         # float32 cost model, the same program: equal to float32 rounding
         assert p["peak_bytes"] == pytest.approx(q["predicted"]["peak_bytes"], rel=1e-6), q["case"]
