@@ -79,9 +79,14 @@ def full_size_cases() -> list[Case]:
 
 def measurement_key(case: Case) -> str:
     """What a measurement depends on (not the cost model): card, workload, target, config."""
+    from capopt.validation.models import CHUNKED_REVISION
     sc = case.scenario
-    text = stable_text((sc.model, sc.workload, sc.hardware.name, sc.count,
-                        json.dumps(case.config.to_dict(), sort_keys=True)))
+    parts = (sc.model, sc.workload, sc.hardware.name, sc.count,
+             json.dumps(case.config.to_dict(), sort_keys=True))
+    if case.config.flash_attention and CHUNKED_REVISION > 1:
+        # compiled with the chunked stand-in for a flash kernel: which revision of it
+        parts += (f"chunked attention revision {CHUNKED_REVISION}",)
+    text = stable_text(parts)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
