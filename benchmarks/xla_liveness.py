@@ -19,6 +19,14 @@ peak, as `memory_random.py`) and ``liveness error`` (against ``live``, what a mo
 schedule without packing would be judged on). Where the peak falls in XLA's schedule is its
 phase (the peak instruction's scope: forward, loss, backward or rebuild of block i, update).
 
+Which order XLA scheduled is recorded too: its memory scheduler (``DefaultMemoryScheduler`` in
+``xla/hlo/transforms/simplifiers/hlo_memory_scheduler.cc``, the XLA of jaxlib 0.10.2) builds a
+list, a depth-first and a post-order schedule of the step and keeps the one whose heap
+simulation peaks lowest; its log (``TF_CPP_VMODULE=hlo_memory_scheduler=2``) names the choice
+and the three simulated peaks. The depth-first order visits the step's outputs by their
+upstream sizes and defers the weight-gradient GEMMs of the blocks it passes on the way, keeping
+their inputs live: the table splits the errors by the order chosen.
+
 Records are appended to a JSONL file as they finish (a rerun resumes); the table and ``--out``
 (JSON) are recomputed from the current model every time. The dumps are deleted once read.
 """
@@ -28,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +62,24 @@ json.dump(out, open(sys.argv[4], "w"), default=str)
 """
 
 
+_SCHED = re.compile(r"(Chose )?[Mm]in-memory (list|dfs|post order|post_order) sequence: "
+                    r"([\d.]+)([KMGT]?i?B)")
+_UNIT = {"B": 2 ** -30, "KiB": 2 ** -20, "MiB": 2 ** -10, "GiB": 1.0, "TiB": 2 ** 10}
+
+
+def scheduler_choice(log: str) -> tuple[str, dict]:
+    """The order XLA's memory scheduler kept (list | dfs | post_order) and the simulated
+    peak of each (GiB), from its VLOG(2) lines; ("?", {}) when the log does not say."""
+    chosen, peaks = "?", {}
+    for m in _SCHED.finditer(log):
+        name = m.group(2).replace(" ", "_")
+        if m.group(1):
+            chosen = name
+        else:
+            peaks[name] = float(m.group(3)) * _UNIT.get(m.group(4), float("nan"))
+    return chosen, peaks
+
+
 def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> dict:
     """Compile case ``index`` with a dump; the measured terms and the peak's live set."""
     from capopt.validation.liveset import LiveValue, read_peak
@@ -61,6 +88,7 @@ def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> 
     try:
         env = environment("xla-gpu", config)
         env["XLA_FLAGS"] += f" --xla_dump_to={tmp}/dump --xla_dump_hlo_module_re=jit_step"
+        env.update(TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="hlo_memory_scheduler=2")
         res = os.path.join(tmp, "result.json")
         done = subprocess.run([sys.executable, "-c", CHILD, str(cases), str(seed), str(index),
                                res], env=env, capture_output=True, text=True,
@@ -73,7 +101,9 @@ def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> 
         # the peak instruction's scope says its phase and block
         where = LiveValue(name=peak.at, index="", bytes=0, shape="", op_name=peak.at_op_name,
                           parameter=False)
+        chosen, peaks = scheduler_choice(done.stderr)
         return {"status": "ok", "measured": out["measured"], "details": out["details"],
+                "xla_scheduler": chosen, "scheduler_peaks_gib": peaks,
                 "live_bytes": peak.total_bytes,
                 "live_all_bytes": sum(v.bytes for v in peak.values),
                 "peak_index": peak.index, "schedule_length": peak.length,
@@ -112,7 +142,8 @@ def main(argv=None) -> int:
         chosen = chosen[:args.limit]
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
+    done = {r["key"]: r for r in load_results(path)
+            if r.get("status") == "ok" and r.get("xla_scheduler", "?") != "?"}
     todo = [(i, c) for i, c in chosen if measurement_key(c) not in done]
     if todo:
         print(f"compiling {len(todo)} case(s) with a dump ({len(done)} already in "
@@ -150,7 +181,8 @@ def main(argv=None) -> int:
             "error": (p - m["peak_bytes"]) / m["peak_bytes"],
             "liveness_error": (p - live) / live,
             "peak_phase": rec["peak_phase"], "peak_block": rec["peak_block"],
-            "peak_module": rec["peak_module"],
+            "peak_module": rec["peak_module"], "xla_scheduler": rec["xla_scheduler"],
+            "scheduler_peaks_gib": rec["scheduler_peaks_gib"],
             "peak_position": rec["peak_index"] / max(rec["schedule_length"], 1)})
     packing = [q["packing"] for q in points]
     table = {"error (vs measured)": summary([q["error"] for q in points]),
@@ -178,6 +210,19 @@ def main(argv=None) -> int:
         print(f"{lay:<18} {s['n']:>3} {pct(s['error']['median_abs']):>8} "
               f"{pct(s['liveness_error']['median_abs']):>10} "
               f"{pct(s['packing']['median_abs']):>8}")
+    by_scheduler = {}
+    for name in sorted({q["xla_scheduler"] for q in points}):
+        sel = [q for q in points if q["xla_scheduler"] == name]
+        by_scheduler[name] = {"n": len(sel),
+                              "error": summary([q["error"] for q in sel]),
+                              "liveness_error": summary([q["liveness_error"] for q in sel]),
+                              "packing": summary([q["packing"] for q in sel])}
+    print(f"\n{'order XLA kept':<18} {'n':>3} {'|error|':>8} {'|liveness|':>10} {'packing':>8}   "
+          "(medians)")
+    for name, s in by_scheduler.items():
+        print(f"{name:<18} {s['n']:>3} {pct(s['error']['median_abs']):>8} "
+              f"{pct(s['liveness_error']['median_abs']):>10} "
+              f"{pct(s['packing']['median_abs']):>8}")
     phases = {}
     for q in points:
         phases[q["peak_phase"]] = phases.get(q["peak_phase"], 0) + 1
@@ -185,7 +230,7 @@ def main(argv=None) -> int:
                                                     sorted(phases.items())))
     out = {"tier": "xla-gpu", "gpu": "h100-sxm-80gb", "profile": "xla-gpu", "seed": args.seed,
            "cases": args.cases, "split": args.split, "summary": table,
-           "by_layout": by_layout, "peak_phases": phases, "points": points,
+           "by_layout": by_layout, "by_scheduler": by_scheduler, "peak_phases": phases, "points": points,
            "not_measured": [c.name for _, c in chosen if measurement_key(c) not in done],
            "total_s": time.perf_counter() - t0}
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,18 @@ def test_flash_stand_in_allocates_its_buffers_with_its_block(tmp_path):
     qkv = 2 * seq * 128 * 2                     # batch 2, 128 wide, bf16
     unscoped = sum(v.bytes for v in p.unique() if v.phase == "other")
     assert unscoped <= 2 * qkv, (unscoped, qkv)
+
+
+def test_the_order_xla_kept_is_read_from_its_scheduler_log():
+    """benchmarks/xla_liveness.py names the schedule XLA's memory scheduler kept (the lowest
+    of its list, depth-first and post-order heap simulations) from its VLOG(2) lines."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from xla_liveness import scheduler_choice
+    log = ("I1202 hlo_memory_scheduler.cc:591] Min-memory list sequence: 16.75GiB\n"
+           "I1202 hlo_memory_scheduler.cc:598] Min-memory dfs sequence: 14.97GiB\n"
+           "I1202 hlo_memory_scheduler.cc:605] Min-memory post order sequence: 512.00MiB\n"
+           "I1202 hlo_memory_scheduler.cc:619] Chose min-memory dfs sequence: 14.97GiB\n")
+    chosen, peaks = scheduler_choice(log)
+    assert chosen == "dfs"
+    assert peaks == pytest.approx({"list": 16.75, "dfs": 14.97, "post_order": 0.5})
+    assert scheduler_choice("no scheduler lines") == ("?", {})
