@@ -115,6 +115,24 @@ def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def split_by(points: list[dict], title: str, group) -> dict:
+    """The errors and packing of ``points`` by ``group(point)``; printed as a table."""
+    from _random_cases import pct, summary
+    out = {}
+    for name in sorted({group(q) for q in points}):
+        sel = [q for q in points if group(q) == name]
+        out[name] = {"n": len(sel), "error": summary([q["error"] for q in sel]),
+                     "liveness_error": summary([q["liveness_error"] for q in sel]),
+                     "packing": summary([q["packing"] for q in sel])}
+    print(f"\n{title:<18} {'n':>3} {'|error|':>8} {'|liveness|':>10} {'packing':>8}   "
+          "(medians)")
+    for name, s in out.items():
+        print(f"{name:<18} {s['n']:>3} {pct(s['error']['median_abs']):>8} "
+              f"{pct(s['liveness_error']['median_abs']):>10} "
+              f"{pct(s['packing']['median_abs']):>8}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=200)
@@ -197,32 +215,8 @@ def main(argv=None) -> int:
         if s.get("n"):
             print(f"{name:<42} {s['n']:>4} {pct(s['median_abs']):>7} {pct(s['p90_abs']):>7} "
                   f"{100 * s['worst_signed']:+6.1f}% {100 * s['mean_signed']:+6.1f}%")
-    by_layout = {}
-    for lay in sorted({q["features"]["layout"] for q in points}):
-        sel = [q for q in points if q["features"]["layout"] == lay]
-        by_layout[lay] = {"n": len(sel),
-                          "error": summary([q["error"] for q in sel]),
-                          "liveness_error": summary([q["liveness_error"] for q in sel]),
-                          "packing": summary([q["packing"] for q in sel])}
-    print(f"\n{'layout':<18} {'n':>3} {'|error|':>8} {'|liveness|':>10} {'packing':>8}   "
-          "(medians)")
-    for lay, s in by_layout.items():
-        print(f"{lay:<18} {s['n']:>3} {pct(s['error']['median_abs']):>8} "
-              f"{pct(s['liveness_error']['median_abs']):>10} "
-              f"{pct(s['packing']['median_abs']):>8}")
-    by_scheduler = {}
-    for name in sorted({q["xla_scheduler"] for q in points}):
-        sel = [q for q in points if q["xla_scheduler"] == name]
-        by_scheduler[name] = {"n": len(sel),
-                              "error": summary([q["error"] for q in sel]),
-                              "liveness_error": summary([q["liveness_error"] for q in sel]),
-                              "packing": summary([q["packing"] for q in sel])}
-    print(f"\n{'order XLA kept':<18} {'n':>3} {'|error|':>8} {'|liveness|':>10} {'packing':>8}   "
-          "(medians)")
-    for name, s in by_scheduler.items():
-        print(f"{name:<18} {s['n']:>3} {pct(s['error']['median_abs']):>8} "
-              f"{pct(s['liveness_error']['median_abs']):>10} "
-              f"{pct(s['packing']['median_abs']):>8}")
+    by_layout = split_by(points, "layout", lambda q: q["features"]["layout"])
+    by_scheduler = split_by(points, "order XLA kept", lambda q: q["xla_scheduler"])
     phases = {}
     for q in points:
         phases[q["peak_phase"]] = phases.get(q["peak_phase"], 0) + 1
@@ -230,7 +224,8 @@ def main(argv=None) -> int:
                                                     sorted(phases.items())))
     out = {"tier": "xla-gpu", "gpu": "h100-sxm-80gb", "profile": "xla-gpu", "seed": args.seed,
            "cases": args.cases, "split": args.split, "summary": table,
-           "by_layout": by_layout, "by_scheduler": by_scheduler, "peak_phases": phases, "points": points,
+           "by_layout": by_layout, "by_scheduler": by_scheduler, "peak_phases": phases,
+           "points": points,
            "not_measured": [c.name for _, c in chosen if measurement_key(c) not in done],
            "total_s": time.perf_counter() - t0}
     Path(args.out).write_text(json.dumps(out, indent=1))
