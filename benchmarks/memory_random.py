@@ -85,6 +85,7 @@ def measurement_key(case: Case) -> str:
              json.dumps(case.config.to_dict(), sort_keys=True))
     if case.config.flash_attention and CHUNKED_REVISION > 1:
         # compiled with the chunked stand-in for a flash kernel: which revision of it
+        # (revision 1, the first, left the keys as they were)
         parts += (f"chunked attention revision {CHUNKED_REVISION}",)
     text = stable_text(parts)
     return hashlib.sha1(text.encode()).hexdigest()[:16]

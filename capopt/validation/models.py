@@ -290,7 +290,7 @@ def _chunk(x, i, chunk):
     return jax.lax.dynamic_slice_in_dim(x, i * chunk, chunk, axis=1)
 
 
-def _chunk_fn(k_, v_, i, keys, causal, chunk, rate):
+def _chunk_fn(i, keys, causal, chunk, rate):
     ki = None if keys is None else keys[i]
     return lambda qi, kk, vv: _scores_attention(qi, kk, vv, causal=causal, q_offset=i * chunk,
                                                 rate=rate, key=ki)
@@ -300,7 +300,7 @@ def _chunk_fn(k_, v_, i, keys, causal, chunk, rate):
 def _chunked_attention(qg, k, v, keys, causal, chunk, rate):
     def body(i, buf):
         qi = _chunk(buf, i, chunk)         # block i of buf is still q: blocks are written in turn
-        out = _chunk_fn(k, v, i, keys, causal, chunk, rate)(qi, k, v)
+        out = _chunk_fn(i, keys, causal, chunk, rate)(qi, k, v)
         return jax.lax.dynamic_update_slice_in_dim(buf, out.astype(buf.dtype), i * chunk, 1)
     return jax.lax.fori_loop(0, qg.shape[1] // chunk, body, qg)
 
@@ -315,7 +315,7 @@ def _chunked_bwd(causal, chunk, rate, res, ct):
 
     def body(i, carry):
         dq, dk, dv = carry
-        f = _chunk_fn(k, v, i, keys, causal, chunk, rate)
+        f = _chunk_fn(i, keys, causal, chunk, rate)
         _, vjp = jax.vjp(f, _chunk(qg, i, chunk), k, v)
         dqi, dki, dvi = vjp(_chunk(ct, i, chunk))
         dq = jax.lax.dynamic_update_slice_in_dim(dq, dqi.astype(dq.dtype), i * chunk, 1)
