@@ -96,6 +96,10 @@ SCHEMA: dict[str, Coeff] = {
                               "gathered from the forward pass to the end of the backward pass "
                               "(ZeRO-3), its unsharded gradient live from the head's backward "
                               "to the end (ZeRO-2/3)"),
+    "zero3_root_regather": _c(0, "1: the root group is resharded after the forward pass and "
+                                 "gathered again when the backward pass reaches the head "
+                                 "(its flat all-gather output beside the parameters copied "
+                                 "out of it)"),
     "zero_unsharded_grad_copies": _c(0, "unsharded copies of a block's gradients live while "
                                         "it is differentiated under ZeRO-2/3 (before the "
                                         "reduce-scatter)"),

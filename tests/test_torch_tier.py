@@ -204,6 +204,38 @@ def test_fsdp2_over_a_fake_group_shards_the_states_and_gathers_blocks():
     assert z3["details"]["phase_peaks"]["update"] < 4 * P
 
 
+
+@needs_torch
+def test_zero3_gathers_the_root_again_at_the_head_and_the_profile_says_where():
+    """FSDP2 ZeRO-3 with a root group much larger than a block (a 32k vocabulary on a 256-wide
+    model): the root is resharded after the forward pass (the tier passes
+    reshard_after_forward=True) and gathered again when the gradient reaches the head, its
+    flat all-gather output beside the parameters copied out of it. The tier's peak is there,
+    before any block's backward pass, and the profile's ``regather`` phase is its peak.
+    The prediction is short by at most the root's own shard (its copies are counted as
+    (1 - 1/dp) of the group, as a gathered group is in every phase: 1/16 of the doubled root
+    here) plus 1.5% for what the phase leaves out (norm weights, padding to 8 per shard)."""
+    from capopt.cost import estimate
+    from capopt.cost.memory import PHASES
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec(num_hidden_layers=2, vocab_size=32001)
+    sc = _scenario(spec, seq=64, batch=32, precision="fp32", optimizer="sgd", clip=False)
+    cfg = Config(micro_batch=4, dp=8, zero_stage=3)
+    out = run_torch(sc, cfg)
+    m = out["measured"]
+    assert out["details"]["peak_phase"] == "backward"       # before any block's backward
+    p = predicted_torch_terms(cfg, sc)
+    assert PHASES[int(p["peak_phase"])] == "regather"
+    root = 2 * spec.vocab_size * spec.hidden_size * 4      # untied embedding and head, fp32
+    err = (p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"]
+    short = 2 * root / 8 / m["peak_bytes"]
+    assert -(short + 0.015) <= err <= 0.015
+    # the phase before it, the loss's backward, has no group gathered: a root's worth less
+    rt = sc.runtime.with_coeffs(context_bytes=0.0, workspace_bytes=0.0, fragmentation=0.0)
+    mem = estimate(cfg, sc.replace(runtime=rt)).memory
+    assert float(mem["phase_loss_bytes"]) < float(mem["phase_regather_bytes"]) - root / 2
+
 @needs_torch
 def test_autocast_caches_every_cast_to_the_end_of_the_forward_pass():
     """Under autocast with full recomputation nothing but block inputs is saved, yet the

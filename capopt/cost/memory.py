@@ -20,8 +20,13 @@ inventory). What is live at once is a walk over the phases of one step on one de
               optimizer's temporaries;
 ``forward``   the forward pass's end, before the loss: every block's saved activations, the
               head's output, and every weight cast a runtime caches for the whole forward
-              pass (autocast: recomputed blocks' too). Last in the order, so that a tie goes
-              to the phases above.
+              pass (autocast: recomputed blocks' too). After the phases above, so that a tie
+              goes to them.
+``regather``  a runtime that reshards its root group after the forward pass
+              (``zero3_root_regather``) gathers it again when the gradient reaches the head's
+              output: every block's saved activations, that gradient, and the root twice (the
+              collective's flat output and the parameters copied out of it). Without that rule
+              it is never above ``loss``.
 
 Between ``top`` and ``bottom`` the live set is linear in the block index, so its largest
 value is at one of the ends. Which gradients stay live is the runtime's rule:
@@ -40,7 +45,7 @@ import jax.numpy as jnp
 from ._inputs import Knobs
 from .activations import backward_transient, saved_bytes, shard, stream_bytes
 
-PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward")
+PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
 
 
 def step_at_least(x, threshold):
@@ -341,6 +346,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
                                       in_grad) + grad_layer + dp_bwd,
         "update": accum + jnp.maximum(keep_all * (grads_all + embed_grad), pending) + flat,
         "forward": accum + in_grad,
+        "regather": accum + jnp.maximum(embed_grad, in_grad),
     }
     acts = {
         "loss": stored + edge_bytes + head_acts,
@@ -361,12 +367,13 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
             n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
             * zero_shard(f_opt, trainable, trainable_expert, k)) + 0.0 * stored,
         "forward": stored + edge_bytes + head_acts,
+        "regather": stored + edge_bytes + head_acts,
     }
     # (at the forward pass's end: the head's output, one compute-dtype copy)
     logits_fwd = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * n["act_bytes"] / logit_div
     logits = {"loss": logits_bytes, "top": 0.0 * logits_bytes, "rebuild": 0.0 * logits_bytes,
               "bottom": 0.0 * logits_bytes, "update": 0.0 * logits_bytes,
-              "forward": logits_fwd}
+              "forward": logits_fwd, "regather": logits_fwd}
     casts = {
         "loss": casts_stored + cast_head,
         "top": casts_stored + casts_rebuilt,
@@ -374,10 +381,13 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
         "bottom": jnp.minimum(casts_stored, cast_layer) + casts_rebuilt,
         "update": 0.0 * casts_stored,
         "forward": casts_cached + cast_head,
+        "regather": casts_stored + cast_head,
     }
     # FSDP-style groups are gathered when the pass reaches them (pre-forward and pre-backward
-    # hooks): at the forward pass's end only the root is, at the loss's backward none yet
+    # hooks): at the forward pass's end only the root is; at the loss's backward no block is,
+    # and the root only if it was not resharded after the forward pass (``regather``)
     fsdp = n["rt_zero3_root_group"]
+    regather = n["rt_zero3_root_regather"]
     # ZeRO-2 as FSDP2 runs it (``zero2_keeps_shards``): the parameters stay sharded, and each
     # group's unsharded copy, gathered for its forward pass, is kept to its backward pass
     # beside them (counted as the parameters above): the shards are the extra, until the
@@ -385,12 +395,17 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     z2_shards = (n["rt_zero2_keeps_shards"] * z[2] * (1 - lora)
                  * zero_shard(1.0, dense_params, expert_params, k) * n["param_bytes"])
     comm = {
-        "loss": comm_bytes - fsdp * (gathered + root_gathered) + z2_shards,
+        "loss": comm_bytes - fsdp * (gathered + regather * root_gathered) + z2_shards,
         "top": comm_bytes + z2_shards,
         "rebuild": gather_window + buckets + p2p + root_gathered + z2_shards,
         "bottom": gather_window + buckets + p2p + root_gathered + z2_shards,
         "update": buckets + 0.0 * comm_bytes,
         "forward": comm_bytes - fsdp * gathered + z2_shards,
+        # (the collective's flat output is the whole group, world size x shard, a buffer of
+        # its own; the parameters copied out of it are counted as the gathered root is in
+        # every phase)
+        "regather": buckets + p2p + z2_shards + regather * fsdp * (
+            root_gathered + f_param * extra_params * n["param_bytes"]),
     }
     # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)
     exists = {"rebuild": remat_share}
