@@ -257,6 +257,9 @@ def _nested(load, arg, file, field):
     except CapoptError as e:
         if not file or e.file == file:
             raise
+        if e.file is None:       # a name, not a file: the scenario's field, said once
+            raise CapoptError(e.message, file=file, field=e.field or field,
+                              allowed=e.allowed) from None
         raise CapoptError(str(e), file=file, field=field) from None
 
 

@@ -153,6 +153,9 @@ def test_bad_input_exits_2_with_one_clear_line(tmp_path, capsys, desc, text, ext
     assert "Traceback" not in err
     for w in words:
         assert w in lines[0], (w, lines[0])
+    # the file and the field are named once each ("s.toml: model.card: ...")
+    head = lines[0].split(" (allowed:")[0].split(": ")
+    assert len(head) == len(set(head)), lines[0]
 
 
 def test_real_process_bad_input_has_no_traceback(tmp_path):
