@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     stem = ("torch_lora" if args.lora else
             f"torch_tp{'' if args.tp_dp == 1 else f'{args.tp_dp}d'}"
             f"{'_sp' if args.tp_sp else ''}" if args.tp else
-            "torch_random")
+            "torch_random") + (f"_seed{args.seed}" if args.seed else "")
     args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
     args.out = args.out or str(RESULTS / f"{stem}.json")
     groups_of = GROUPS + (("lora", "lora_rank", "lora_targets") if args.lora else ()) + (

@@ -14,7 +14,7 @@ Figures:
                         held-out splits, full-size cards), from
                         benchmarks/results/memory_random.json (no compiling)
   torch_peak_errors.png  predicted vs torch-tier peak of live tensors on the never-examined
-                        draws, by layout, from benchmarks/results/torch_random_seed2.json,
+                        draws, by layout, from benchmarks/results/torch_random_seed3.json,
                         torch_tp_seed1.json, torch_tp_sp_seed1.json and torch_tp2d_seed1.json
 """
 
@@ -82,10 +82,10 @@ def torch_figure():
     import json
     results = ROOT / "benchmarks" / "results"
     pts = []
-    # the never-examined draws: seed 2 (one device, FSDP2), seed 1 of the tensor-parallel
+    # the never-examined draws: seed 3 (one device, FSDP2), seed 1 of the tensor-parallel
     # draws (tp alone, with sequence parallelism, and FSDP2 x tp); in the tp+sp draw only
     # the sequence-parallel cases (its others are the tp draw's)
-    for name, layout in (("torch_random_seed2.json", None), ("torch_tp_seed1.json", "tp"),
+    for name, layout in (("torch_random_seed3.json", None), ("torch_tp_seed1.json", "tp"),
                          ("torch_tp_sp_seed1.json", "tp+sp"), ("torch_tp2d_seed1.json", "2-D")):
         path = results / name
         if not path.exists():
