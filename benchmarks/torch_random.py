@@ -47,9 +47,14 @@ PARTS = ("params_bytes", "optimizer_bytes", "grads_bytes", "rest_bytes")
 
 
 def measurement_key(case: Case) -> str:
+    from capopt.validation.torch_models import TORCH_TIER_REVISION
     sc = case.scenario
-    text = stable_text(("torch", sc.model, sc.workload, json.dumps(case.config.to_dict(),
-                                                                   sort_keys=True)))
+    parts = ("torch", sc.model, sc.workload, json.dumps(case.config.to_dict(), sort_keys=True))
+    if sc.model.norm_type == "rmsnorm" and TORCH_TIER_REVISION > 1:
+        # measured with the fused RMSNorm backward (revision 2); revision 1 left the keys as
+        # they were, and a card without RMSNorm measures the same under both
+        parts += (f"torch tier revision {TORCH_TIER_REVISION}",)
+    text = stable_text(parts)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

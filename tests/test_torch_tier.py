@@ -88,6 +88,34 @@ def test_live_bytes_counts_storages_not_views_and_frees_on_death():
 
 
 @needs_torch
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_rms_norm_backward_allocates_its_gradients_alone(dtype):
+    """The tier's RMSNorm backward is one fused op, as ``nn.RMSNorm``'s CUDA kernel: on top
+    of the incoming gradient it allocates the input's gradient and the weight's, nothing
+    else (written out in eager ops it held up to six float32 copies of the input at once)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from capopt.validation.torch_memory import LiveBytes
+    from capopt.validation.torch_models import _rms_norm_function
+    dt = getattr(torch, dtype)
+    fn = _rms_norm_function()
+    shape, h = (4, 256, 384), 384
+    elem = torch.finfo(dt).bits // 8
+    with FakeTensorMode():
+        meter = LiveBytes()
+        x = torch.randn(*shape, dtype=dt, requires_grad=True)
+        w = torch.ones(h, dtype=dt, requires_grad=True)
+        with meter:
+            y = fn.apply(x, w)
+            g = torch.ones_like(y)
+            meter.reset_peak()
+            start = meter.live
+            y.backward(g)
+        tensor = 4 * 256 * 384 * elem
+        assert meter.peak - start == tensor + h * elem       # the input's and weight's grads
+
+@needs_torch
 def test_step_counts_model_states_exactly_and_names_the_peak():
     """Parameters and AdamW's two moments are float32 per parameter under bf16-mixed
     (autocast keeps float32 master weights); the peak of an un-recomputed step is the loss's
