@@ -96,9 +96,11 @@ def main(argv=None) -> int:
                     help="with --tp: sequence parallelism too, on cards without learned "
                          "positions (results: torch_tp_sp.json[l])")
     ap.add_argument("--measurements", default=None,
-                    help="default: benchmarks/results/torch_random.jsonl (torch_lora.jsonl)")
+                    help="default: benchmarks/results/torch_random.jsonl (torch_lora.jsonl, "
+                         "torch_tp*.jsonl; a seed other than 0 adds _seedN: "
+                         "torch_random_seed3.jsonl)")
     ap.add_argument("--out", default=None,
-                    help="default: benchmarks/results/torch_random.json (torch_lora.json)")
+                    help="default: as --measurements, .json")
     ap.add_argument("--no-measure", action="store_true",
                     help="only recompute the predictions for what is already measured")
     args = ap.parse_args(argv)
