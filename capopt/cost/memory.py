@@ -348,8 +348,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
         "forward": accum + in_grad,
         "regather": accum + jnp.maximum(embed_grad, in_grad),
     }
+    # every block's saved activations and the head's input: from the forward pass's end to
+    # the loss's backward (the head's backward gathers an FSDP root again in between)
+    at_head = stored + edge_bytes + head_acts
     acts = {
-        "loss": stored + edge_bytes + head_acts,
+        "loss": at_head,
         "top": stored + edge_bytes + top_own,
         "rebuild": stored_remat + edge_bytes + rebuild_own,
         "bottom": edge_bytes + bottom_own + (in_flight - 1.0) * layers * per_block,
@@ -366,8 +369,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
                                        * (1.0 - n["tied"]) * embed_full),
             n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
             * zero_shard(f_opt, trainable, trainable_expert, k)) + 0.0 * stored,
-        "forward": stored + edge_bytes + head_acts,
-        "regather": stored + edge_bytes + head_acts,
+        "forward": at_head,
+        "regather": at_head,
     }
     # (at the forward pass's end: the head's output, one compute-dtype copy)
     logits_fwd = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * n["act_bytes"] / logit_div
