@@ -333,6 +333,42 @@ def _qwen3_moe(hf: _HF) -> dict[str, Any]:
             "num_experts_per_tok": hf.get_int("num_experts_per_tok"), "router_bias": False}
 
 
+def _deepseek(hf: _HF) -> dict[str, Any]:
+    # DeepseekV2/V3 (Liu et al. 2024, DeepSeek-AI 2024): multi-head latent attention (q_a,
+    # q_a_layernorm and q_b, or q_proj when q_lora_rank is null; kv_a_proj_with_mqa,
+    # kv_a_layernorm, kv_b_proj; o_proj; no biases), the first first_k_dense_replace layers a
+    # dense SwiGLU MLP of intermediate_size, the rest n_routed_experts SwiGLU experts of
+    # moe_intermediate_size with n_shared_experts always-active ones (one MLP that much
+    # wider) and a bias-free router; V3's noaux_tc routing adds e_score_correction_bias (one
+    # per expert) to the checkpoint. The multi-token-prediction layers
+    # (num_nextn_predict_layers) are not part of the model the config describes.
+    freq = hf.get_int("moe_layer_freq", 1)
+    if freq != 1:
+        raise CapoptError(f"every {freq}th layer has experts; a card has the experts in every "
+                          "layer after the first first_k_dense_replace", file=hf.file,
+                          field="moe_layer_freq", allowed="1")
+    nope, rope = hf.get_int("qk_nope_head_dim"), hf.get_int("qk_rope_head_dim")
+    experts, shared = hf.get_int("n_routed_experts"), hf.get_int("n_shared_experts", 0,
+                                                                   positive=False)
+    moe_f = hf.get_int("moe_intermediate_size")
+    routing = hf.get_str("topk_method", "noaux_tc" if hf.config.get("model_type")
+                         == "deepseek_v3" else "greedy")
+    common = _decoder_common(hf)
+    return {**common, "num_key_value_heads": None, "head_dim": nope + rope,
+            "v_head_dim": hf.get_int("v_head_dim"), "qk_rope_head_dim": rope,
+            "q_lora_rank": hf.get_int("q_lora_rank") if hf.has("q_lora_rank") else 0,
+            "kv_lora_rank": hf.get_int("kv_lora_rank"),
+            "intermediate_size": moe_f, "num_local_experts": experts,
+            "num_experts_per_tok": hf.get_int("num_experts_per_tok"),
+            "router_bias": routing == "noaux_tc",
+            "first_k_dense_replace": hf.get_int("first_k_dense_replace", 0, positive=False),
+            "dense_intermediate_size": (common["intermediate_size"]
+                                        if hf.get_int("first_k_dense_replace", 0,
+                                                      positive=False) else 0),
+            "shared_expert_intermediate_size": shared * moe_f,
+            "tie_word_embeddings": hf.get_bool("tie_word_embeddings", False)}
+
+
 def _phi3(hf: _HF) -> dict[str, Any]:
     # Fused qkv_proj and gate_up_proj hold exactly the q, k, v and gate, up matrices.
     bias = hf.get_bool("attention_bias", False)
@@ -443,7 +479,7 @@ def _vit(hf: _HF) -> dict[str, Any]:
 
 
 _IMPORTERS: dict[str, Callable[[_HF], dict[str, Any]]] = {
-    "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2,
+    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "phi3": _phi3, "gemma": _gemma, "gemma2": _gemma2,
     "gemma3_text": _gemma3_text, "gpt2": _gpt2, "bert": _bert, "vit": _vit,
 }

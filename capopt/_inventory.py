@@ -1,18 +1,19 @@
 """A card's tensor inventory: every weight, bias, norm, embedding and head once.
 
 Each `Tensor` says its shape, how many of it the model has (``count``: one per block for the
-block's tensors), where it sits (``block`` / ``embed`` / ``head``), how tensor parallelism
-splits it (``tp``), whether it is stacked over MoE experts, whether it is a GEMM weight, and
-its LoRA role. Parameter counts (`ModelSpec.num_params`), the cost model's parameter groups,
+block's tensors; an MoE's experts only in its ``moe_layers``, its dense MLP in the others),
+where it sits (``block`` / ``embed`` / ``head``), how tensor parallelism splits it (``tp``),
+whether it is stacked over MoE experts, whether it is a GEMM weight, and its LoRA role. Parameter counts (`ModelSpec.num_params`), the cost model's parameter groups,
 optimizer state (per-tensor rules: Adafactor's factoring, 8-bit blocks), LoRA adapters and the
 matmul FLOPs all read this one list; the validation models build the same shapes
 (`capopt.validation.models`: kernels ``(in, out)``, experts stacked on a leading axis).
 
 Tensor-parallel roles (Megatron-LM's layout, as `capopt.validation.sharding` places them):
-``col`` splits the output dimension (q, gate, up and their biases); ``kv`` is ``col`` for the
-k and v projections, replicated when tp exceeds the KV heads; ``row`` splits the input
+``col`` splits the output dimension (q, gate, up and their biases; latent attention's kv_b);
+``kv`` is ``col`` for the k and v projections, replicated when tp exceeds the KV heads; ``row`` splits the input
 dimension (o, down); ``vocab`` splits the vocabulary (word embeddings, LM and MLM heads and
 their biases) when tp divides it; ``rep`` is replicated (norms, router, row-parallel biases,
+latent attention's down-projections q_a and kv_a, as Megatron-Core's MLA duplicates them,
 positions, token types, patch projection, class token, pooler, classifier, MLM transform).
 """
 
@@ -28,7 +29,9 @@ if TYPE_CHECKING:                         # typing only: _model imports this mod
 
 TP_ROLES = ("col", "kv", "row", "vocab", "rep")
 # Block matmuls LoRA may wrap, by target
-LORA_MATRICES = {"attn": ("q", "k", "v", "o"), "mlp": ("gate", "up", "down")}
+# (latent attention: every projection, q_a, q, kv_a, kv_b and o, as PEFT's "all-linear" has it)
+LORA_MATRICES = {"attn": ("q", "k", "v", "o", "q_a", "kv_a", "kv_b"),
+                 "mlp": ("gate", "up", "down")}
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,8 @@ class Tensor:
     where: str                # "block" | "embed" | "head"
     tp: str                   # one of TP_ROLES
     expert: bool = False      # stacked over the experts (leading axis), split by ep
-    matmul: str = ""          # a GEMM weight: "q k v o gate up down router head mlm_transform
-                              # pooler classifier patch dense", else ""
+    matmul: str = ""          # a GEMM weight: "q k v o q_a kv_a kv_b gate up down router head
+                              # mlm_transform pooler classifier patch dense", else ""
     lora: str = ""            # "" | "base" (wrapped by LoRA, maybe quantised) | "adapter"
 
     @property
@@ -56,6 +59,29 @@ class Tensor:
 def _add(out: list, name, shape, count, where, tp, **kw):
     if count and all(d > 0 for d in shape):
         out.append(Tensor(name, tuple(int(d) for d in shape), int(count), where, tp, **kw))
+
+
+def norm_w(out: list, name: str, width: int, count: int, ln: bool):
+    """A norm ``width`` wide inside the blocks: a scale, and a bias when it is a LayerNorm."""
+    _add(out, f"{name}.scale", (width,), count, "block", "rep")
+    if ln:
+        _add(out, f"{name}.bias", (width,), count, "block", "rep")
+
+
+def mlp(out: list, prefix: str, lead: tuple, h: int, f: int, count: int, gated: bool,
+        bias: bool, **kw):
+    """An MLP ``f`` wide in ``count`` blocks (``lead``: the experts' leading axis): gate (when
+    gated) and up column-parallel, down row-parallel, down's bias replicated."""
+    if gated:
+        _add(out, f"{prefix}.gate.kernel", (*lead, h, f), count, "block", "col", matmul="gate",
+             **kw)
+    _add(out, f"{prefix}.up.kernel", (*lead, h, f), count, "block", "col", matmul="up", **kw)
+    _add(out, f"{prefix}.down.kernel", (*lead, f, h), count, "block", "row", matmul="down", **kw)
+    if bias:
+        if gated:
+            _add(out, f"{prefix}.gate.bias", (*lead, f), count, "block", "col", **kw)
+        _add(out, f"{prefix}.up.bias", (*lead, f), count, "block", "col", **kw)
+        _add(out, f"{prefix}.down.bias", (*lead, h), count, "block", "rep", **kw)
 
 
 def model_tensors(m: "ModelSpec") -> list[Tensor]:
@@ -92,10 +118,22 @@ def model_tensors(m: "ModelSpec") -> list[Tensor]:
     for i in range(1, m.norms_per_layer + 1):
         norm(f"blocks.norm{i}", L, "block")
     q, kv = m.num_attention_heads * hd, m.kv_heads * hd
-    _add(out, "blocks.attn.q.kernel", (h, q), L, "block", "col", matmul="q")
-    _add(out, "blocks.attn.k.kernel", (h, kv), L, "block", "kv", matmul="k")
-    _add(out, "blocks.attn.v.kernel", (h, kv), L, "block", "kv", matmul="v")
-    _add(out, "blocks.attn.o.kernel", (q, h), L, "block", "row", matmul="o")
+    if m.is_mla:                   # multi-head latent attention (DeepSeek-V2/V3)
+        a, qr, kvr, rope = m.num_attention_heads, m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim
+        if qr:
+            _add(out, "blocks.attn.q_a.kernel", (h, qr), L, "block", "rep", matmul="q_a")
+            norm_w(out, "blocks.attn.q_a_norm", qr, L, ln)
+        _add(out, "blocks.attn.q.kernel", (qr or h, q), L, "block", "col", matmul="q")
+        _add(out, "blocks.attn.kv_a.kernel", (h, kvr + rope), L, "block", "rep", matmul="kv_a")
+        norm_w(out, "blocks.attn.kv_a_norm", kvr, L, ln)
+        _add(out, "blocks.attn.kv_b.kernel", (kvr, a * (hd - rope + m.v_head_size)), L, "block",
+             "col", matmul="kv_b")
+        _add(out, "blocks.attn.o.kernel", (a * m.v_head_size, h), L, "block", "row", matmul="o")
+    else:
+        _add(out, "blocks.attn.q.kernel", (h, q), L, "block", "col", matmul="q")
+        _add(out, "blocks.attn.k.kernel", (h, kv), L, "block", "kv", matmul="k")
+        _add(out, "blocks.attn.v.kernel", (h, kv), L, "block", "kv", matmul="v")
+        _add(out, "blocks.attn.o.kernel", (q, h), L, "block", "row", matmul="o")
     if m.qk_norm:                  # one head_dim-wide norm for every head's q, one for k
         for which in ("q", "k"):
             _add(out, f"blocks.attn.{which}_norm.scale", (hd,), L, "block", "rep")
@@ -109,22 +147,17 @@ def model_tensors(m: "ModelSpec") -> list[Tensor]:
         _add(out, "blocks.attn.o.bias", (h,), L, "block", "rep")
     gated = m.mlp_type == "gated"
     if m.is_moe:
-        E = m.num_local_experts
-        _add(out, "blocks.mlp.router", (h, E), L, "block", "rep", matmul="router")
+        E, Lm = m.num_local_experts, m.moe_layers
+        _add(out, "blocks.mlp.router", (h, E), Lm, "block", "rep", matmul="router")
         if m.router_bias:
-            _add(out, "blocks.mlp.router_bias", (E,), L, "block", "rep")
-        lead, kw = (E,), dict(expert=True)
+            _add(out, "blocks.mlp.router_bias", (E,), Lm, "block", "rep")
+        mlp(out, "blocks.mlp", (E,), h, f, Lm, gated, m.mlp_bias, expert=True)
+        mlp(out, "blocks.mlp.shared", (), h, m.shared_expert_intermediate_size, Lm, gated,
+            m.mlp_bias)
+        mlp(out, "blocks.dense_mlp", (), h, m.dense_intermediate_size, m.first_k_dense_replace,
+            gated, m.mlp_bias)
     else:
-        lead, kw = (), {}
-    if gated:
-        _add(out, "blocks.mlp.gate.kernel", (*lead, h, f), L, "block", "col", matmul="gate", **kw)
-    _add(out, "blocks.mlp.up.kernel", (*lead, h, f), L, "block", "col", matmul="up", **kw)
-    _add(out, "blocks.mlp.down.kernel", (*lead, f, h), L, "block", "row", matmul="down", **kw)
-    if m.mlp_bias:
-        if gated:
-            _add(out, "blocks.mlp.gate.bias", (*lead, f), L, "block", "col", **kw)
-        _add(out, "blocks.mlp.up.bias", (*lead, f), L, "block", "col", **kw)
-        _add(out, "blocks.mlp.down.bias", (*lead, h), L, "block", "rep", **kw)
+        mlp(out, "blocks.mlp", (), h, f, L, gated, m.mlp_bias)
     # --- heads ---
     if m.family in ("decoder", "vit"):
         norm("final_norm", 1, "head")

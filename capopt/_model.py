@@ -58,10 +58,25 @@ class ModelSpec:
     attention_out_bias: bool = False            # bias on the output projection
     mlp_bias: bool = False
     lm_head_bias: bool = False
-    # MoE (num_local_experts > 1): every layer's MLP is num_local_experts experts + a router.
+    # Multi-head latent attention (DeepSeek-V2, Liu et al. 2024), when kv_lora_rank > 0: k and
+    # v come from one kv_lora_rank-wide latent (kv_a, its norm, kv_b: heads x (nope + v) wide)
+    # plus one qk_rope_head_dim-wide rotary key shared by the heads; q from a q_lora_rank-wide
+    # latent (q_a, its norm, q_b) or, with q_lora_rank 0, straight from the hidden state.
+    # head_dim is each q/k head's width, nope + rope; v_head_dim each v head's (None: head_dim).
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int | None = None
+    # MoE (num_local_experts > 1): the MLP is num_local_experts experts of intermediate_size
+    # and a router, in every layer but the first first_k_dense_replace (a dense MLP of
+    # dense_intermediate_size there); shared_expert_intermediate_size > 0 adds an always-active
+    # MLP that wide beside the experts (DeepSeek's shared experts, together).
     num_local_experts: int = 1
     num_experts_per_tok: int = 1
     router_bias: bool = False
+    first_k_dense_replace: int = 0
+    dense_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
     # Encoder (BERT) extras
     type_vocab_size: int = 0
     embedding_norm: bool = False                # a norm right after the embeddings
@@ -98,11 +113,13 @@ class ModelSpec:
                 bad(name, f"must be a positive integer, got {v!r}")
         for name in ("intermediate_size", "vocab_size", "max_position_embeddings",
                      "type_vocab_size", "image_size", "patch_size", "num_labels",
-                     "norms_per_layer"):
+                     "norms_per_layer", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                     "first_k_dense_replace", "dense_intermediate_size",
+                     "shared_expert_intermediate_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 bad(name, f"must be a non-negative integer, got {v!r}")
-        for name in ("num_key_value_heads", "head_dim"):
+        for name in ("num_key_value_heads", "head_dim", "v_head_dim"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 bad(name, f"must be a positive integer (or left out), got {v!r}")
@@ -132,6 +149,41 @@ class ModelSpec:
             v = getattr(self, name)
             if not 0.0 <= float(v) < 1.0:
                 bad(name, f"must be in [0, 1), got {v!r}")
+        if self.is_mla:
+            if self.family != "decoder":
+                bad("kv_lora_rank", "multi-head latent attention is a decoder's",
+                    "0 unless family = \"decoder\"")
+            if self.kv_heads != self.num_attention_heads:
+                bad("num_key_value_heads", "latent attention expands k and v for every head",
+                    f"{self.num_attention_heads} (num_attention_heads) or left out")
+            for name in ("attention_bias", "qk_norm"):
+                if getattr(self, name):
+                    bad(name, "is not part of multi-head latent attention",
+                        "false unless kv_lora_rank = 0")
+            if not 0 < self.qk_rope_head_dim < self.head_size or self.qk_rope_head_dim % 2:
+                bad("qk_rope_head_dim", f"must be even and between 0 and head_dim "
+                    f"{self.head_size} (the rotary part of each q/k head), got "
+                    f"{self.qk_rope_head_dim}")
+        else:
+            for name in ("q_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, name):
+                    bad(name, "is a multi-head latent attention size",
+                        "0 (left out) unless kv_lora_rank > 0")
+        if not self.is_moe:
+            for name in ("first_k_dense_replace", "dense_intermediate_size",
+                         "shared_expert_intermediate_size"):
+                if getattr(self, name):
+                    bad(name, "is an MoE size", "0 (left out) unless num_local_experts > 1")
+        if self.first_k_dense_replace:
+            if self.first_k_dense_replace >= self.num_hidden_layers:
+                bad("first_k_dense_replace", f"must be below num_hidden_layers "
+                    f"{self.num_hidden_layers} (some layer keeps its experts)")
+            if self.dense_intermediate_size < 1:
+                bad("dense_intermediate_size", "the dense layers' MLP width must be positive "
+                    "when first_k_dense_replace > 0")
+        elif self.dense_intermediate_size:
+            bad("dense_intermediate_size", "no layer is dense",
+                "0 (left out) unless first_k_dense_replace > 0")
 
     # ---- derived sizes -------------------------------------------------------------------
     @property
@@ -143,8 +195,22 @@ class ModelSpec:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     @property
+    def v_head_size(self) -> int:
+        """Each v head's width (multi-head latent attention: ``v_head_dim``)."""
+        return self.v_head_dim or self.head_size
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def is_moe(self) -> bool:
         return self.num_local_experts > 1
+
+    @property
+    def moe_layers(self) -> int:
+        """Blocks whose MLP is the experts (all but the first ``first_k_dense_replace``)."""
+        return self.num_hidden_layers - self.first_k_dense_replace if self.is_moe else 0
 
     @property
     def num_patches(self) -> int:

@@ -51,6 +51,15 @@ TINY_MOE = ModelSpec(
     position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated", hidden_act="silu",
     num_local_experts=4, num_experts_per_tok=2, router_bias=True, lm_head_bias=True,
     norms_per_layer=4)
+# DeepSeek's block kinds at toy size: latent attention with a q latent (q/k heads of 16 + 8,
+# v heads of 16), a dense first block, shared experts beside the routed ones
+TINY_MLA = ModelSpec(
+    name="tiny-mla", family="decoder", hidden_size=64, num_hidden_layers=3,
+    num_attention_heads=4, head_dim=24, v_head_dim=16, q_lora_rank=32, kv_lora_rank=16,
+    qk_rope_head_dim=8, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+    router_bias=True, first_k_dense_replace=1, dense_intermediate_size=96,
+    shared_expert_intermediate_size=48, vocab_size=128, position_embedding="rotary",
+    norm_type="rmsnorm", mlp_type="gated", hidden_act="silu")
 
 
 def tiny(card: str = "tiny-llama", *, count: int = 1, seq_len: int = 32, global_batch: int = 8,
@@ -83,7 +92,8 @@ def test_flax_model_matches_hugging_face_imports(path):
     assert count_params(abstract_model(spec)) == spec.num_params()
 
 
-@pytest.mark.parametrize("spec", [TINY_BERT, TINY_VIT, TINY_MLP, TINY_MOE], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [TINY_BERT, TINY_VIT, TINY_MLP, TINY_MOE, TINY_MLA,
+                                  TINY_MLA.replace(q_lora_rank=0)], ids=lambda s: s.name)
 def test_every_family_and_option_counts_exactly(spec):
     assert count_params(abstract_model(spec)) == spec.num_params()
 
@@ -175,6 +185,10 @@ cases = {
     # MoE + expert parallelism + ZeRO: experts split over dp / ep, the rest over dp
     "moe-ep-zero1": ("moe", 4, {}, Config(micro_batch=2, dp=4, ep=2, zero_stage=1)),
     "moe-ep-zero3": ("moe", 4, {}, Config(micro_batch=2, dp=4, ep=2, zero_stage=3)),
+    # latent attention: q_a and kv_a replicated over tp, kv_b column-parallel; a dense first
+    # block and shared experts beside the routed ones (split over dp / ep under ZeRO)
+    "mla-tp": ("mla", 4, {}, Config(micro_batch=2, dp=2, tp=2)),
+    "mla-ep-zero3": ("mla", 4, {}, Config(micro_batch=2, dp=4, ep=2, zero_stage=3)),
     # per-tensor optimizer layouts
     "adafactor": ("tiny-llama", 1, {"optimizer": "adafactor"}, Config(micro_batch=8)),
     "adafactor-big": ("wide", 1, {"optimizer": "adafactor"}, Config(micro_batch=1)),
@@ -184,6 +198,7 @@ cases = {
     "lora-8bit": ("tiny-llama", 1, {"lora": LoRA(rank=8, base_bits=8)}, Config(micro_batch=8)),
 }
 specs = {"vit": tv.TINY_VIT, "moe": tv.TINY_MOE.replace(num_key_value_heads=2),
+         "mla": tv.TINY_MLA,
          "odd-vocab": load_card("tiny-gpt").replace(vocab_size=131),
          "wide": load_card("tiny-llama").replace(hidden_size=256, intermediate_size=512,
                                                  num_attention_heads=4, num_key_value_heads=2)}

@@ -89,8 +89,10 @@ OPT_STATES = {  # optimizer-state elements per trainable parameter
 }
 
 
-def parameter_groups(tensors) -> dict[str, float]:
-    """Parameters by how tensor parallelism splits them, from the inventory's roles:
+def parameter_groups(tensors, layers: int, topk: int) -> dict[str, float]:
+    """Parameters by how tensor parallelism splits them, from the inventory's roles, per
+    block averaged over the ``layers`` blocks (an MoE's dense first layers and its expert
+    layers hold different tensors; uniform blocks are counted exactly):
 
     ``P_layer_tp``   one block's column- and row-parallel tensors (q/k/v/gate/up kernels and
                      biases, o/down kernels; the plain MLP stack: every layer): split by tp;
@@ -99,17 +101,20 @@ def parameter_groups(tensors) -> dict[str, float]:
     ``P_expert``     one expert of one block; ``P_expert_rep`` its replicated part (down bias);
     ``P_embed_tp`` / ``P_head_tp``  vocabulary-parallel tables, heads and logit biases;
     ``P_embed_rep`` / ``P_head_rep``  the rest of the embeddings / of the head.
-    ``W_*``: one block's GEMM weight elements applied to every token (top-k experts), for the
-    matmul FLOPs (`capopt.cost.flops`).
+    ``W_*``: one block's GEMM weight elements applied to every token (routed experts: the
+    ``topk`` each token visits), for the matmul FLOPs (`capopt.cost.flops`); ``W_ex_in`` /
+    ``W_ex_down`` the routed experts' part of ``W_in`` / ``W_down``; ``W_qkv_rep`` the
+    replicated part of ``W_qkv`` (latent attention's q_a and kv_a).
     """
     g = dict.fromkeys(("P_layer_tp", "P_layer_kv", "P_layer_rep", "P_expert", "P_expert_rep",
                        "P_embed_tp", "P_embed_rep", "P_head_tp", "P_head_rep"), 0.0)
-    w = dict.fromkeys(("W_qkv", "W_out", "W_in", "W_down", "W_router", "W_dense"), 0.0)
+    w = dict.fromkeys(("W_qkv", "W_qkv_rep", "W_out", "W_in", "W_down", "W_ex_in",
+                       "W_ex_down", "W_router", "W_dense"), 0.0)
     for t in tensors:
         if t.lora == "adapter":
             continue
         if t.where == "block":
-            per = t.elements / t.count
+            per = t.elements / layers
             if t.expert:
                 experts = t.shape[0]
                 g["P_expert"] += per / experts
@@ -121,15 +126,58 @@ def parameter_groups(tensors) -> dict[str, float]:
                 g["P_layer_tp"] += per
                 if t.tp == "kv":
                     g["P_layer_kv"] += per
-            key = {"q": "W_qkv", "k": "W_qkv", "v": "W_qkv", "o": "W_out", "gate": "W_in",
-                   "up": "W_in", "down": "W_down", "router": "W_router",
-                   "dense": "W_dense"}.get(t.matmul)
+            key = {"q": "W_qkv", "k": "W_qkv", "v": "W_qkv", "q_a": "W_qkv", "kv_a": "W_qkv",
+                   "kv_b": "W_qkv", "o": "W_out", "gate": "W_in", "up": "W_in",
+                   "down": "W_down", "router": "W_router", "dense": "W_dense"}.get(t.matmul)
             if key:
-                w[key] += per / (t.shape[0] if t.expert else 1)
+                applied = per * topk / t.shape[0] if t.expert else per
+                w[key] += applied
+                if t.expert:
+                    w["W_ex_in" if key == "W_in" else "W_ex_down"] += applied
+                if key == "W_qkv" and t.tp == "rep":
+                    w["W_qkv_rep"] += applied
         else:
             part = "embed" if t.where == "embed" else "head"
             g[f"P_{part}_{'tp' if t.tp == 'vocab' else 'rep'}"] += t.elements
     return {**g, **w}
+
+
+def attention_widths(m) -> dict[str, float]:
+    """Per-token widths of one block's attention (and its MLP), for activations and traffic.
+
+    ``q_w`` / ``k_w`` / ``v_w``: the attention core's q, k and v (heads x head width; latent
+    attention expands k and v for every head); ``o_w``: its output (the output projection's
+    input); ``latent_w``: latent attention's tensors outside the core that its backward reads,
+    replicated over tp (q_a's output and its norm's, kv_a's output and its norm's);
+    ``latent_norms``: the norms over them. ``dots_tp`` / ``dots_rep``: the output widths of
+    the projections before the core, split over tp / replicated (q, k, v; latent attention's
+    q and kv_b / q_a and kv_a). ``f_routed_frac``: the share of blocks whose MLP is
+    routed experts ``f`` wide per slot (0 for a dense model); ``f_unrouted``: the MLP width
+    every token goes through, averaged over blocks (a dense model's MLP; an MoE's shared
+    experts and dense first blocks); ``f_max``: the widest MLP of any block.
+    """
+    a, hd, dv = m.num_attention_heads, m.head_size, m.v_head_size
+    kvh = m.num_attention_heads if m.is_mla else m.kv_heads
+    L = m.num_hidden_layers
+    if m.is_mla:
+        qr, kvr, rope = m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim
+        latent = 2.0 * qr + 2.0 * kvr + rope
+        dots_tp, dots_rep = a * hd + a * (hd - rope + dv), qr + kvr + rope
+    else:
+        latent, dots_tp, dots_rep = 0.0, a * hd + 2 * kvh * hd, 0.0
+    if m.is_moe:
+        frac = m.moe_layers / L
+        unrouted = (m.moe_layers * m.shared_expert_intermediate_size
+                    + m.first_k_dense_replace * m.dense_intermediate_size) / L
+        widest = max(m.intermediate_size, m.shared_expert_intermediate_size,
+                     m.dense_intermediate_size)
+    else:
+        frac, unrouted, widest = 0.0, m.intermediate_size, m.intermediate_size
+    return {"q_w": float(a * hd), "k_w": float(kvh * hd), "v_w": float(kvh * dv),
+            "o_w": float(a * dv), "latent_w": float(latent), "dots_tp": float(dots_tp),
+            "dots_rep": float(dots_rep),
+            "latent_norms": float((m.q_lora_rank > 0) + 1.0) if m.is_mla else 0.0,
+            "f_routed_frac": float(frac), "f_unrouted": float(unrouted), "f_max": float(widest)}
 
 
 def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> dict:
@@ -218,7 +266,8 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     #   *_rep        positions, token types, patch projection, class token, pooler,
     #                classifier, MLM transform and norms: replicated.
     h_ = m.hidden_size
-    n.update(parameter_groups(inventory(m)))
+    n.update(parameter_groups(inventory(m), L, m.num_experts_per_tok))
+    n.update(attention_widths(m))
     n["tied"] = float(m.family == "decoder" and m.tie_word_embeddings)
     # Output elements per sequence that go through the loss.
     if m.family == "decoder" or (m.family == "encoder" and m.mlm_head):

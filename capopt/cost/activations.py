@@ -59,9 +59,12 @@ def stream_bytes(n: dict):
     return (1.0 - mixed) * n["act_bytes"] + mixed * n["param_bytes"]
 
 
-def _moe_slots(n: dict):
-    """Expert slots per token: top-k x capacity factor for an MoE, else 1."""
-    return jnp.where(n["E"] > 1, n["topk"] * n["rt_moe_capacity_factor"], 1.0)
+def mlp_width(n: dict):
+    """MLP width per token of one block, averaged over the blocks: the routed experts' top-k x
+    capacity factor slots ``f`` wide, in the blocks that have them, plus what every token goes
+    through (a dense MLP; shared experts; an MoE's dense first blocks)."""
+    slots = n["topk"] * n["rt_moe_capacity_factor"]
+    return n["f_routed_frac"] * slots * n["f"] + n["f_unrouted"]
 
 
 def block_inventory(k: Knobs, n: dict) -> dict:
@@ -73,10 +76,10 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     ``sel_rep`` / ``sel_tp``: what ``dots_with_no_batch_dims_saveable`` keeps.
     """
     ab = n["act_bytes"]
-    h, a, kv, hd, f, s = n["h"], n["a"], n["kv"], n["hd"], n["f"], n["s"]
-    q, kvw = a * hd, kv * hd
+    h, a, kv, s = n["h"], n["a"], n["kv"], n["s"]
+    q, kw, vw, ow = n["q_w"], n["k_w"], n["v_w"], n["o_w"]
     tf = 1.0 - n["mlp"]                                  # transformer families
-    slots = _moe_slots(n)
+    width = mlp_width(n)
     extra_norms = jnp.maximum(n["norms_per_layer"] - 2.0, 0.0)
 
     lowp = (ab < 4.0).astype(jnp.result_type(float))
@@ -100,12 +103,15 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     rep = rep + 4.0 * stats * n["norms_per_layer"]                   # float32 norm statistics
     gelu = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
     mlp = n["gated"] * n["rt_mlp_gated_saved"] + (1.0 - n["gated"]) * gelu - frozen_mlp
-    attn = ab * (2.0 * q + 2.0 * kvw)
+    attn = ab * (q + kw + vw + ow)
     # per-head q/k norms (Qwen3, Gemma 3): each keeps its input (the projection's output, in
     # the compute dtype) and ``norm_stats`` float32 statistics per head for its backward; its
     # output goes on to the rotary embedding, whose backward needs only the angles
-    attn = attn + n["qk_norm"] * (ab * (q + kvw) + 4.0 * n["rt_norm_stats"] * (a + kv))
-    tp = attn + ab * mlp * f * slots
+    attn = attn + n["qk_norm"] * (ab * (q + kw) + 4.0 * n["rt_norm_stats"] * (a + kv))
+    tp = attn + ab * mlp * width
+    # latent attention: the latents' norms keep their inputs and the projections after them
+    # their outputs, replicated over tp (``latent_w``), with float32 statistics per norm
+    latent = ab * n["latent_w"] + 4.0 * n["rt_norm_stats"] * n["latent_norms"]
 
     score_copies = (n["rt_score_copies"] * (1.0 - n["rt_score_cast_lowp_only"] * (1.0 - lowp))
                     * (1.0 - n["attn_dropout"] * n["rt_attn_dropout_replaces_probs"]))
@@ -123,8 +129,10 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # every matmul's output, ``selective_saves_down``, keeps the MLP's down projection too)
     sel_rep = (ab * (2.0 + 0.5 * extra_norms + n["rt_selective_saves_down"]) * h
                + mixed * (n["param_bytes"] - ab) * h)
-    sel_tp = ab * ((q + 2.0 * kvw) + (1.0 + n["gated"]) * f * slots
+    sel_tp = ab * (n["dots_tp"] + (1.0 + n["gated"]) * width
                    + n["lora"] * n["rt_selective_saves_adapters"] * n["lora_out_width"])
+    # (latent attention: q_a's and kv_a's outputs, replicated)
+    sel_whole = ab * n["dots_rep"]
 
     plain = ab * 2.0 * h                                 # family "mlp": input and activation
     zero = jnp.zeros_like(h)
@@ -136,6 +144,8 @@ def block_inventory(k: Knobs, n: dict) -> dict:
         "input": ((1.0 - mixed) * ab + mixed * n["param_bytes"]) * h,
         "sel_rep": jnp.where(tf > 0, sel_rep, ab * h),
         "sel_tp": jnp.where(tf > 0, sel_tp, zero),
+        "whole": jnp.where(tf > 0, latent, zero),
+        "sel_whole": jnp.where(tf > 0, sel_whole, zero),
     }
 
 
@@ -144,10 +154,10 @@ def saved_bytes(k: Knobs, n: dict, tokens) -> tuple:
     inv = block_inventory(k, n)
     rep_div = shard(k.sp, k.tp)
     whole = n["rt_sp_gathered_inputs_saved"] * inv["proj"]      # not split by sp
-    none = tokens * ((inv["rep"] - whole) * rep_div + whole
+    none = tokens * ((inv["rep"] - whole) * rep_div + whole + inv["whole"]
                      + (inv["tp"] + inv["scores"]) / k.tp)
     korthikanti = none - tokens * inv["scores"] / k.tp
-    dots = tokens * (inv["sel_rep"] * rep_div + inv["sel_tp"] / k.tp)
+    dots = tokens * (inv["sel_rep"] * rep_div + inv["sel_whole"] + inv["sel_tp"] / k.tp)
     c = n["rt_selective_saves_dots"]
     selective = (1.0 - c) * korthikanti + c * dots
     full = tokens * inv["input"] * rep_div
@@ -171,7 +181,7 @@ def backward_transient(k: Knobs, n: dict, tokens):
     per_head = n["rt_score_grad_copies"] * seqs * n["a"] * 4.0 / k.tp
     scores = per_head * n["s"] * ((1.0 - fl) * n["s"]
                                   + fl * jnp.minimum(n["rt_attn_chunk_queries"], n["s"]))
-    mlp = tokens * ab * n["rt_mlp_grad_saved"] * (1.0 + n["gated"]) * n["f"] * _moe_slots(n) / k.tp
+    mlp = tokens * ab * n["rt_mlp_grad_saved"] * (1.0 + n["gated"]) * mlp_width(n) / k.tp
     stream = tokens * stream_bytes(n) * 2.0 * n["h"] * shard(k.sp, k.tp)
     # ``score_grad_after_release``: the score gradients of materialised attention peak in the
     # softmax's backward, after the MLP's backward released its saved tensors and the
@@ -180,16 +190,16 @@ def backward_transient(k: Knobs, n: dict, tokens):
     lowp = (ab < 4.0).astype(jnp.result_type(float))
     gated = n["gated"]
     gelu = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
-    mlp_saved = ab * (gated * n["rt_mlp_gated_saved"] + (1.0 - gated) * gelu) * n["f"]
+    mlp_saved = ab * (gated * n["rt_mlp_gated_saved"] + (1.0 - gated) * gelu) * mlp_width(n)
     copies = (n["rt_score_copies"] * (1.0 - n["rt_score_cast_lowp_only"] * (1.0 - lowp))
               * (1.0 - n["attn_dropout"] * n["rt_attn_dropout_replaces_probs"]))
     post_softmax = n["a"] * n["s"] * (copies * ab + n["attn_dropout"]
                                       * (1.0 + n["rt_attn_dropout_out_saved"] * ab))
     released = (n["rt_score_grad_after_release"] * (1.0 - fl) * tokens
-                * (mlp_saved * _moe_slots(n) + post_softmax) / k.tp)
+                * (mlp_saved + post_softmax) / k.tp)
     scores = jnp.maximum(scores - released, 0.0)
     return tf * jnp.maximum(scores, mlp) + stream
 
 
-__all__ = ["autocast_mixed", "backward_transient", "block_inventory", "saved_bytes", "shard",
-           "stream_bytes"]
+__all__ = ["autocast_mixed", "backward_transient", "block_inventory", "mlp_width", "saved_bytes",
+           "shard", "stream_bytes"]

@@ -8,10 +8,12 @@ matrix, causal or not. Per token and block, in the forward pass:
     weights   2 h (q + 2 kv) + 2 q h                       q, k, v and output projections
               + 2 mats h f topk                            MLP (mats = 3 gated, 2 GELU), top-k experts
               + 2 h E                                      MoE router
-    attention 4 s q                                        Q K^T and P V
+    attention 2 s (q + o)                                  Q K^T and P V (q = o = heads x head_dim)
     LoRA      2 r (d_in + d_out) per wrapped matrix        (= 2 x LoRA parameters per block)
 
-with q = heads x head_dim and kv = kv_heads x head_dim; the head adds 2 h V per token (LM head,
+with q = heads x head_dim and kv = kv_heads x head_dim (latent attention: its five projections
+instead of q, k and v, and o = heads x v_head_dim; shared experts and an MoE's dense first
+blocks at their width, averaged over the blocks); the head adds 2 h V per token (LM head,
 MLM decoder), the MLM transform 2 h^2, and per sequence 2 h^2 (pooler) and 2 h labels
 (classifier); a ViT adds 2 (channels patch^2) h per patch. A plain MLP stack (family "mlp")
 has 2 h^2 per layer and nothing else.
@@ -51,16 +53,18 @@ from ._inputs import Knobs
 def block_flops(n: dict) -> dict:
     """Forward FLOPs per token of one block, by matmul group (unsharded, top-k experts): two
     per weight element of the inventory's GEMM weights (`capopt._inventory`, the ``W_*``
-    numbers), ``4 s q`` for the attention core, two per LoRA adapter parameter."""
+    numbers, routed experts top-k times), ``2 s (q + o)`` for the attention core, two per LoRA
+    adapter parameter. ``experts``: the routed experts' part of ``mlp_in + mlp_out``."""
     tf = 1.0 - n["mlp"]                     # transformer families
     return {
         "qkv": 2.0 * n["W_qkv"],
         "out": 2.0 * n["W_out"],
-        "mlp_in": 2.0 * n["W_in"] * n["topk"],
-        "mlp_out": 2.0 * n["W_down"] * n["topk"],
+        "mlp_in": 2.0 * n["W_in"],
+        "mlp_out": 2.0 * n["W_down"],
+        "experts": 2.0 * (n["W_ex_in"] + n["W_ex_down"]),
         "router": 2.0 * n["W_router"],
         "dense": 2.0 * n["W_dense"],         # family "mlp": one h x h layer
-        "attn": tf * 4.0 * n["s"] * n["a"] * n["hd"],
+        "attn": tf * 2.0 * n["s"] * (n["q_w"] + n["o_w"]),
         "lora": 2.0 * n["lora_layer"],
     }
 
@@ -104,7 +108,7 @@ def recompute_flops(k: Knobs, n: dict):
     extra = (w_full * fwd
              + w_sel * (1.0 - k.flash) * b["attn"]         # selective: the attention core again
              + k.flash * 0.5 * b["attn"])                  # flash backward recomputes Q K^T
-    experts = b["mlp_in"] + b["mlp_out"]
+    experts = b["experts"]
     padding = (_capacity(n) - 1.0) * experts * (2.0 + (1.0 - frozen) + w_full)
     return tokens * n["L"] * (extra + padding)
 
@@ -173,8 +177,6 @@ def compute_times(k: Knobs, n: dict) -> dict:
     b = block_flops(n)
     tp, s, h, f, hd = k.tp, n["s"], n["h"], n["f"], n["hd"]
     tokens = k.micro_batch * s
-    q = n["a"] * hd
-    kv = n["kv"] * hd
     frozen = n["lora"]
     w_sel, w_full = k.remat[1], k.remat[2]
     cap = _capacity(n)
@@ -186,13 +188,23 @@ def compute_times(k: Knobs, n: dict) -> dict:
     weight_mult = fwd_pass + dx + dw
 
     seqs = k.micro_batch
+    # the attention's projections: split over tp, and (latent attention's q_a, kv_a)
+    # replicated; K = h (latent attention's q and kv_b read the narrower latents)
+    qkv_rep = 2.0 * n["W_qkv_rep"]
+    qkv_tp = b["qkv"] - qkv_rep
+    routed_in = 2.0 * n["W_ex_in"]
+    routed_out = b["experts"] - routed_in
+    un_in, un_out = b["mlp_in"] - routed_in, b["mlp_out"] - routed_out
     # Every GEMM of the step as one row (FLOPs, M, K, N), timed in one vectorised evaluation
     # of `_gemm_s` (elementwise: the same numbers as one call per GEMM).
     gemms = [  # forward seconds per token of each weight GEMM on this device, ...
-        (b["qkv"] / tp, tokens, h, (q + 2.0 * kv) / tp),
-        (b["out"] / tp, tokens, q / tp, h),
-        (b["mlp_in"] * cap / tp, expert_rows, h, f / tp),
-        (b["mlp_out"] * cap / tp, expert_rows, f / tp, h),
+        (qkv_tp / tp, tokens, h, n["dots_tp"] / tp),
+        (qkv_rep, tokens, h, jnp.maximum(n["dots_rep"], 1.0)),
+        (b["out"] / tp, tokens, n["o_w"] / tp, h),
+        (routed_in * cap / tp, expert_rows, h, f / tp),
+        (routed_out * cap / tp, expert_rows, f / tp, h),
+        (un_in / tp, tokens, h, n["f_unrouted"] / tp),
+        (un_out / tp, tokens, n["f_unrouted"] / tp, h),
         (b["router"], tokens, h, jnp.maximum(n["E"], 1.0)),
         (b["dense"] / tp, tokens, h, h / tp),
         (b["lora"] / tp, tokens, h, jnp.maximum(n["lora_rank"], 1.0)),      # LoRA adapters
@@ -204,9 +216,11 @@ def compute_times(k: Knobs, n: dict) -> dict:
     ]
     cols = [jnp.stack(jnp.broadcast_arrays(*col)) for col in zip(*gemms)]
     secs = _gemm_s(cols[0], n, *cols[1:])
-    (qkv_s, out_s, mlp_in_s, mlp_out_s, router_s, dense_s, lora_g, attn_matmul_s, head_tp_s,
-     head_rep_s, head_seq_s, embed_s) = (secs[i] for i in range(len(gemms)))
-    weights_s = tokens * sum([qkv_s, out_s, mlp_in_s, mlp_out_s, router_s, dense_s])
+    (qkv_s, qkv_rep_s, out_s, mlp_in_s, mlp_out_s, un_in_s, un_out_s, router_s, dense_s, lora_g,
+     attn_matmul_s, head_tp_s, head_rep_s, head_seq_s, embed_s) = (
+        secs[i] for i in range(len(gemms)))
+    weights_s = tokens * sum([qkv_s, qkv_rep_s, out_s, mlp_in_s, mlp_out_s, un_in_s, un_out_s,
+                              router_s, dense_s])
     lora_s = tokens * lora_g
     attn_flops = tokens * b["attn"] / tp
     attn_flash_s = attn_flops / (n["rt_flash_eff"] * n["matmul_peak"])

@@ -113,12 +113,14 @@ def stage_params(k: Knobs, n):
 
 def largest_module(k: Knobs, n):
     """Parameters of a block's largest weight matrix on one device: the fused q/k/v
-    projection, the attention output, the (fused gate and) up projection or the down
-    projection, split over tp (a plain MLP stack: one h x h matrix)."""
-    h, a, kv, hd, f = n["h"], n["a"], n["kv"], n["hd"], n["f"]
-    qkv = h * (a * hd + 2.0 * kv * hd)
+    projection (latent attention: its projections together), the attention output, the
+    (fused gate and) up projection or the down projection of the widest MLP, split over tp
+    (a plain MLP stack: one h x h matrix)."""
+    h, f = n["h"], n["f_max"]
+    qkv = (n["W_qkv"] - n["W_qkv_rep"]) / k.tp + n["W_qkv_rep"]
     up = h * f * (1.0 + n["gated"])
-    big = jnp.maximum(jnp.maximum(qkv, a * hd * h), jnp.maximum(up, f * h)) / k.tp
+    big = jnp.maximum(jnp.maximum(qkv, n["o_w"] * h / k.tp),
+                      jnp.maximum(up, f * h) / k.tp)
     return jnp.where(n["mlp"] > 0, h * h, big)
 
 

@@ -60,6 +60,7 @@ import jax.numpy as jnp
 from .._terms import COMM_KINDS, STEP_TERMS
 from . import comm
 from ._inputs import Knobs
+from .activations import mlp_width
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import expert_layer_params, shard, stage_params, step_at_least, zero_shard
 
@@ -86,9 +87,7 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     tp, s, h, ab = k.tp, n["s"], n["h"], n["act_bytes"]
     tokens = k.micro_batch * s
     tf = 1.0 - n["mlp"]
-    q = n["a"] * n["hd"]
-    kv = n["kv"] * n["hd"]
-    cap = n["moe"] * n["rt_moe_capacity_factor"] + (1.0 - n["moe"])
+    q, kv = n["q_w"], n["k_w"]
     w_sel, w_full = k.remat[1], k.remat[2]
 
     rep = shard(k.sp, tp)                              # sequence parallelism splits the h side
@@ -96,7 +95,7 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     e_h = (tf * (n["rt_ew_h"] + extra_norms + n["hidden_dropout"] * n["rt_ew_dropout_h"])
            * h * rep)
     e_h = e_h + n["mlp"] * 2.0 * h                     # plain MLP: the activation
-    e_f = tf * (2.0 + n["gated"]) * n["f"] / tp * n["topk"] * cap
+    e_f = tf * (2.0 + n["gated"]) * mlp_width(n) / tp
     e_rope = tf * n["rotary"] * 2.0 * (q + kv) / tp
     e_rope = e_rope + tf * n["qk_norm"] * 2.0 * (q + kv) / tp    # per-head q/k norms: read, write
     e_s = (tf * (n["rt_ew_score"] + n["attn_dropout"] * n["rt_ew_score_dropout"])
@@ -308,7 +307,7 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     # --- MoE all-to-all: dispatch and combine, forward (and recomputed) and backward ---
     ep_per, ep_nodes = comm.group_layout(k.ep, tp, per_node)
     cap = n["moe"] * n["rt_moe_capacity_factor"] + (1.0 - n["moe"])
-    a2a_bytes = act_bytes * n["topk"] * cap * shard(k.sp, tp)
+    a2a_bytes = act_bytes * n["topk"] * cap * shard(k.sp, tp) * n["f_routed_frac"]
     a2a = n["moe"] * comm.all_to_all_s(a2a_bytes, k.ep, ep_per, ep_nodes, n) * (4.0 + 2.0 * w_full)
     moe_exp, moe_hid = comm.overlap(a2a, c["layer"], n["rt_overlap_moe"])
     moe_exposed, moe_hidden = layers * moe_exp, layers * moe_hid

@@ -259,19 +259,20 @@ def _scores_attention(q, k, v, *, causal, q_offset, rate, key):
 
 
 def attention(q, k, v, *, causal: bool, impl: str, chunk: int, rate: float, key):
-    """q (b, s, a, d), k and v (b, s, kv, d) -> (b, s, a, d); grouped queries share kv heads."""
+    """q and k (b, s, a | kv, d), v (b, s, kv, dv) -> (b, s, a, dv); grouped queries share kv
+    heads (latent attention: dv may differ from d)."""
     b, s, a, d = q.shape
-    kvh = k.shape[2]
+    kvh, dv = k.shape[2], v.shape[-1]
     if impl == "cudnn":
         return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
     qg = q.reshape(b, s, kvh, a // kvh, d)
     if impl == "xla" or s <= chunk or s % chunk:
         out = _scores_attention(qg, k, v, causal=causal, q_offset=0, rate=rate, key=key)
-        return out.reshape(b, s, a, d)
+        return out.reshape(b, s, a, dv)
     # "chunked": query blocks, each recomputed in the backward pass (nothing s x s is saved).
     keys = jax.random.split(key, s // chunk) if (key is not None and rate > 0) else None
     out = _chunked_attention(qg, k, v, keys, causal, chunk, rate)
-    return out.reshape(b, s, a, d)
+    return out.reshape(b, s, a, dv)
 
 
 # Bumped whenever the stand-in's memory behaviour changes: a stored measurement of a config
@@ -290,6 +291,15 @@ def _chunk(x, i, chunk):
     return jax.lax.dynamic_slice_in_dim(x, i * chunk, chunk, axis=1)
 
 
+def _fit(x, width):
+    """``x`` cut or zero-padded to ``width`` in its last dimension (itself when it is that
+    wide): a buffer of the output's shape computed from ``x``, allocated where ``x`` is."""
+    d = x.shape[-1]
+    if d >= width:
+        return x[..., :width] if d > width else x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - d)])
+
+
 def _chunk_fn(i, keys, causal, chunk, rate):
     ki = None if keys is None else keys[i]
     return lambda qi, kk, vv: _scores_attention(qi, kk, vv, causal=causal, q_offset=i * chunk,
@@ -299,10 +309,13 @@ def _chunk_fn(i, keys, causal, chunk, rate):
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _chunked_attention(qg, k, v, keys, causal, chunk, rate):
     def body(i, buf):
-        qi = _chunk(buf, i, chunk)         # block i of buf is still q: blocks are written in turn
+        # block i of buf is still q (blocks are written in turn), unless v's width differs
+        qi = _chunk(buf if same else qg, i, chunk)
         out = _chunk_fn(i, keys, causal, chunk, rate)(qi, k, v)
         return jax.lax.dynamic_update_slice_in_dim(buf, out.astype(buf.dtype), i * chunk, 1)
-    return jax.lax.fori_loop(0, qg.shape[1] // chunk, body, qg)
+    # the output starts as q's own copy (v's width: q cut or padded), written block by block
+    same = v.shape[-1] == qg.shape[-1]
+    return jax.lax.fori_loop(0, qg.shape[1] // chunk, body, _fit(qg, v.shape[-1]))
 
 
 def _chunked_fwd(qg, k, v, keys, causal, chunk, rate):
@@ -322,7 +335,7 @@ def _chunked_bwd(causal, chunk, rate, res, ct):
         return dq, dk + dki.astype(dk.dtype), dv + dvi.astype(dv.dtype)
 
     dq, dk, dv = jax.lax.fori_loop(0, qg.shape[1] // chunk, body,
-                                   (ct.astype(qg.dtype), k * 0, v * 0))
+                                   (_fit(ct.astype(qg.dtype), qg.shape[-1]), k * 0, v * 0))
     return dq, dk, dv, None
 
 
@@ -361,9 +374,49 @@ class Attention(nnx.Module):
         return self.o(out.reshape(b, s, self.heads * self.head_dim))
 
 
+class LatentAttention(nnx.Module):
+    """Multi-head latent attention (DeepSeek-V2, Liu et al. 2024, as Hugging Face's
+    ``DeepseekV2Attention`` computes it for training): q from a normalised q_a latent (or the
+    hidden state), k and v from one normalised kv latent expanded per head by kv_b, each head's
+    k completed by one rotary key shared by the heads."""
+
+    def __init__(self, spec: ModelSpec, *, policy: Policy, rngs: KeyGen, causal: bool):
+        h, a, hd = spec.hidden_size, spec.num_attention_heads, spec.head_size
+        qr, kvr, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_rope_head_dim
+        self.heads, self.head_dim, self.v_dim, self.rope = a, hd, spec.v_head_size, rope
+        self.kv_rank, self.causal = kvr, causal
+        self.rate = float(spec.attention_dropout)
+        self.impl, self.chunk = policy.attention, policy.attention_chunk
+        lora = policy.lora is not None and "attn" in policy.lora.targets
+        kw = dict(policy=policy, rngs=rngs, lora=lora)
+        self.q_a = Linear(h, qr, bias=False, **kw) if qr else None
+        self.q_a_norm = Norm(qr, spec.norm_type, policy=policy) if qr else None
+        self.q = Linear(qr or h, a * hd, bias=False, **kw)
+        self.kv_a = Linear(h, kvr + rope, bias=False, **kw)
+        self.kv_a_norm = Norm(kvr, spec.norm_type, policy=policy)
+        self.kv_b = Linear(kvr, a * (hd - rope + self.v_dim), bias=False, **kw)
+        self.o = Linear(a * self.v_dim, h, bias=spec.attention_out_bias, **kw)
+
+    def __call__(self, x, key):
+        b, s, _ = x.shape
+        a, hd, dv, rope = self.heads, self.head_dim, self.v_dim, self.rope
+        nope = hd - rope
+        pos = jnp.arange(s)
+        q = self.q(self.q_a_norm(self.q_a(x)) if self.q_a is not None else x)
+        q = q.reshape(b, s, a, hd)
+        ckv = self.kv_a(x)
+        kv = self.kv_b(self.kv_a_norm(ckv[..., :self.kv_rank])).reshape(b, s, a, nope + dv)
+        k_pe = rotary(ckv[..., None, self.kv_rank:], pos)                 # (b, s, 1, rope)
+        q = jnp.concatenate([q[..., :nope], rotary(q[..., nope:], pos)], -1)
+        k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(k_pe, (b, s, a, rope))], -1)
+        out = attention(q, k, kv[..., nope:], causal=self.causal, impl=self.impl,
+                        chunk=self.chunk, rate=self.rate, key=key)
+        return self.o(out.reshape(b, s, a * dv))
+
+
 class MLP(nnx.Module):
-    def __init__(self, spec: ModelSpec, *, policy: Policy, rngs: KeyGen):
-        h, f = spec.hidden_size, spec.intermediate_size
+    def __init__(self, spec: ModelSpec, *, policy: Policy, rngs: KeyGen, width: int = 0):
+        h, f = spec.hidden_size, width or spec.intermediate_size
         lora = policy.lora is not None and "mlp" in policy.lora.targets
         kw = dict(policy=policy, rngs=rngs, lora=lora)
         self.gated = spec.mlp_type == "gated"
@@ -438,6 +491,9 @@ class MoE(nnx.Module):
         self.router = nnx.Param(_normal(rngs, (h, E), dtype))
         self.router_bias = nnx.Param(jnp.zeros((E,), dtype)) if spec.router_bias else None
         self.experts = Experts(spec, policy=policy, rngs=rngs)
+        # shared experts (DeepSeek): one always-active MLP beside the routed ones
+        shared = spec.shared_expert_intermediate_size
+        self.shared = MLP(spec, policy=policy, rngs=rngs, width=shared) if shared else None
 
     def __call__(self, x):
         b, s, h = x.shape
@@ -461,23 +517,26 @@ class MoE(nnx.Module):
         ye = self.experts(xpad[table].reshape(E, C, h)).reshape(E * C, h)
         ye = jnp.concatenate([ye, jnp.zeros((1, h), ye.dtype)], axis=0)
         w = (gates.reshape(T * k) * keep).astype(ye.dtype)
-        out = (ye[slot] * w[:, None]).reshape(T, k, h).sum(1)
-        return out.reshape(b, s, h)
+        out = (ye[slot] * w[:, None]).reshape(T, k, h).sum(1).reshape(b, s, h)
+        return out if self.shared is None else out + self.shared(x)
 
 
 class Block(nnx.Module):
     """Pre-norm (decoder, ViT) or post-norm (BERT) transformer block."""
 
     def __init__(self, spec: ModelSpec, *, policy: Policy, rngs: KeyGen, causal: bool,
-                 post_norm: bool):
+                 post_norm: bool, index: int = 0):
         h = spec.hidden_size
         self.post_norm = post_norm
         self.rate = float(spec.hidden_dropout)
         self.norm1 = Norm(h, spec.norm_type, policy=policy)
-        self.attn = Attention(spec, policy=policy, rngs=rngs, causal=causal)
+        attn = LatentAttention if spec.is_mla else Attention
+        self.attn = attn(spec, policy=policy, rngs=rngs, causal=causal)
         self.norm2 = Norm(h, spec.norm_type, policy=policy)
-        self.mlp = (MoE(spec, policy=policy, rngs=rngs) if spec.is_moe
-                    else MLP(spec, policy=policy, rngs=rngs))
+        dense = index < spec.first_k_dense_replace       # an MoE's dense first blocks
+        self.mlp = (MoE(spec, policy=policy, rngs=rngs) if spec.is_moe and not dense
+                    else MLP(spec, policy=policy, rngs=rngs,
+                             width=spec.dense_intermediate_size if dense else 0))
         four = spec.norms_per_layer == 4
         self.norm3 = Norm(h, spec.norm_type, policy=policy) if four else None
         self.norm4 = Norm(h, spec.norm_type, policy=policy) if four else None
@@ -592,8 +651,8 @@ class DecoderLM(nnx.Module):
         self.pos_embed = (Embed(spec.max_position_embeddings, h, policy=policy, rngs=rngs)
                           if spec.position_embedding == "learned" else None)
         self.blocks = _List([Block(spec, policy=policy, rngs=rngs, causal=True,
-                                      post_norm=False)
-                                for _ in range(spec.num_hidden_layers)])
+                                   post_norm=False, index=i)
+                             for i in range(spec.num_hidden_layers)])
         self.final_norm = Norm(h, spec.norm_type, policy=policy)
         self.tied = spec.tie_word_embeddings
         self.lm_head = (None if self.tied else

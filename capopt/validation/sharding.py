@@ -35,7 +35,7 @@ from .._specs import Config
 AXES = ("replica", "expert", "tensor")
 DATA = ("replica", "expert")
 
-COLUMN = {"q", "gate", "up", "lm_head", "mlm_decoder"}
+COLUMN = {"q", "kv_b", "gate", "up", "lm_head", "mlm_decoder"}
 KV = {"k", "v"}
 ROW = {"o", "down"}
 EXPERT_LEAVES = {
