@@ -1,6 +1,6 @@
 """Peak memory on configs drawn at random, judged by XLA's GPU buffer assignment.
 
-    python benchmarks/memory_random.py [--cases 200] [--jobs 2] [--full-size] [--quick]
+    python benchmarks/memory_random.py [--cases 200] [--jobs 2] [--full-size] [--styles S,..]
 
 Draws ``--cases`` configs with `capopt.validation.random_configs.draw_cases` (fixed seed; each
 card shape in the fitting or the held-out split by a hash of its sizes), compiles each as the
@@ -32,7 +32,8 @@ from capopt._hardware import get_hardware  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
 from capopt._specs import Budget, Config, Scenario, Workload, LoRA, stable_text  # noqa: E402
 from _random_cases import measure, pct, summary  # noqa: E402
-from capopt.validation.random_configs import Case, describe, draw_cases, features  # noqa: E402
+from capopt.validation.random_configs import (EXTRA_STYLES, STYLES, Case, describe,  # noqa: E402
+                                              draw_cases, features)
 
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = {"median": 0.02, "p90": 0.05, "worst": 0.08, "feature_median": 0.04}
@@ -105,18 +106,33 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--full-size", action="store_true", help="add configs of shipped cards")
-    ap.add_argument("--measurements", default=str(RESULTS / "memory_random.jsonl"))
-    ap.add_argument("--out", default=str(RESULTS / "memory_random.json"))
+    ap.add_argument("--styles", default="",
+                    help="comma-separated card styles to draw instead of the default ones "
+                         f"(also: {', '.join(EXTRA_STYLES)}); they add _<styles> to the "
+                         "default file names")
+    ap.add_argument("--measurements", default=None,
+                    help="JSONL of measurements (default results/memory_random[_<styles>].jsonl)")
+    ap.add_argument("--out", default=None,
+                    help="JSON summary (default results/memory_random[_<styles>].json)")
     ap.add_argument("--no-measure", action="store_true",
                     help="only recompute the predictions for what is already measured")
     args = ap.parse_args(argv)
+    styles = tuple(x for x in args.styles.split(",") if x) or STYLES
+    unknown = [x for x in styles if x not in STYLES + EXTRA_STYLES]
+    if unknown:
+        print(f"error: --styles: unknown style {unknown[0]!r} (allowed: "
+              f"{', '.join(STYLES + EXTRA_STYLES)})", file=sys.stderr)
+        return 2
+    stem = "memory_random" + ("" if styles == STYLES else "_" + "_".join(styles))
+    args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
+    args.out = args.out or str(RESULTS / f"{stem}.json")
     from capopt.validation.tiers import xla_gpu_available
     ok, why = xla_gpu_available()
     if not ok and not args.no_measure:
         print(f"error: {why}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    cases = draw_cases(args.cases, args.seed)
+    cases = draw_cases(args.cases, args.seed, styles=styles)
     if args.full_size:
         cases += full_size_cases()
     path = Path(args.measurements)
@@ -183,7 +199,7 @@ def main(argv=None) -> int:
         f"{k} {pct(v)} {'<=' if v is not None and v <= TARGETS[k] else '>'} "
         f"{100 * TARGETS[k]:.0f}%" for k, v in checks.items()))
     out = {"tier": "xla-gpu", "gpu": "h100-sxm-80gb", "profile": "xla-gpu",
-           "cases": args.cases, "seed": args.seed, "splits": splits, "by_feature": groups,
+           "cases": args.cases, "seed": args.seed, "styles": list(styles), "splits": splits, "by_feature": groups,
            "targets": TARGETS, "checks": checks, "points": points,
            "not_measured": [c.name for c in failed], "total_s": time.perf_counter() - t0}
     Path(args.out).write_text(json.dumps(out, indent=1))

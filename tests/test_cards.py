@@ -128,14 +128,55 @@ def test_hf_import_counts_the_official_checkpoint(fixture, expected, source):
     ("llama-2-7b.json", "llama-2-7b"), ("mistral-7b-v0.1.json", "mistral-7b"),
     ("mixtral-8x7b-v0.1.json", "mixtral-8x7b"), ("gpt2.json", "gpt2-124m"),
     ("qwen3-4b.json", "qwen3-4b"), ("qwen3-30b-a3b.json", "qwen3-30b-a3b"),
-    ("gemma-3-1b-pt.json", "gemma-3-1b"),
+    ("gemma-3-1b-pt.json", "gemma-3-1b"), ("deepseek-v2-lite.json", "deepseek-v2-lite"),
+    ("deepseek-v3.json", "deepseek-v3"),
 ])
 def test_hf_import_agrees_with_the_catalog_card(fixture, name):
     imported, card = load_card(FIXTURES / fixture), load_card(name)
     assert imported.param_breakdown() == card.param_breakdown()
     keys = ("family", "position_embedding", "norm_type", "mlp_type", "kv_heads", "head_size",
-            "tie_word_embeddings", "hidden_dropout", "attention_dropout", "num_experts_per_tok")
+            "tie_word_embeddings", "hidden_dropout", "attention_dropout", "num_experts_per_tok",
+            "v_head_size", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+            "first_k_dense_replace", "dense_intermediate_size",
+            "shared_expert_intermediate_size", "router_bias")
     assert {k: getattr(imported, k) for k in keys} == {k: getattr(card, k) for k in keys}
+
+
+def test_deepseek_blocks_count_as_the_papers_describe_them():
+    """Latent attention, dense first blocks and shared experts, each against its arithmetic."""
+    v3 = load_card("deepseek-v3")
+    h, a, L = 7168, 128, 61
+    attn = (h * 1536 + 1536 + 1536 * a * 192          # q_a, its norm, q_b (q heads 128 + 64)
+            + h * (512 + 64) + 512                    # kv_a (latent + shared rotary key), norm
+            + 512 * a * (128 + 128) + a * 128 * h)    # kv_b (k's 128 + v's 128 per head), o
+    assert v3.param_breakdown()["attention"] == L * attn
+    dense, expert = 3 * h * 18432, 3 * h * 2048
+    assert v3.param_breakdown()["mlp"] == 3 * dense + 58 * (256 + 1) * expert
+    assert v3.param_breakdown()["router"] == 58 * (h * 256 + 256)
+    # per token: 8 routed experts and the shared one in 58 blocks; "37B activated" (the
+    # paper) leaves the input embedding out
+    assert round((v3.active_params() - v3.param_breakdown()["embedding"]) / 1e9) == 37
+    lite = load_card("deepseek-v2-lite")                # q straight from the hidden state
+    assert lite.param_breakdown()["attention"] == 27 * (
+        2048 * 16 * 192 + 2048 * 576 + 512 + 512 * 16 * 256 + 16 * 128 * 2048)
+    # a config whose experts skip layers is refused, naming the key
+    with pytest.raises(CapoptError) as err:
+        card_from_hf_config({**json.loads((FIXTURES / "deepseek-v3.json").read_text()),
+                             "moe_layer_freq": 2}, file="c.json")
+    assert err.value.field == "moe_layer_freq" and err.value.file == "c.json"
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(kv_lora_rank=16, qk_rope_head_dim=0), "qk_rope_head_dim"),
+    (dict(kv_lora_rank=16, qk_rope_head_dim=8, num_key_value_heads=2), "num_key_value_heads"),
+    (dict(q_lora_rank=16), "q_lora_rank"),
+    (dict(first_k_dense_replace=1, dense_intermediate_size=64), "first_k_dense_replace"),
+])
+def test_latent_attention_and_moe_sizes_are_checked(change, field):
+    base = load_card("tiny-llama")
+    with pytest.raises(CapoptError) as err:
+        base.replace(**{"num_key_value_heads": None, **change})
+    assert err.value.field == f"model.{field}"
 
 
 def test_hf_family_conventions():

@@ -36,6 +36,8 @@ from .._specs import OPTIMIZERS, PRECISIONS, Budget, Config, LoRA, Scenario, Wor
 from .._validity import config_problems
 
 STYLES = ("gpt", "llama", "gqa-wide-head", "mqa", "gemma", "moe", "bert", "vit", "mlp")
+# styles drawn only when asked for (their own draws, so the default draws stay as they were)
+EXTRA_STYLES = ("deepseek",)
 # odd vocabularies: primes, near-primes, and two real ones (GPT-2's, Llama-2's + 1)
 VOCABS = (997, 1999, 3001, 5003, 7919, 8191, 10007, 12289, 16411, 20011, 32001, 50257)
 
@@ -103,6 +105,24 @@ def draw_model(rng: np.random.Generator, style: str) -> ModelSpec:
                          vocab_size=vocab, position_embedding="rotary", norm_type="rmsnorm",
                          mlp_type="gated", hidden_act=extra.pop("hidden_act", "silu"),
                          tie_word_embeddings=tied, **extra)
+    if style == "deepseek":                   # DeepSeek-V2/V3's block kinds (drawn on request)
+        rope = int(_pick(rng, (16, 32)))
+        nope = int(_pick(rng, (32, 64, 128)))
+        heads = max(2, min(16, hidden // (nope + rope)))
+        ffn = int(_pick(rng, (2, 3)) * hidden) // 16 * 16
+        expert = max(32, ffn // 4 // 16 * 16)
+        dense = 1 if layers > 2 and rng.random() < 0.7 else 0
+        return ModelSpec(name="rand-deepseek", family="decoder", hidden_size=hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads,
+                         head_dim=nope + rope, v_head_dim=int(_pick(rng, (nope, nope + rope))),
+                         q_lora_rank=int(_pick(rng, (0, hidden // 2 // 16 * 16))),
+                         kv_lora_rank=int(_pick(rng, (64, 128, 256))), qk_rope_head_dim=rope,
+                         intermediate_size=expert, num_local_experts=int(_pick(rng, (4, 8))),
+                         num_experts_per_tok=2, router_bias=bool(rng.random() < 0.5),
+                         first_k_dense_replace=dense, dense_intermediate_size=ffn * dense,
+                         shared_expert_intermediate_size=int(_pick(rng, (0, 1, 2))) * expert,
+                         vocab_size=vocab, position_embedding="rotary", norm_type="rmsnorm",
+                         mlp_type="gated", hidden_act="silu", tie_word_embeddings=tied)
     if style == "bert":
         drop = 0.1 if rng.random() < 0.5 else 0.0
         mlm = bool(rng.random() < 0.7)
@@ -136,6 +156,12 @@ def model_shape(m: ModelSpec) -> str:
             "intermediate_size", "vocab_size", "num_key_value_heads", "head_dim",
             "norms_per_layer", "mlp_type", "tie_word_embeddings", "num_local_experts",
             "image_size", "patch_size", "num_labels", "mlm_head", "pooler")
+    # (latent attention and DeepSeek's MoE sizes: only where a card has them, so that the
+    # shapes, and the splits, of every other card stay what they were)
+    deepseek = ("v_head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+                "first_k_dense_replace", "dense_intermediate_size",
+                "shared_expert_intermediate_size")
+    keys += tuple(k for k in deepseek if getattr(m, k))
     return "-".join(str(getattr(m, k)) for k in keys)
 
 
@@ -214,7 +240,7 @@ def features(sc: Scenario, cfg: Config, style: str) -> dict:
               "tp" if cfg.dp == 1 else
               f"dp ZeRO-{cfg.zero_stage}" + (" + tp" if cfg.tp > 1 else ""))
     m = sc.model
-    attn = ("mlp" if m.family == "mlp" else
+    attn = ("mlp" if m.family == "mlp" else "MLA" if m.is_mla else
             "MQA" if m.kv_heads == 1 else "GQA" if m.kv_heads < m.num_attention_heads
             else "MHA")
     return {
@@ -262,11 +288,13 @@ def _case(name: str, style: str, m: ModelSpec, shape: str, split: str, wl: dict,
 
 
 def draw_cases(n: int = 160, seed: int = 0, *, hardware: Hardware | None = None,
-               runtime: RuntimeProfile | str = "xla-gpu", per_shape: int = 2) -> list[Case]:
-    """``n`` cases from ``seed``: ``per_shape`` configs per card shape, styles in turn."""
+               runtime: RuntimeProfile | str = "xla-gpu", per_shape: int = 2,
+               styles: tuple[str, ...] = STYLES) -> list[Case]:
+    """``n`` cases from ``seed``: ``per_shape`` configs per card shape, ``styles`` in turn
+    (`STYLES` by default; `EXTRA_STYLES` drawn on request)."""
     hw, rt, rng = _draw_setup(hardware, runtime, seed)
     cases: list[Case] = []
-    for style, m, shape, split in _cards(rng, STYLES):
+    for style, m, shape, split in _cards(rng, styles):
         if len(cases) >= n:
             break
         made = 0
@@ -353,7 +381,8 @@ def describe(case: Case) -> str:
             ("" if m.family == "mlp" else f" a{m.num_attention_heads}/{m.kv_heads} "
              f"d{m.head_size} f{m.intermediate_size}") +
             (f" V{m.vocab_size}" if m.vocab_size else "") +
-            (f" E{m.num_local_experts}" if m.is_moe else ""))
+            (f" E{m.num_local_experts}" if m.is_moe else "") +
+            (f" mla{m.q_lora_rank}/{m.kv_lora_rank}" if m.is_mla else ""))
     lora = "" if w.lora is None else f" lora{w.lora.rank}/{w.lora.base_bits}b"
     return (f"{case.features['style']:<13} {size:<34} s{case.scenario.seq_len} "
             f"{w.precision} {w.optimizer}{'+clip' if w.grad_clip else ''}{lora} "
@@ -362,6 +391,6 @@ def describe(case: Case) -> str:
             f"remat={r} {'flash' if c.flash_attention else 'mat'}")
 
 
-__all__ = ["Case", "STYLES", "TORCH_STYLES", "describe", "draw_cases", "draw_config",
+__all__ = ["Case", "EXTRA_STYLES", "STYLES", "TORCH_STYLES", "describe", "draw_cases", "draw_config",
            "draw_model", "draw_torch_cases",
            "features", "model_shape", "shape_split"]

@@ -41,6 +41,8 @@ def check_spec(spec: ModelSpec) -> None:
                            f"family, not {spec.family!r}")
     if spec.is_moe:
         raise _unsupported("the torch tier does not implement mixture-of-experts layers")
+    if spec.is_mla:
+        raise _unsupported("the torch tier does not implement multi-head latent attention")
     if spec.norms_per_layer not in (2, 4):
         raise _unsupported(f"norms_per_layer {spec.norms_per_layer} (2 or 4)")
 
