@@ -19,7 +19,7 @@ from capopt.validation.targets import xla_gpu_device_info
 EXPECTED = {
     "v100-sxm-16gb", "v100-sxm-32gb", "t4-pcie-16gb", "a10g-24gb", "l4-pcie-24gb",
     "l40s-pcie-48gb", "a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb",
-    "h100-sxm-80gb", "h100-pcie-80gb", "h100-nvl-94gb", "h200-sxm-141gb", "b200-sxm-192gb",
+    "h100-sxm-80gb", "h100-pcie-80gb", "h100-sxm-96gb", "h100-nvl-94gb", "h200-sxm-141gb", "b200-sxm-192gb",
     "rtx-3090-24gb", "rtx-4090-24gb", "rtx-5090-32gb", "rtx-a6000-48gb", "rtx-6000-ada-48gb",
     "mi300x-oam-192gb", "tpu-v4-32gb", "tpu-v5e-16gb", "tpu-v5p-95gb",
     "h800-sxm-80gb", "a800-sxm-80gb", "h20-96gb", "gb200-nvl72-186gb", "mi250x-oam-128gb",

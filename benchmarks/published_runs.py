@@ -1,0 +1,369 @@
+"""Predictions against published training runs of real frameworks: throughput and memory.
+
+    python benchmarks/published_runs.py [--source NAME] [--out FILE]
+
+Each source is a JSON file in ``benchmarks/published/`` holding the rows of one published table
+as the authors wrote them (the repository, commit, file and line of every row, the raw cells
+and the setup the document states):
+
+- ``llmfoundry.json``: MosaicML llm-foundry, ``scripts/train/benchmarking/README.md`` (MPT
+  125M-70B with FSDP on A100 40/80 GB and H100, bf16 and fp8; tokens/s per GPU, MFU);
+- ``torchtitan.json``: PyTorch torchtitan, ``benchmarks/*.md`` (Llama 3 / 3.1 with FSDP2, TP,
+  PP on H100 and H200; tokens/s per GPU, memory);
+- ``megatron.json``: NVIDIA Megatron-LM, the README's GPT weak-scaling table (H100) and PR
+  #482's theoretical against measured memory.
+
+Every row becomes a scenario and a pinned config in capopt's terms (the card rebuilt from the
+document's sizes and checked against its parameter count where it gives one; the GPU; the
+parallel layout; precision; activation checkpointing) and is predicted with the ``pytorch``
+runtime profile as it ships. The rows check the model; nothing is fitted to them. A row whose
+setup capopt cannot express (context parallelism, a framework knob it has no word for) is
+listed with the reason instead of a prediction, and a row predicted not to fit its GPU is
+counted as such. Prints a table per source and writes ``benchmarks/results/published_runs.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from capopt._hardware import get_hardware  # noqa: E402
+from capopt._model import ModelSpec  # noqa: E402
+from capopt._runtime import get_profile  # noqa: E402
+from capopt._specs import Budget, Config, Scenario, Workload  # noqa: E402
+from capopt._validity import config_problems  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "published"
+RESULTS = ROOT / "benchmarks" / "results" / "published_runs.json"
+WITHIN = 0.15           # the issue's bar: a row within 15% counts as close
+
+
+@dataclass
+class Run:
+    """One published row in capopt's terms, or why it cannot be put in them."""
+
+    source: str
+    framework: str
+    label: str
+    where: str                            # repo@commit:file:line
+    gpu: str = ""
+    scenario: Scenario | None = None
+    config: Config | None = None
+    tokens_per_gpu: float | None = None   # published tokens/s per GPU
+    memory_gib: float | None = None       # published memory per GPU
+    memory_kind: str = ""
+    mfu: float | None = None              # published MFU (the document's FLOP count)
+    unexpressed: str = ""                 # why there is no prediction
+    notes: list = field(default_factory=list)
+
+
+# ---- llm-foundry ------------------------------------------------------------------------------
+def mpt_card(sizes: dict, seq_len: int) -> ModelSpec:
+    """An MPT model as llm-foundry's ``mpt-*.yaml`` builds it with MPTConfig's defaults: GELU
+    MLP ``expansion_ratio`` wide, biases everywhere (``no_bias`` false), LayerNorm, learned
+    positions as long as the run's sequence, the LM head tied to the embeddings."""
+    h = sizes["d_model"]
+    return ModelSpec(
+        name=f"mpt-{h}x{sizes['n_layers']}", family="decoder", hidden_size=h,
+        num_hidden_layers=sizes["n_layers"], num_attention_heads=sizes["n_heads"],
+        intermediate_size=sizes["expansion_ratio"] * h, vocab_size=sizes["vocab_size"],
+        max_position_embeddings=seq_len, position_embedding="learned", norm_type="layernorm",
+        mlp_type="gelu", hidden_act="gelu", tie_word_embeddings=bool(sizes["tied"]),
+        attention_bias=not sizes["no_bias"], attention_out_bias=not sizes["no_bias"],
+        mlp_bias=not sizes["no_bias"])
+
+
+# Composer's precision names: amp_* autocasts over float32 parameters (FSDP keeps float32 master
+# shards; MP mode DEFAULT/PURE only changes the dtype of the reductions), amp_fp8 runs the
+# linear layers through Transformer Engine in fp8; the A100 tables' "bf16" with MP mode PURE is
+# the same float32-master setup under its older name.
+MPT_PRECISION = {"amp_bf16": "bf16-mixed", "bf16": "bf16-mixed", "amp_fp8": "fp8-mixed"}
+MPT_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
+
+
+def llmfoundry_runs(doc: dict) -> list[Run]:
+    out = []
+    for r in doc["rows"]:
+        where = f"{doc['repo']}@{doc['commit'][:12]}:{doc['file']}:{r['line']}"
+        label = (f"{r['model']} s{r['seq_len']} {r['gpus']}x{r['gpu']} mb{r['micro_batch']} "
+                 f"{r['precision']}{' AC' if r['activation_checkpointing'] else ''}")
+        run = Run("llm-foundry", "llm-foundry (Composer FSDP)", label, where, r["gpu"],
+                  tokens_per_gpu=float(r["tokens_per_s_per_gpu"]), mfu=r["mfu"] / 100.0)
+        out.append(run)
+        if r.get("activation_cpu_offload"):
+            run.unexpressed = "activation CPU offload"
+            continue
+        card = mpt_card(doc["models"][r["model"]], r["seq_len"])
+        if card.num_params() != r["num_params"]:
+            run.unexpressed = (f"rebuilt card counts {card.num_params():,} parameters, the "
+                               f"table {r['num_params']:,}")
+            continue
+        gpus, mb, ga = r["gpus"], r["micro_batch"], r["grad_accum"]
+        cfg = Config(micro_batch=mb, grad_accum=ga, dp=gpus,
+                     zero_stage=MPT_SHARDING[r["sharding_strategy"]],
+                     remat="full" if r["activation_checkpointing"] else "none",
+                     flash_attention=True)
+        if mb * ga * gpus != r["global_batch"]:
+            run.notes.append(f"global batch {r['global_batch']} is not mb x accum x GPUs "
+                             f"({mb * ga * gpus}): per-token throughput compared")
+        wl = Workload(seq_len=r["seq_len"], global_batch=mb * ga * gpus,
+                      precision=MPT_PRECISION[r["precision"]], optimizer="adamw",
+                      grad_clip=True)
+        run.scenario, run.config = _scenario(label, card, r["gpu"], gpus, wl), cfg
+    return out
+
+
+# ---- torchtitan -------------------------------------------------------------------------------
+TITAN_GPUS = {"h100-sxm-96gb-hbm2e": "h100-sxm-96gb", "h100-96gb-hbm2e": "h100-sxm-96gb",
+              "h200": "h200-sxm-141gb"}
+# torchtitan's FSDP2 mixed precision: float32 sharded parameters and optimizer state, bf16
+# compute; "float8" converts nn.Linear to torchao float8 (attention stays bf16)
+TITAN_PRECISION = {"bf16": "bf16-mixed", "float8": "fp8-mixed"}
+TITAN_AC = {"selective": "selective", "selective op": "selective", "selective layer": "selective",
+            "full": "full", "none": "none", None: "none"}
+
+
+def torchtitan_runs(doc: dict) -> list[Run]:
+    from capopt._cards import load_card
+    out = []
+    for r in doc["rows"]:
+        where = f"{doc['repo']}@{doc['commit'][:12]}:{r['file']}:{r['line']}"
+        seq = r.get("seq_len") or r.get("seq_len_inferred")
+        tp, pp, cp = r.get("tp") or 1, r.get("pp") or 1, r.get("cp") or 1
+        shard, rep = r.get("dp_shard") or 1, r.get("dp_replicate") or 1
+        dp = shard * rep
+        gpu = TITAN_GPUS.get(r["gpu"], r["gpu"])
+        recipe = r.get("float8_recipe") or ""
+        recipe = ("" if r["precision"] != "float8" or not recipe or recipe.startswith("tensorwise")
+                  else f" {recipe.split()[0]}")
+        label = (f"{r['model']} s{seq} {r['gpus']}x{gpu} mb{r['local_batch']} "
+                 f"fsdp{shard}{f' hsdp{rep}' if rep > 1 else ''}{f' tp{tp}' if tp > 1 else ''}"
+                 f"{f' pp{pp}' if pp > 1 else ''}{f' cp{cp}' if cp > 1 else ''} "
+                 f"{r['precision']}{recipe}{' compile' if r.get('compile') else ''}"
+                 f"{' asyncTP' if r.get('async_tp') else ''}")
+        run = Run("torchtitan", "torchtitan (FSDP2)", label, where, gpu,
+                  tokens_per_gpu=r.get("tokens_per_s_per_gpu"), memory_gib=r.get("memory_gib"),
+                  memory_kind="reserved" if r.get("memory_gib") else "")
+        out.append(run)
+        if not r.get("seq_len"):
+            run.notes.append(f"sequence length {seq} from the torchtitan config the run used")
+        if r.get("compile"):
+            run.notes.append("torch.compile: capopt has no fused-kernel toggle")
+        if r.get("async_tp"):
+            run.notes.append("async TP: modelled as the profile's tensor-parallel overlap")
+        if cp > 1:
+            run.unexpressed = "context parallelism"
+            continue
+        if rep > 1:
+            run.unexpressed = "HSDP (shard within a group, replicate across)"
+            continue
+        cfg = Config(micro_batch=r["local_batch"], grad_accum=1, dp=dp, tp=tp, pp=pp,
+                     zero_stage=3 if dp > 1 else 0, sequence_parallel=tp > 1,
+                     remat=TITAN_AC[r.get("activation_checkpoint")], flash_attention=True)
+        wl = Workload(seq_len=seq, global_batch=r["local_batch"] * dp,
+                      precision=TITAN_PRECISION[r["precision"]], optimizer="adamw",
+                      grad_clip=True)
+        card = load_card(r["model"])
+        run.scenario, run.config = _scenario(label, card, gpu, r["gpus"], wl), cfg
+    return out
+
+
+# ---- Megatron-LM ------------------------------------------------------------------------------
+def megatron_gpt(row: dict, vocab: int, seq: int) -> ModelSpec:
+    """A GPT as Megatron-LM's ``pretrain_gpt.py`` builds it by default: learned absolute
+    positions, LayerNorm, GELU MLP 4h wide, biases on every linear layer, the output layer
+    tied to the embeddings."""
+    h = row["hidden"]
+    return ModelSpec(name=f"megatron-gpt-{row['model_size_b']}b", family="decoder",
+                     hidden_size=h, num_hidden_layers=row["layers"],
+                     num_attention_heads=row["heads"], intermediate_size=4 * h,
+                     vocab_size=vocab, max_position_embeddings=seq,
+                     position_embedding="learned", norm_type="layernorm", mlp_type="gelu",
+                     hidden_act="gelu", tie_word_embeddings=True, attention_bias=True,
+                     attention_out_bias=True, mlp_bias=True)
+
+
+def model_flops_per_token(m: ModelSpec, seq: int) -> float:
+    """Korthikanti et al. 2022 eq. 7 per token (no recomputation): the model FLOPs a GPT step
+    does, 72 l h^2 (1 + s / (6 h) + V / (12 l h)) per token, as Megatron-LM counts them."""
+    h, l, V = m.hidden_size, m.num_hidden_layers, m.vocab_size
+    return 72.0 * l * h * h * (1.0 + seq / (6.0 * h) + V / (12.0 * l * h))
+
+
+MEGATRON_VOCAB = 131072        # the README's benchmark section: "vocabulary size of 131,072"
+
+
+def megatron_runs(doc: dict) -> list[Run]:
+    out = []
+    t = doc["readme_table"]
+    for r in t["rows"]:
+        where = f"{doc['repo']}@{doc['commit'][:12]}:README.md:{r['line']} (images/model_table.png)"
+        seq = r["seq_len"]
+        card = megatron_gpt(r, MEGATRON_VOCAB, seq)
+        tokens = r["tflops_per_gpu"] * 1e12 / model_flops_per_token(card, seq)
+        label = (f"GPT {r['model_size_b']}B {r['gpus']}xh100-sxm-80gb tp{r['tp']} pp{r['pp']} "
+                 f"dp{r['dp']}")
+        run = Run("megatron", "Megatron-Core r0.8", label, where, "h100-sxm-80gb",
+                  tokens_per_gpu=tokens, mfu=r["mfu"])
+        run.notes.append(f"published {r['tflops_per_gpu']} model TFLOP/s per GPU, as tokens/s "
+                         "by Korthikanti eq. 7")
+        run.notes.append("not stated, assumed: bf16, micro-batch 1, no recomputation, the "
+                         "distributed optimizer and sequence parallelism (which the README's "
+                         "overlap flags require), plain 1F1B")
+        out.append(run)
+        per_rank = r["global_batch"] // r["dp"]
+        cfg = Config(micro_batch=1, grad_accum=per_rank, dp=r["dp"], tp=r["tp"], pp=r["pp"],
+                     zero_stage=1, sequence_parallel=r["tp"] > 1, remat="none",
+                     flash_attention=True)
+        wl = Workload(seq_len=seq, global_batch=r["global_batch"], precision="bf16-mixed",
+                      optimizer="adamw", grad_clip=True)
+        run.scenario, run.config = _scenario(label, card, "h100-sxm-80gb", r["gpus"], wl), cfg
+    for i, r in enumerate(doc["pr482"]["rows"]):
+        run = Run("megatron", "Megatron-LM (2023)", f"PR #482 Llama2-7B row {i + 1} "
+                  f"tp{r['tp']} pp{r['pp']} dp{r['dp']} mb{r['micro_batch']}",
+                  doc["pr482"]["url"], "h800-sxm-80gb", memory_gib=r["measured_gb"],
+                  memory_kind="allocated")
+        run.unexpressed = ("the sequence length is not stated" + (
+            "; the row's cells are inconsistent (a placeholder cell)" if r.get("caveat") else ""))
+        out.append(run)
+    return out
+
+
+# ---- shared -----------------------------------------------------------------------------------
+def _scenario(label: str, card: ModelSpec, gpu: str, count: int, wl: Workload,
+              per_node: int = 8, runtime: str = "pytorch") -> Scenario:
+    hw = get_hardware(gpu)
+    # no headroom: a published run ran, so "fits" asks whether the predicted peak is within
+    # the device's memory, not within the margin a planner keeps
+    return Scenario(name=label, model=card, hardware=hw, count=count,
+                    per_node=min(per_node, count), workload=wl,
+                    budget=Budget(vram_bytes=hw.memory_bytes, headroom=0.0),
+                    runtime=get_profile(runtime))
+
+
+CONVERTERS = {"llmfoundry": llmfoundry_runs, "torchtitan": torchtitan_runs,
+              "megatron": megatron_runs}
+
+
+def predict(run: Run) -> dict:
+    """The prediction of one expressible run (or the reason there is none)."""
+    from capopt.cost import estimate
+    if run.unexpressed:
+        return {"status": "unexpressed", "why": run.unexpressed}
+    problems = config_problems(run.config, run.scenario)
+    if problems:
+        return {"status": "refused", "why": "; ".join(f"{f}: {w}" for f, w in problems)}
+    est = estimate(run.config, run.scenario).to_dict()
+    mem, thr = est["memory"], est["throughput"]
+    out = {"status": "ok", "fits": mem["total_bytes"] <= mem["budget_bytes"],
+           "tokens_per_gpu": thr["tokens_per_s_per_device"], "mfu": thr["mfu"],
+           "total_gib": mem["total_bytes"] / 2**30,
+           "allocated_gib": mem["allocated_bytes"] / 2**30,
+           "reserved_gib": mem["reserved_bytes"] / 2**30, "step_s": est["time"]["step_s"]}
+    if run.tokens_per_gpu:
+        out["throughput_error"] = (out["tokens_per_gpu"] - run.tokens_per_gpu) / run.tokens_per_gpu
+    if run.memory_gib:
+        key = {"reserved": "reserved_gib", "allocated": "allocated_gib"}.get(run.memory_kind,
+                                                                            "total_gib")
+        out["memory_error"] = (out[key] - run.memory_gib) / run.memory_gib
+    return out
+
+
+def _summary(errors: list[float]) -> dict:
+    if not errors:
+        return {"n": 0}
+    a = sorted(abs(e) for e in errors)
+    worst = max(errors, key=abs)
+    return {"n": len(a), "median_abs": statistics.median(a), "worst_signed": worst,
+            "within_15": sum(x <= WITHIN for x in a), "mean_signed": statistics.fmean(errors)}
+
+
+def _fmt(s: dict) -> str:
+    if not s.get("n"):
+        return "-"
+    return (f"n {s['n']:3d}  median {100 * s['median_abs']:5.1f}%  worst "
+            f"{100 * s['worst_signed']:+6.1f}%  within 15%: {s['within_15']}/{s['n']}  "
+            f"mean {100 * s['mean_signed']:+5.1f}%")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--source", action="append", choices=sorted(CONVERTERS),
+                    help="only these sources (default: every file in benchmarks/published/)")
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--quiet", action="store_true", help="summaries only, no row table")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    sources = args.source or [s for s in CONVERTERS if (DATA / f"{s}.json").exists()]
+    records, summaries = [], {}
+    for src in sources:
+        doc = json.loads((DATA / f"{src}.json").read_text())
+        runs = CONVERTERS[src](doc)
+        rows = []
+        for run in runs:
+            p = predict(run)
+            rows.append({"source": run.source, "framework": run.framework, "row": run.label,
+                         "where": run.where, "gpu": run.gpu, "published": {
+                             "tokens_per_gpu": run.tokens_per_gpu, "mfu": run.mfu,
+                             "memory_gib": run.memory_gib, "memory_kind": run.memory_kind},
+                         "config": run.config.to_dict() if run.config else None,
+                         "precision": run.scenario.workload.precision if run.scenario else None,
+                         "notes": run.notes, **p})
+        records += rows
+        if not args.quiet:
+            print(f"\n{src}: {len(rows)} rows")
+            print(f"{'row':<62} {'published':>9} {'predicted':>9} {'error':>7}  note")
+            for r in rows:
+                pub = r["published"]["tokens_per_gpu"]
+                if r["status"] != "ok":
+                    print(f"{r['row']:<62} {pub or 0:>9.0f} {'':>9} {'':>7}  "
+                          f"{r['status']}: {r['why']}")
+                    continue
+                err = r.get("throughput_error")
+                mem = ("" if r["published"]["memory_gib"] is None else
+                       f"  memory {r['published']['memory_gib']:.1f} GiB, predicted "
+                       f"{r['reserved_gib']:.1f} ({100 * r['memory_error']:+.0f}%)")
+                print(f"{r['row']:<62} {pub or 0:>9.0f} {r['tokens_per_gpu']:>9.0f} "
+                      f"{'' if err is None else f'{100 * err:+6.1f}%':>7}  "
+                      f"{'' if r['fits'] else 'predicted not to fit'}{mem}")
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(r["source"], []).append(r)
+    for r in records:
+        groups.setdefault(f"gpu {r['gpu']}", []).append(r)
+    for r in records:
+        groups.setdefault(f"all {'Hopper' if r['gpu'].startswith(('h1', 'h2', 'h8')) else 'Ampere'}",
+                          []).append(r)
+    groups["all"] = records
+    print("\nthroughput (tokens/s per GPU), predicted against published:")
+    for name, rows in groups.items():
+        ok = [r for r in rows if r["status"] == "ok" and "throughput_error" in r]
+        s = _summary([r["throughput_error"] for r in ok])
+        s.update(rows=len(rows), unexpressed=sum(r["status"] == "unexpressed" for r in rows),
+                 refused=sum(r["status"] == "refused" for r in rows),
+                 not_fitting=sum(r["status"] == "ok" and not r["fits"] for r in rows))
+        summaries[name] = {"throughput": s}
+        print(f"  {name:<28} {_fmt(s)}  (unexpressed {s['unexpressed']}, refused "
+              f"{s['refused']}, predicted not to fit {s['not_fitting']})")
+        mem = [r for r in rows if r["status"] == "ok" and "memory_error" in r]
+        if mem:
+            m = _summary([r["memory_error"] for r in mem])
+            summaries[name]["memory"] = m
+            print(f"  {'':<28} memory: {_fmt(m)}")
+    out = {"sources": sources, "within": WITHIN, "summaries": summaries, "rows": records,
+           "profile": "pytorch", "total_s": time.perf_counter() - t0}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {args.out} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
