@@ -64,6 +64,9 @@ def adafactor_state_elems(shape: tuple[int, ...]) -> int:
 # transient low-precision weight copy, optimizer-state elements; and the dtype matmuls run in.
 PRECISION_FIELDS = ("param_bytes", "grad_bytes", "master_bytes", "act_bytes",
                     "weight_copy_bytes", "state_bytes", "matmul_dtype")
+# and, optional, the dtype the attention core's two matmuls run in (its default: matmul_dtype):
+# fp8 recipes quantise the linear layers and leave attention in 16 bits
+OPTIONAL_PRECISION_FIELDS = ("attention_dtype",)
 
 
 # --------------------------------------------------------------------------------------------
@@ -322,7 +325,14 @@ def _parse(data: dict, file: str) -> RuntimeProfile:
             if missing:
                 raise CapoptError(f"missing {sorted(missing)}", file=file,
                                   field=f"precision.{pname}")
-            precisions.append((pname, tuple((k, fields[k]) for k in PRECISION_FIELDS)))
+            unknown = set(fields) - set(PRECISION_FIELDS) - set(OPTIONAL_PRECISION_FIELDS)
+            if unknown:
+                raise CapoptError(f"unknown key {sorted(unknown)[0]!r}", file=file,
+                                  field=f"precision.{pname}",
+                                  allowed=", ".join(PRECISION_FIELDS + OPTIONAL_PRECISION_FIELDS))
+            row = [(k, fields[k]) for k in PRECISION_FIELDS]
+            row.append(("attention_dtype", fields.get("attention_dtype", fields["matmul_dtype"])))
+            precisions.append((pname, tuple(row)))
     except KeyError as e:
         raise CapoptError(f"missing table {e.args[0]!r}", file=file, field=str(e.args[0]))
     except (TypeError, ValueError) as e:

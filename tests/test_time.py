@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from capopt._hardware import get_hardware
 from capopt._model import ModelSpec
 from capopt._specs import Config, LoRA
 from capopt.cost import (Knobs, estimate, estimate_numbers, knobs_from_config, numbers_pytree,
@@ -116,6 +117,28 @@ def test_moe_counts_top_k_experts_and_router():
     assert model_flops(k, n) == s * (3 * L * per_tok + 6 * h * V)
     cf = n["rt_moe_capacity_factor"]
     assert recompute_flops(k, n) == pytest.approx(s * L * (cf - 1) * experts * 3, rel=1e-15)
+
+
+def test_latent_attention_dense_first_blocks_and_shared_experts_flops():
+    """DeepSeek's block kinds, against their arithmetic per token: latent attention's five
+    projections and a core of q/k heads 16 + 8 wide and v heads 16 wide; one dense block and
+    two expert blocks with a shared expert beside the top-2 routed ones."""
+    m = ModelSpec(name="mla", family="decoder", hidden_size=64, num_hidden_layers=3,
+                  num_attention_heads=4, head_dim=24, v_head_dim=16, q_lora_rank=32,
+                  kv_lora_rank=16, qk_rope_head_dim=8, intermediate_size=32,
+                  num_local_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+                  dense_intermediate_size=96, shared_expert_intermediate_size=48,
+                  vocab_size=100, position_embedding="rotary", norm_type="rmsnorm",
+                  mlp_type="gated", hidden_act="silu")
+    n = scenario_numbers(make_scenario(m, seq_len=32))
+    k = py_knobs(mb=1, ga=1, dp=1)
+    h, a, s, V = 64, 4, 32, 100
+    attn = 2 * (h * 32 + 32 * a * 24 + h * (16 + 8) + 16 * a * (16 + 16) + a * 16 * h)
+    core = 2 * s * (a * 24 + a * 16)
+    dense = 2 * 3 * h * 96
+    moe = 2 * 3 * h * 32 * 2 + 2 * 3 * h * 48 + 2 * h * 4
+    per_tok = 3 * (attn + core) + dense + 2 * moe
+    assert model_flops(k, n) == pytest.approx(s * (3 * per_tok + 6 * h * V), rel=1e-12)
 
 
 def test_lora_base_gets_input_gradients_only():
@@ -336,6 +359,21 @@ def test_recomputation_costs_time_and_sequence_parallelism_saves_some():
     full = est(Config(**base, remat="full"), sc)["time"]["step_s"]
     sp = est(Config(**base, sequence_parallel=True), sc)["time"]["step_s"]
     assert none < sel < full and sp < none
+
+
+def test_fp8_recipes_leave_the_attention_core_in_16_bits():
+    """torchao's float8 and Transformer Engine quantise the linear layers: with every weight
+    GEMM removed, a block takes as long under fp8-mixed as under bf16-mixed; with them, less."""
+    from capopt.cost.flops import compute_times
+    k = knobs_from_config(Config(micro_batch=2, flash_attention=True))
+    times = {}
+    for prec in ("bf16-mixed", "fp8-mixed"):
+        n = numbers_pytree(make_scenario(runtime="pytorch", precision=prec, seq_len=2048,
+                                         hardware=get_hardware("h100-sxm-80gb")))
+        core = {**n, **{w: jnp.zeros_like(n[w]) for w in n if w.startswith("W_")}}
+        times[prec] = (float(compute_times(k, n)["layer"]), float(compute_times(k, core)["layer"]))
+    assert times["fp8-mixed"][1] == pytest.approx(times["bf16-mixed"][1], rel=F32)
+    assert times["fp8-mixed"][0] < times["bf16-mixed"][0]
 
 
 def test_tensor_parallelism_shrinks_matmuls_and_their_efficiency():

@@ -296,6 +296,8 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                 "state_bytes"):
         n[key] = float(prec[key])
     n["matmul_peak"] = float(hw.effective_peak(str(prec["matmul_dtype"])))
+    n["attn_peak"] = float(hw.effective_peak(str(prec.get("attention_dtype",
+                                                          prec["matmul_dtype"]))))
 
     # --- optimizer state bytes per trainable parameter ---
     # Adafactor and 8-bit Adam keep per-tensor layouts (factored or full moments; 8-bit blocks

@@ -223,7 +223,9 @@ def compute_times(k: Knobs, n: dict) -> dict:
                               router_s, dense_s])
     lora_s = tokens * lora_g
     attn_flops = tokens * b["attn"] / tp
-    attn_flash_s = attn_flops / (n["rt_flash_eff"] * n["matmul_peak"])
+    # the attention core runs at its own dtype's peak (fp8 recipes leave it in 16 bits)
+    attn_matmul_s = attn_matmul_s * n["matmul_peak"] / n["attn_peak"]
+    attn_flash_s = attn_flops / (n["rt_flash_eff"] * n["attn_peak"])
     attn_s = ((1.0 - k.flash) * attn_matmul_s * (fwd_pass + 2.0 + w_sel)
               + k.flash * attn_flash_s * (fwd_pass + 2.0 + 0.5))
     layer = weights_s * weight_mult + lora_s * (fwd_pass + 2.0) + attn_s
