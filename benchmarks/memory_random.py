@@ -80,7 +80,7 @@ def full_size_cases() -> list[Case]:
 
 def measurement_key(case: Case) -> str:
     """What a measurement depends on (not the cost model): card, workload, target, config."""
-    from capopt.validation.models import CHUNKED_REVISION
+    from capopt.validation.models import CHUNKED_REVISION, MOE_REVISION
     sc = case.scenario
     parts = (sc.model, sc.workload, sc.hardware.name, sc.count,
              json.dumps(case.config.to_dict(), sort_keys=True))
@@ -88,6 +88,10 @@ def measurement_key(case: Case) -> str:
         # compiled with the chunked stand-in for a flash kernel: which revision of it
         # (revision 1, the first, left the keys as they were)
         parts += (f"chunked attention revision {CHUNKED_REVISION}",)
+    if sc.model.is_moe and MOE_REVISION > 1:
+        # compiled with grouped dispatch (revision 1, every device routing the whole batch,
+        # left the keys as they were)
+        parts += (f"moe dispatch revision {MOE_REVISION}",)
     text = stable_text(parts)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 

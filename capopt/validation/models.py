@@ -81,6 +81,9 @@ class Policy:
         "cudnn" (`jax.nn.dot_product_attention`, real GPU only; no attention dropout).
     remat: one entry per block: "none" | "selective" | "full".
     moe_capacity_factor: tokens each expert takes, relative to an even split of top-k.
+    moe_groups: token groups routed independently, each with its own expert capacity (GShard,
+        Lepikhin et al. 2020, section 3.2: one group per data-parallel shard), so that a
+        device dispatches its own tokens and expert parallelism moves them by all-to-all.
     """
 
     param_dtype: jnp.dtype = jnp.float32
@@ -91,8 +94,12 @@ class Policy:
     attention_chunk: int = 128
     remat: tuple[str, ...] = ()
     moe_capacity_factor: float = 1.25
-    # Set by the step: a function constraining the residual stream's sharding (or None).
+    moe_groups: int = 1
+    # Set by the step: a function constraining the residual stream's sharding (or None), and
+    # one constraining the MoE's grouped tensors, ``moe_constrain(x, "groups" | "experts")``:
+    # (G, ...) split over the data-parallel group, (E, G, C, h) over the experts.
     constrain: object = None
+    moe_constrain: object = None
 
 
 def _act(name: str):
@@ -482,12 +489,14 @@ class Experts(nnx.Module):
 
 
 class MoE(nnx.Module):
-    """Top-k routing with a static per-expert capacity (tokens over capacity are dropped)."""
+    """Top-k routing with a static per-expert capacity (tokens over capacity are dropped),
+    within each of ``policy.moe_groups`` token groups (GShard's grouped dispatch)."""
 
     def __init__(self, spec: ModelSpec, *, policy: Policy, rngs: KeyGen):
         E, h = spec.num_local_experts, spec.hidden_size
         dtype = policy.frozen_dtype if policy.lora is not None else policy.param_dtype
         self.E, self.k, self.cf = E, spec.num_experts_per_tok, policy.moe_capacity_factor
+        self.groups, self.constrain = policy.moe_groups, policy.moe_constrain
         self.router = nnx.Param(_normal(rngs, (h, E), dtype))
         self.router_bias = nnx.Param(jnp.zeros((E,), dtype)) if spec.router_bias else None
         self.experts = Experts(spec, policy=policy, rngs=rngs)
@@ -497,28 +506,49 @@ class MoE(nnx.Module):
 
     def __call__(self, x):
         b, s, h = x.shape
-        T, E, k = b * s, self.E, self.k
-        xf = x.reshape(T, h)
-        logits = xf.astype(jnp.float32) @ self.router[...].astype(jnp.float32)
+        E, k = self.E, self.k
+        G = self.groups if self.groups > 1 and b % self.groups == 0 else 1
+        T = b * s // G                                                       # tokens per group
+        C = max(1, math.ceil(self.cf * T * k / E))                           # per group
+        con = self.constrain or (lambda y, kind: y)
+        xg = con(x.reshape(G, T, h), "groups")
+        logits = jnp.einsum("gth,he->gte", xg.astype(jnp.float32),
+                            self.router[...].astype(jnp.float32))
         if self.router_bias is not None:
             logits = logits + self.router_bias[...].astype(jnp.float32)
         probs = jax.nn.softmax(logits, axis=-1)
-        gates, idx = jax.lax.top_k(probs, k)                               # (T, k)
+        gates, idx = jax.lax.top_k(probs, k)                                 # (G, T, k)
         gates = gates / gates.sum(-1, keepdims=True)
-        C = max(1, math.ceil(self.cf * T * k / E))
-        flat_e = idx.reshape(T * k)
-        onehot = jax.nn.one_hot(flat_e, E, dtype=jnp.int32)                 # (T k, E)
-        pos = ((jnp.cumsum(onehot, axis=0) - 1) * onehot).sum(-1)           # queue position
-        keep = pos < C
-        slot = jnp.where(keep, flat_e * C + pos, E * C)                      # E*C: dropped
-        token = jnp.repeat(jnp.arange(T), k)
-        table = jnp.full((E * C + 1,), T, jnp.int32).at[slot].set(token)[: E * C]
-        xpad = jnp.concatenate([xf, jnp.zeros((1, h), xf.dtype)], axis=0)
-        ye = self.experts(xpad[table].reshape(E, C, h)).reshape(E * C, h)
-        ye = jnp.concatenate([ye, jnp.zeros((1, h), ye.dtype)], axis=0)
-        w = (gates.reshape(T * k) * keep).astype(ye.dtype)
-        out = (ye[slot] * w[:, None]).reshape(T, k, h).sum(1).reshape(b, s, h)
+
+        def dispatch(xf, idx):                                               # one group
+            flat_e = idx.reshape(T * k)
+            onehot = jax.nn.one_hot(flat_e, E, dtype=jnp.int32)              # (T k, E)
+            pos = ((jnp.cumsum(onehot, axis=0) - 1) * onehot).sum(-1)       # queue position
+            keep = pos < C
+            slot = jnp.where(keep, flat_e * C + pos, E * C)                  # E*C: dropped
+            token = jnp.repeat(jnp.arange(T), k)
+            table = jnp.full((E * C + 1,), T, jnp.int32).at[slot].set(token)[: E * C]
+            xpad = jnp.concatenate([xf, jnp.zeros((1, h), xf.dtype)], axis=0)
+            return xpad[table].reshape(E, C, h), slot, keep
+
+        def combine(ye, slot, keep, gates):                                  # one group
+            ye = jnp.concatenate([ye.reshape(E * C, h), jnp.zeros((1, h), ye.dtype)], axis=0)
+            w = (gates.reshape(T * k) * keep).astype(ye.dtype)
+            return (ye[slot] * w[:, None]).reshape(T, k, h).sum(1)
+
+        xe, slot, keep = jax.vmap(dispatch)(xg, idx)                         # (G, E, C, h)
+        # to the experts' layout (expert parallelism: an all-to-all), through them, and back
+        xe = con(xe.transpose(1, 0, 2, 3), "experts")                        # (E, G, C, h)
+        ye = self.experts(xe.reshape(E, G * C, h)).reshape(E, G, C, h)
+        ye = con(con(ye, "experts").transpose(1, 0, 2, 3), "groups")        # (G, E, C, h)
+        out = jax.vmap(combine)(ye, slot, keep, gates).reshape(b, s, h)
         return out if self.shared is None else out + self.shared(x)
+
+
+# Bumped whenever the MoE's memory behaviour changes: a stored measurement of an MoE config
+# names the revision it was compiled with (benchmarks' measurement keys). 2: grouped dispatch
+# (revision 1 routed the whole global batch on every device).
+MOE_REVISION = 2
 
 
 class Block(nnx.Module):

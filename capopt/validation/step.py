@@ -200,12 +200,23 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
             return x
         return jax.lax.with_sharding_constraint(x, stream)
 
+    def moe_constrain(x, kind):
+        # "groups": (G, ...) with G over the data-parallel group; "experts": (E, G, C, h)
+        # with E over the expert axis and G over the rest of the data-parallel group
+        if kind == "groups":
+            spec = P(sh.DATA, *([None] * (x.ndim - 1)))
+        elif config.ep > 1:
+            spec = P("expert", "replica", None, None)
+        else:
+            spec = P(None, sh.DATA, None, None)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
     policy = Policy(param_dtype=dt["param"], compute_dtype=dt["compute"],
                     frozen_dtype=dt["frozen"], lora=w.lora,
                     attention=attention_impl(config, tier),
                     remat=remat_plan(config, m.num_hidden_layers),
                     moe_capacity_factor=scenario.runtime.coeff("moe_capacity_factor"),
-                    constrain=constrain)
+                    moe_groups=config.dp, constrain=constrain, moe_constrain=moe_constrain)
     model = abstract_model(m, policy)
     if w.lora is not None:
         graphdef, trainable, frozen = nnx.split(model, LoRAParam, ...)
