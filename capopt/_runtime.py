@@ -191,6 +191,9 @@ SCHEMA: dict[str, Coeff] = {
     "adam_update_copies": _c(0, "parameter-sized optimizer-state-dtype temporaries of an Adam "
                                 "update (on the device's share of the state)"),
     "moe_capacity_factor": _c(1, "expert slots per routed token (1: dropless)"),
+    "moe_dispatch_saved": _c(0, "h-wide tensors per expert slot a block without recomputation "
+                                "keeps for its backward beside the experts' own: the "
+                                "dispatched inputs, the gathered outputs"),
     "base_bytes_8bit": _c(1, "bytes per weight of an 8-bit frozen base"),
     # --- time: kernels ---
     "gemm_eff_max": _c(0.8, "large GEMMs' share of the dtype's dense peak"),

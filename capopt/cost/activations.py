@@ -21,7 +21,8 @@ Policies: ``none`` keeps all of it. ``selective`` is a mixture by ``selective_sa
 Korthikanti et al.'s (everything but the attention core), 1 is JAX's
 ``dots_with_no_batch_dims_saveable``: the block input and the outputs of the projections the
 backward pass reads (q, k, v, the attention's output projection, gate and up), nothing else.
-``full`` keeps the block input.
+``full`` keeps the block input. An MoE keeps its dispatch (``moe_dispatch_saved`` h-wide
+tensors per expert slot, not split by tp) when nothing is recomputed.
 
 Sequence parallelism splits the residual-stream tensors over tp; a runtime that gathers the
 attention's and the MLP's inputs whole before their projections and lets the matmuls save
@@ -112,6 +113,10 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # latent attention: the latents' norms keep their inputs and the projections after them
     # their outputs, replicated over tp (``latent_w``), with float32 statistics per norm
     latent = ab * n["latent_w"] + 4.0 * n["rt_norm_stats"] * n["latent_norms"]
+    # an MoE's dispatch (``moe_dispatch_saved`` h-wide tensors per routed slot, in the blocks
+    # with experts), whole on every tensor-parallel rank
+    dispatch = (ab * n["rt_moe_dispatch_saved"] * n["f_routed_frac"] * n["topk"]
+                * n["rt_moe_capacity_factor"] * h)
 
     score_copies = (n["rt_score_copies"] * (1.0 - n["rt_score_cast_lowp_only"] * (1.0 - lowp))
                     * (1.0 - n["attn_dropout"] * n["rt_attn_dropout_replaces_probs"]))
@@ -144,7 +149,7 @@ def block_inventory(k: Knobs, n: dict) -> dict:
         "input": ((1.0 - mixed) * ab + mixed * n["param_bytes"]) * h,
         "sel_rep": jnp.where(tf > 0, sel_rep, ab * h),
         "sel_tp": jnp.where(tf > 0, sel_tp, zero),
-        "whole": jnp.where(tf > 0, latent, zero),
+        "whole": jnp.where(tf > 0, latent + dispatch, zero),
         "sel_whole": jnp.where(tf > 0, sel_whole, zero),
     }
 
