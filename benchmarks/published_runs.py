@@ -96,7 +96,8 @@ def llmfoundry_runs(doc: dict) -> list[Run]:
         label = (f"{r['model']} s{r['seq_len']} {r['gpus']}x{r['gpu']} mb{r['micro_batch']} "
                  f"{r['precision']}{' AC' if r['activation_checkpointing'] else ''}")
         run = Run("llm-foundry", "llm-foundry (Composer FSDP)", label, where, r["gpu"],
-                  tokens_per_gpu=float(r["tokens_per_s_per_gpu"]), mfu=r["mfu"] / 100.0)
+                  tokens_per_gpu=float(r["tokens_per_s_per_gpu"]),
+                  mfu=None if r.get("mfu") is None else r["mfu"] / 100.0)
         out.append(run)
         if r.get("activation_cpu_offload"):
             run.unexpressed = "activation CPU offload"
@@ -157,6 +158,8 @@ def torchtitan_runs(doc: dict) -> list[Run]:
             run.notes.append(f"sequence length {seq} from the torchtitan config the run used")
         if r.get("compile"):
             run.notes.append("torch.compile: capopt has no fused-kernel toggle")
+        if r.get("precision") == "float8" and recipe:
+            run.notes.append(f"float8 {recipe.strip()} scaling: priced as tensorwise fp8-mixed")
         if r.get("async_tp"):
             run.notes.append("async TP: modelled as the profile's tensor-parallel overlap")
         if cp > 1:
@@ -255,13 +258,17 @@ CONVERTERS = {"llmfoundry": llmfoundry_runs, "torchtitan": torchtitan_runs,
 
 def predict(run: Run) -> dict:
     """The prediction of one expressible run (or the reason there is none)."""
+    from capopt._errors import CapoptError
     from capopt.cost import estimate
     if run.unexpressed:
         return {"status": "unexpressed", "why": run.unexpressed}
     problems = config_problems(run.config, run.scenario)
     if problems:
         return {"status": "refused", "why": "; ".join(f"{f}: {w}" for f, w in problems)}
-    est = estimate(run.config, run.scenario).to_dict()
+    try:
+        est = estimate(run.config, run.scenario).to_dict()
+    except CapoptError as e:              # one row's bad input, not the whole benchmark's
+        return {"status": "refused", "why": str(e)}
     mem, thr = est["memory"], est["throughput"]
     out = {"status": "ok", "fits": mem["total_bytes"] <= mem["budget_bytes"],
            "tokens_per_gpu": thr["tokens_per_s_per_device"], "mfu": thr["mfu"],
@@ -328,9 +335,11 @@ def main(argv=None) -> int:
                           f"{r['status']}: {r['why']}")
                     continue
                 err = r.get("throughput_error")
-                mem = ("" if r["published"]["memory_gib"] is None else
+                kind = {"allocated": "allocated_gib"}.get(r["published"]["memory_kind"],
+                                                          "reserved_gib")
+                mem = ("" if "memory_error" not in r else
                        f"  memory {r['published']['memory_gib']:.1f} GiB, predicted "
-                       f"{r['reserved_gib']:.1f} ({100 * r['memory_error']:+.0f}%)")
+                       f"{r[kind]:.1f} ({100 * r['memory_error']:+.0f}%)")
                 print(f"{r['row']:<62} {pub or 0:>9.0f} {r['tokens_per_gpu']:>9.0f} "
                       f"{'' if err is None else f'{100 * err:+6.1f}%':>7}  "
                       f"{'' if r['fits'] else 'predicted not to fit'}{mem}")

@@ -156,6 +156,9 @@ class ModelSpec:
             if self.kv_heads != self.num_attention_heads:
                 bad("num_key_value_heads", "latent attention expands k and v for every head",
                     f"{self.num_attention_heads} (num_attention_heads) or left out")
+            if self.position_embedding != "rotary":
+                bad("position_embedding", "latent attention's shared key is rotary",
+                    "rotary when kv_lora_rank > 0")
             for name in ("attention_bias", "qk_norm"):
                 if getattr(self, name):
                     bad(name, "is not part of multi-head latent attention",

@@ -476,3 +476,20 @@ def test_grouped_moe_dispatch_routes_each_group_alone():
     tight = moe(2, 1e-3)
     routed = tight(x) - tight.shared(x)
     assert float(jnp.abs(routed[1, 0]).max()) > 1e-4
+
+
+def test_dense_first_blocks_count_in_every_family():
+    """An encoder or ViT MoE with a dense first block builds it dense and the rest with
+    experts, as the inventory counts them (MLP biases off: see the note on expert biases in
+    non-decoder families)."""
+    moe = dict(num_local_experts=4, num_experts_per_tok=2, first_k_dense_replace=1,
+               dense_intermediate_size=96, mlp_bias=False)
+    for spec in (TINY_BERT.replace(**moe), TINY_VIT.replace(**moe)):
+        assert count_params(abstract_model(spec)) == spec.num_params()
+
+
+def test_latent_attention_needs_rotary_positions():
+    from capopt._errors import CapoptError
+    with pytest.raises(CapoptError) as err:
+        TINY_MLA.replace(position_embedding="learned", max_position_embeddings=64)
+    assert err.value.field == "model.position_embedding"

@@ -271,7 +271,14 @@ def attention(q, k, v, *, causal: bool, impl: str, chunk: int, rate: float, key)
     b, s, a, d = q.shape
     kvh, dv = k.shape[2], v.shape[-1]
     if impl == "cudnn":
-        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+        # cuDNN's kernel takes v as wide as k: a narrower v (latent attention) is zero-padded
+        # and the padded columns of the output dropped
+        if dv > d:
+            raise ValueError(f"the cudnn attention path needs v heads ({dv}) no wider than "
+                             f"q/k heads ({d})")
+        out = jax.nn.dot_product_attention(q, k, _fit(v, k.shape[-1]), is_causal=causal,
+                                           implementation="cudnn")
+        return out[..., :dv]
     qg = q.reshape(b, s, kvh, a // kvh, d)
     if impl == "xla" or s <= chunk or s % chunk:
         out = _scores_attention(qg, k, v, causal=causal, q_offset=0, rate=rate, key=key)
@@ -721,8 +728,8 @@ class Encoder(nnx.Module):
                            if spec.type_vocab_size else None)
         self.embed_norm = Norm(h, spec.norm_type, policy=policy) if spec.embedding_norm else None
         self.blocks = _List([Block(spec, policy=policy, rngs=rngs, causal=False,
-                                      post_norm=True)
-                                for _ in range(spec.num_hidden_layers)])
+                                   post_norm=True, index=i)
+                             for i in range(spec.num_hidden_layers)])
         self.pooler = Linear(h, h, bias=True, policy=policy, rngs=rngs) if spec.pooler else None
         self.tied = spec.tie_word_embeddings
         if spec.mlm_head:
@@ -767,8 +774,8 @@ class ViT(nnx.Module):
         self.cls = nnx.Param(jnp.zeros((h,), fd))
         self.pos = nnx.Param(_normal(rngs, (spec.num_patches + 1, h), fd))
         self.blocks = _List([Block(spec, policy=policy, rngs=rngs, causal=False,
-                                      post_norm=False)
-                                for _ in range(spec.num_hidden_layers)])
+                                   post_norm=False, index=i)
+                             for i in range(spec.num_hidden_layers)])
         self.final_norm = Norm(h, spec.norm_type, policy=policy)
         self.pooler = Linear(h, h, bias=True, policy=policy, rngs=rngs) if spec.pooler else None
         self.classifier = (Linear(h, spec.num_labels, bias=True, policy=policy, rngs=rngs)
