@@ -354,6 +354,7 @@ def _deepseek(hf: _HF) -> dict[str, Any]:
     routing = hf.get_str("topk_method", "noaux_tc" if hf.config.get("model_type")
                          == "deepseek_v3" else "greedy")
     common = _decoder_common(hf)
+    dense = hf.get_int("first_k_dense_replace", 0, positive=False)
     return {**common, "num_key_value_heads": None, "head_dim": nope + rope,
             "v_head_dim": hf.get_int("v_head_dim"), "qk_rope_head_dim": rope,
             "q_lora_rank": hf.get_int("q_lora_rank") if hf.has("q_lora_rank") else 0,
@@ -361,10 +362,8 @@ def _deepseek(hf: _HF) -> dict[str, Any]:
             "intermediate_size": moe_f, "num_local_experts": experts,
             "num_experts_per_tok": hf.get_int("num_experts_per_tok"),
             "router_bias": routing == "noaux_tc",
-            "first_k_dense_replace": hf.get_int("first_k_dense_replace", 0, positive=False),
-            "dense_intermediate_size": (common["intermediate_size"]
-                                        if hf.get_int("first_k_dense_replace", 0,
-                                                      positive=False) else 0),
+            "first_k_dense_replace": dense,
+            "dense_intermediate_size": common["intermediate_size"] if dense else 0,
             "shared_expert_intermediate_size": shared * moe_f,
             "tie_word_embeddings": hf.get_bool("tie_word_embeddings", False)}
 

@@ -61,13 +61,6 @@ def _add(out: list, name, shape, count, where, tp, **kw):
         out.append(Tensor(name, tuple(int(d) for d in shape), int(count), where, tp, **kw))
 
 
-def norm_w(out: list, name: str, width: int, count: int, ln: bool):
-    """A norm ``width`` wide inside the blocks: a scale, and a bias when it is a LayerNorm."""
-    _add(out, f"{name}.scale", (width,), count, "block", "rep")
-    if ln:
-        _add(out, f"{name}.bias", (width,), count, "block", "rep")
-
-
 def mlp(out: list, prefix: str, lead: tuple, h: int, f: int, count: int, gated: bool,
         bias: bool, **kw):
     """An MLP ``f`` wide in ``count`` blocks (``lead``: the experts' leading axis): gate (when
@@ -90,10 +83,10 @@ def model_tensors(m: "ModelSpec") -> list[Tensor]:
     out: list[Tensor] = []
     ln = m.norm_type == "layernorm"
 
-    def norm(name, count, where):
-        _add(out, f"{name}.scale", (h,), count, where, "rep")
+    def norm(name, count, where, width=h):
+        _add(out, f"{name}.scale", (width,), count, where, "rep")
         if ln:
-            _add(out, f"{name}.bias", (h,), count, where, "rep")
+            _add(out, f"{name}.bias", (width,), count, where, "rep")
 
     if m.family == "mlp":
         _add(out, "blocks.kernel", (h, h), L, "block", "col", matmul="dense")
@@ -122,10 +115,10 @@ def model_tensors(m: "ModelSpec") -> list[Tensor]:
         a, qr, kvr, rope = m.num_attention_heads, m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim
         if qr:
             _add(out, "blocks.attn.q_a.kernel", (h, qr), L, "block", "rep", matmul="q_a")
-            norm_w(out, "blocks.attn.q_a_norm", qr, L, ln)
+            norm("blocks.attn.q_a_norm", L, "block", qr)
         _add(out, "blocks.attn.q.kernel", (qr or h, q), L, "block", "col", matmul="q")
         _add(out, "blocks.attn.kv_a.kernel", (h, kvr + rope), L, "block", "rep", matmul="kv_a")
-        norm_w(out, "blocks.attn.kv_a_norm", kvr, L, ln)
+        norm("blocks.attn.kv_a_norm", L, "block", kvr)
         _add(out, "blocks.attn.kv_b.kernel", (kvr, a * (hd - rope + m.v_head_size)), L, "block",
              "col", matmul="kv_b")
         _add(out, "blocks.attn.o.kernel", (a * m.v_head_size, h), L, "block", "row", matmul="o")

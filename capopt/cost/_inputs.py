@@ -157,7 +157,7 @@ def attention_widths(m) -> dict[str, float]:
     experts and dense first blocks); ``f_max``: the widest MLP of any block.
     """
     a, hd, dv = m.num_attention_heads, m.head_size, m.v_head_size
-    kvh = m.num_attention_heads if m.is_mla else m.kv_heads
+    kvh = m.kv_heads                       # (latent attention: every head, ModelSpec checks)
     L = m.num_hidden_layers
     if m.is_mla:
         qr, kvr, rope = m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim
@@ -296,8 +296,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                 "state_bytes"):
         n[key] = float(prec[key])
     n["matmul_peak"] = float(hw.effective_peak(str(prec["matmul_dtype"])))
-    n["attn_peak"] = float(hw.effective_peak(str(prec.get("attention_dtype",
-                                                          prec["matmul_dtype"]))))
+    n["attn_peak"] = float(hw.effective_peak(str(prec["attention_dtype"])))
 
     # --- optimizer state bytes per trainable parameter ---
     # Adafactor and 8-bit Adam keep per-tensor layouts (factored or full moments; 8-bit blocks
