@@ -128,7 +128,9 @@ TITAN_GPUS = {"h100-sxm-96gb-hbm2e": "h100-sxm-96gb", "h100-96gb-hbm2e": "h100-s
 # torchtitan's FSDP2 mixed precision: float32 sharded parameters and optimizer state, bf16
 # compute; "float8" converts nn.Linear to torchao float8 (attention stays bf16)
 TITAN_PRECISION = {"bf16": "bf16-mixed", "float8": "fp8-mixed"}
-TITAN_AC = {"selective": "selective", "selective op": "selective", "selective layer": "selective",
+# "selective" with selective_ac_option = "op" is the torchtitan profile's per-op policy
+# (selective_saves_ops); a layer frequency of 2 would be half the blocks fully recomputed
+TITAN_AC = {"selective": "selective", "selective op": "selective", "selective layer": 0.5,
             "full": "full", "none": "none", None: "none"}
 
 
@@ -175,7 +177,8 @@ def torchtitan_runs(doc: dict) -> list[Run]:
                       precision=TITAN_PRECISION[r["precision"]], optimizer="adamw",
                       grad_clip=True)
         card = load_card(r["model"])
-        run.scenario, run.config = _scenario(label, card, gpu, r["gpus"], wl), cfg
+        run.scenario = _scenario(label, card, gpu, r["gpus"], wl, runtime="torchtitan")
+        run.config = cfg
     return out
 
 

@@ -133,6 +133,12 @@ SCHEMA: dict[str, Coeff] = {
                               "rebuilt"),
     "selective_saves_dots": _c(0, "selective recomputation: 0 Korthikanti et al. (all but the "
                                   "attention core), 1 dots_with_no_batch_dims_saveable"),
+    "zero3_gathers_compute_dtype": _c(0, "1: ZeRO-3 / FSDP gathers the parameters in the "
+                                         "compute dtype (FSDP2 MixedPrecisionPolicy "
+                                         "param_dtype), 0: in the parameters' own"),
+    "selective_saves_ops": _c(0, "selective recomputation: 1 torchtitan's per-op policy "
+                                 "(the block input, every other aten.mm output, the flash "
+                                 "kernel's; at most 1 - selective_saves_dots)"),
     "selective_saves_down": _c(0, "1: selective recomputation also keeps the MLP's down "
                                   "projection output (a policy that saves every matmul)"),
     "selective_saves_adapters": _c(0, "1: selective recomputation also keeps both matmul "
@@ -250,6 +256,16 @@ def _check_coeff(key: str, value, file: str | None) -> float:
     return v
 
 
+def _check_policy(coeffs: dict, file: str | None) -> dict:
+    """The selective policy's shares (dots, torchtitan's per-op; Korthikanti's the rest) sum
+    to at most 1."""
+    if coeffs["selective_saves_dots"] + coeffs["selective_saves_ops"] > 1.0:
+        raise CapoptError("selective_saves_dots + selective_saves_ops must be at most 1 "
+                          "(each is a share of the selective policy)", file=file,
+                          field="coeffs.selective_saves_ops")
+    return coeffs
+
+
 def complete_coeffs(given: dict, file: str | None = None) -> dict[str, float]:
     """Every schema coefficient: ``given`` (checked) over the defaults."""
     out = {k: c.default for k, c in SCHEMA.items()}
@@ -286,6 +302,7 @@ class RuntimeProfile:
     def with_coeffs(self, **updates: float) -> "RuntimeProfile":
         d = self.coeff_dict()
         d.update({k: _check_coeff(k, v, None) for k, v in updates.items()})
+        _check_policy(d, None)
         return RuntimeProfile(self.name, self.source, tuple(sorted(d.items())),
                               self.precisions, self.notes)
 
@@ -321,7 +338,7 @@ def _parse(data: dict, file: str) -> RuntimeProfile:
                                   allowed=", ".join(list_profiles()))
             inherited = _load_builtin(base).coeff_dict()
             given = {**inherited, **given}
-        coeffs = complete_coeffs(given, file)
+        coeffs = _check_policy(complete_coeffs(given, file), file)
         precisions = []
         for pname, fields in data["precision"].items():
             missing = set(PRECISION_FIELDS) - set(fields)

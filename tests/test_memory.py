@@ -539,3 +539,35 @@ def test_end_stage_memory_in_one_evaluation_equals_one_call_per_stage():
                 assert any(ok), (which, key)
             np.testing.assert_allclose(float(out["first_stage_bytes"]), f_tot, rtol=F32_RTOL)
             np.testing.assert_allclose(float(out["last_stage_bytes"]), l_tot, rtol=F32_RTOL)
+
+
+def test_torchtitans_op_policy_saves_every_other_plain_matmul():
+    """torchtitan's per-op checkpointing on Llama 3.1 8B's block (q, k, v, o; w1, w3, w2 as
+    aten.mm): mm 1, 3, 5, 7 are saved (q 4096, v 1024 and w1 14336 wide, split by tp; w2's
+    partial sums 4096 wide on every rank); k, o and w3 are recomputed. A block whose
+    projections all have biases runs addmm, neither counted nor saved. The torchtitan
+    profile's selective policy keeps those widths plus the block input and the flash
+    kernel's output and float32 log-sum-exp, exactly."""
+    from capopt._cards import load_card
+    from capopt._inventory import inventory
+    from capopt.cost._inputs import op_checkpoint_widths
+    m = load_card("llama-3.1-8b")
+    w = op_checkpoint_widths(inventory(m), m.num_hidden_layers)
+    assert w == {"ops_tp": 4096 + 1024 + 14336, "ops_whole": 4096, "ops_rows": 2,
+                 "ops_recompute_w": 4096 * 1024 + 4096 * 4096 + 4096 * 14336}
+    gpt = gpt_like()
+    w = op_checkpoint_widths(inventory(gpt), gpt.num_hidden_layers)
+    assert w["ops_tp"] == w["ops_whole"] == 0.0
+
+    sc = make_scenario(m, runtime="torchtitan", precision="bf16-mixed", seq_len=8192)
+    cfg = Config(micro_batch=2, remat="selective", flash_attention=True)
+    n = numbers_pytree(sc)
+    _, sel, _ = saved_bytes(knobs_from_config(cfg), n, 2 * 8192)
+    per_token = 2 * (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 * 32
+    assert float(sel) == pytest.approx(2 * 8192 * per_token, rel=1e-6)
+    # tp 8 with sequence parallelism: the input and both reduce-scatters' outputs split,
+    # the column outputs split, w2's partial sums whole
+    cfg8 = Config(micro_batch=2, tp=8, sequence_parallel=True, remat="selective")
+    _, sel8, _ = saved_bytes(knobs_from_config(cfg8), n, 2 * 8192)
+    per_token8 = 2 * (4096 / 8 + 2 * 4096 / 8 + (4096 + 1024 + 14336 + 4096) / 8 + 4096) + 4 * 4
+    assert float(sel8) == pytest.approx(2 * 8192 * per_token8, rel=1e-6)

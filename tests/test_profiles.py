@@ -11,7 +11,8 @@ from capopt._runtime import NF4_BYTES_PER_WEIGHT, SCHEMA, get_profile, list_prof
 
 
 def test_every_builtin_profile_sets_only_schema_keys_and_gets_every_key():
-    assert set(list_profiles()) == {"pytorch", "pytorch-eager", "xla-cpu", "xla-gpu"}
+    assert set(list_profiles()) == {"pytorch", "pytorch-eager", "torchtitan", "xla-cpu",
+                                    "xla-gpu"}
     for name in list_profiles():
         d = get_profile(name).coeff_dict()
         assert set(d) == set(SCHEMA), name
@@ -56,6 +57,18 @@ def test_bad_coefficient_names_the_file_and_the_key(tmp_path, line, words):
         get_profile(path)
     msg = str(e.value)
     assert "prof.toml" in msg and all(w in msg for w in words), msg
+
+
+def test_selective_policy_shares_above_one_are_an_error(tmp_path):
+    """dots and torchtitan's per-op policy are shares of one selective policy (Korthikanti's
+    the rest): a profile giving both whole names the key, from a file or `with_coeffs`."""
+    path = _write(tmp_path, "selective_saves_dots = 1.0\nselective_saves_ops = 0.5")
+    with pytest.raises(CapoptError) as e:
+        get_profile(path)
+    assert "prof.toml" in str(e.value) and "coeffs.selective_saves_ops" in str(e.value)
+    with pytest.raises(CapoptError):
+        get_profile("xla-gpu").with_coeffs(selective_saves_ops=1.0)   # (xla-gpu: dots = 1)
+    assert get_profile("torchtitan").coeff("selective_saves_ops") == 1.0
 
 
 def test_missing_coefficients_take_the_schema_default(tmp_path):

@@ -180,6 +180,69 @@ def attention_widths(m) -> dict[str, float]:
             "f_routed_frac": float(frac), "f_unrouted": float(unrouted), "f_max": float(widest)}
 
 
+def op_checkpoint_widths(tensors, layers: int, topk: int = 1) -> dict[str, float]:
+    """What per-op selective checkpointing as torchtitan writes it keeps of one block's
+    projections, per token, averaged over the blocks (``selective_saves_ops``).
+
+    torchtitan's policy (``torchtitan/parallelisms/parallelize_llama.py`` at 9dec370,
+    ``_apply_ac_to_transformer_block``) saves the output of every op in its ``_save_list``
+    (``aten.mm``, the flash and efficient SDPA kernels, ``reduce_scatter_tensor``, ``abs``,
+    ``max``) except every second ``aten.mm`` of a block, counted in the order the block runs
+    them; everything else is recomputed. A projection with a bias runs as ``aten.addmm``,
+    which is neither counted nor saved; batched expert GEMMs are not ``aten.mm`` either. The
+    order is the inventory's (q, k, v, o; gate, up, down; an adapter's two matmuls after the
+    matrix it wraps).
+
+    ``ops_tp``: widths of the saved outputs split by tensor parallelism (column-parallel
+    projections; an adapter's B on one); ``ops_whole``: widths of those whole on every tp
+    rank (row-parallel outputs, partial sums before their reduction; replicated ones);
+    ``ops_rows``: row-parallel projections per block (their reduce-scatters' outputs are saved
+    under sequence parallelism); ``ops_recompute_w``: weight elements per token of the
+    matmuls recomputed, for the FLOPs.
+    """
+    names = {t.name for t in tensors}
+    mats = [t for t in tensors if t.where == "block"
+            and (t.matmul or t.lora == "adapter") and t.matmul != "dense"]
+    out = dict.fromkeys(("ops_tp", "ops_whole", "ops_rows", "ops_recompute_w"), 0.0)
+    if not mats or layers <= 0:
+        return out
+    attn = [t for t in mats if t.name.startswith("blocks.attn.")]
+    # the kinds of block: the MLP tensors each holds, by their count (an MoE's dense first
+    # blocks hold ``dense_mlp``; the others the router, the experts and the shared experts)
+    kinds: dict[bool, list] = {}
+    for t in mats:
+        if t not in attn:
+            kinds.setdefault(t.name.startswith("blocks.dense_mlp."), []).append(t)
+    for mlp in (kinds.values() or [[]]):
+        count = mlp[0].count if mlp else layers
+        share = count / layers
+        mm = 0
+        for t in attn + mlp:
+            din, dout = t.shape[-2], t.shape[-1]
+            applied = din * dout
+            if t.expert:                   # a batched GEMM: recomputed, never saved
+                out["ops_recompute_w"] += share * applied * topk
+                continue
+            row = t.tp == "row" and t.lora != "adapter"
+            if row:
+                out["ops_rows"] += share
+            biased = (t.name.endswith(".kernel")
+                      and t.name[:-len(".kernel")] + ".bias" in names)
+            saved = False
+            if not biased:
+                mm += 1
+                saved = mm % 2 == 1
+            if not saved:
+                out["ops_recompute_w"] += share * applied
+                continue
+            # an adapter's A of a column-parallel matrix is whole (its rank-wide output), B
+            # split; of a row-parallel matrix both are whole (partial sums)
+            split = (t.tp in ("col", "kv") and not (t.lora == "adapter"
+                                                   and t.name.endswith(".lora_a")))
+            out["ops_tp" if split and not row else "ops_whole"] += share * dout
+    return out
+
+
 def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> dict:
     """LoRA's numbers from the inventory: adapters and wrapped (base) matrices per block, the
     wrapped k/v part, bytes per base weight and the 8-bit bases' float32 per-column scales
@@ -268,6 +331,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     h_ = m.hidden_size
     n.update(parameter_groups(inventory(m), L, m.num_experts_per_tok))
     n.update(attention_widths(m))
+    n.update(op_checkpoint_widths(inventory(m, w.lora), L, m.num_experts_per_tok))
     n["tied"] = float(m.family == "decoder" and m.tie_word_embeddings)
     # Output elements per sequence that go through the loss.
     if m.family == "decoder" or (m.family == "encoder" and m.mlm_head):

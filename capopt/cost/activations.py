@@ -17,10 +17,13 @@ score matrices in the compute dtype and ``score_fp32_copies`` in float32 per hea
 1-byte dropout mask and the dropped probabilities (``attn_dropout_out_saved``); blockwise
 attention keeps ``attn_lse_bytes`` per head instead. Hidden dropout: two 1-byte masks.
 
-Policies: ``none`` keeps all of it. ``selective`` is a mixture by ``selective_saves_dots``: 0 is
-Korthikanti et al.'s (everything but the attention core), 1 is JAX's
-``dots_with_no_batch_dims_saveable``: the block input and the outputs of the projections the
-backward pass reads (q, k, v, the attention's output projection, gate and up), nothing else.
+Policies: ``none`` keeps all of it. ``selective`` is a mixture by ``selective_saves_dots`` and
+``selective_saves_ops``: neither is Korthikanti et al.'s (everything but the attention core);
+``selective_saves_dots`` is JAX's ``dots_with_no_batch_dims_saveable``: the block input and the
+outputs of the projections the backward pass reads (q, k, v, the attention's output
+projection, gate and up), nothing else; ``selective_saves_ops`` is torchtitan's per-op policy:
+the block input, every other plain matmul's output and the flash kernel's
+(`capopt.cost._inputs.op_checkpoint_widths`).
 ``full`` keeps the block input. An MoE keeps its dispatch (``moe_dispatch_saved`` h-wide
 tensors per expert slot, not split by tp) when nothing is recomputed.
 
@@ -139,6 +142,13 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # (latent attention: q_a's and kv_a's outputs, replicated)
     sel_whole = ab * n["dots_rep"]
 
+    # per-op checkpointing (``selective_saves_ops``, torchtitan's): the block input, every
+    # other plain matmul's output (`capopt.cost._inputs.op_checkpoint_widths`), the flash
+    # kernel's output and log-sum-exp (materialised attention's matmuls are batched, not
+    # saved), and under sequence parallelism the row-parallel projections' reduce-scatters
+    ops_tp = ab * n["ops_tp"] + k.flash * (ab * n["o_w"] + a * n["rt_attn_lse_bytes"])
+    ops_whole = ab * n["ops_whole"]
+
     plain = ab * 2.0 * h                                 # family "mlp": input and activation
     zero = jnp.zeros_like(h)
     return {
@@ -151,6 +161,9 @@ def block_inventory(k: Knobs, n: dict) -> dict:
         "sel_tp": jnp.where(tf > 0, sel_tp, zero),
         "whole": jnp.where(tf > 0, latent + dispatch, zero),
         "sel_whole": jnp.where(tf > 0, sel_whole, zero),
+        "ops_tp": jnp.where(tf > 0, ops_tp, zero),
+        "ops_whole": jnp.where(tf > 0, ops_whole, zero),
+        "ops_rs": jnp.where(tf > 0, ab * n["ops_rows"] * h, zero),
     }
 
 
@@ -163,8 +176,12 @@ def saved_bytes(k: Knobs, n: dict, tokens) -> tuple:
                      + (inv["tp"] + inv["scores"]) / k.tp)
     korthikanti = none - tokens * inv["scores"] / k.tp
     dots = tokens * (inv["sel_rep"] * rep_div + inv["sel_whole"] + inv["sel_tp"] / k.tp)
-    c = n["rt_selective_saves_dots"]
-    selective = (1.0 - c) * korthikanti + c * dots
+    # (the reduce-scatters exist only where tensor parallelism splits the sequence)
+    rs = jnp.minimum(k.sp, jnp.maximum(k.tp - 1.0, 0.0)) * inv["ops_rs"] / k.tp
+    ops = tokens * (inv["input"] * rep_div + inv["ops_whole"] + inv["ops_tp"] / k.tp + rs)
+    ops = jnp.where(n["mlp"] > 0, dots, ops)
+    c, o = n["rt_selective_saves_dots"], n["rt_selective_saves_ops"]
+    selective = (1.0 - c - o) * korthikanti + c * dots + o * ops
     full = tokens * inv["input"] * rep_div
     return none, selective, full
 

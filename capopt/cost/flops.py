@@ -105,8 +105,10 @@ def recompute_flops(k: Knobs, n: dict):
     frozen = n["lora"]
     w_sel, w_full = k.remat[1], k.remat[2]
     fwd = _weight_flops(b) + b["attn"] + b["lora"]
+    ops = n["rt_selective_saves_ops"]
     extra = (w_full * fwd
              + w_sel * (1.0 - k.flash) * b["attn"]         # selective: the attention core again
+             + w_sel * ops * 2.0 * n["ops_recompute_w"]    # per-op: the matmuls not saved
              + k.flash * 0.5 * b["attn"])                  # flash backward recomputes Q K^T
     experts = b["experts"]
     padding = (_capacity(n) - 1.0) * experts * (2.0 + (1.0 - frozen) + w_full)
@@ -228,7 +230,12 @@ def compute_times(k: Knobs, n: dict) -> dict:
     attn_flash_s = attn_flops / (n["rt_flash_eff"] * n["attn_peak"])
     attn_s = ((1.0 - k.flash) * attn_matmul_s * (fwd_pass + 2.0 + w_sel)
               + k.flash * attn_flash_s * (fwd_pass + 2.0 + 0.5))
-    layer = weights_s * weight_mult + lora_s * (fwd_pass + 2.0) + attn_s
+    # per-op selective checkpointing runs the matmuls it did not save again (their share of
+    # the block's weight GEMM FLOPs, at the block's average GEMM rate)
+    weight_w = _weight_flops(b) / 2.0 + b["lora"] / 2.0
+    ops_share = n["ops_recompute_w"] / jnp.maximum(weight_w, 1.0)
+    recompute_ops = w_sel * n["rt_selective_saves_ops"] * ops_share * (weights_s + lora_s)
+    layer = weights_s * weight_mult + lora_s * (fwd_pass + 2.0) + attn_s + recompute_ops
     layer_fwd = weights_s + lora_s + (1.0 - k.flash) * attn_matmul_s + k.flash * attn_flash_s
     # the backward phase: gradients plus whatever is recomputed for them
     layer_bwd = layer - layer_fwd

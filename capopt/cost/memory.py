@@ -299,8 +299,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # backward pass.
     in_use = jnp.minimum(n["rt_zero3_prefetch_layers"], layers)
     keep = n["rt_zero3_keeps_stored_gathered"]
-    gather_bytes = (1.0 - keep) * n["param_bytes"] + keep * jnp.where(
-        n["weight_copy_bytes"] > 0, n["weight_copy_bytes"], n["param_bytes"])
+    # (a runtime that gathers in the compute dtype, ``zero3_gathers_compute_dtype``: FSDP2's
+    # MixedPrecisionPolicy(param_dtype) casts each shard before its all-gather)
+    compute_w = jnp.where(n["weight_copy_bytes"] > 0, n["weight_copy_bytes"], n["param_bytes"])
+    g_cd = n["rt_zero3_gathers_compute_dtype"]
+    gather_param = (1.0 - g_cd) * n["param_bytes"] + g_cd * compute_w
+    gather_bytes = (1.0 - keep) * gather_param + keep * compute_w
     expert_layer = expert_layer_params(k, n)
     gathered_layer = ((per_layer - expert_layer) * (1.0 - 1.0 / dp)
                       + expert_layer * (1.0 - 1.0 / edp))
@@ -314,7 +318,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # the end, and each block's unsharded gradients sit beside their flat reduce-scatter
     # input (``zero_unsharded_grad_copies``) while the block is differentiated.
     root = n["rt_zero3_root_group"] * (1.0 - 1.0 / dp) * extra_params
-    root_gathered = f_param * root * n["param_bytes"]
+    root_gathered = f_param * root * gather_param
     # (through the backward pass the root's unsharded gradient is the head's: a tied table's
     # contribution, or the head's own weights; the embedding's comes at the end)
     head_share = (n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share + n["P_head_rep"]
@@ -410,7 +414,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
         # its own; the parameters copied out of it are counted as the gathered root is in
         # every phase)
         "regather": buckets + p2p + z2_shards + regather * fsdp * (
-            root_gathered + f_param * extra_params * n["param_bytes"]),
+            root_gathered + f_param * extra_params * gather_param),
     }
     # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)
     exists = {"rebuild": remat_share}

@@ -104,7 +104,8 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     # Selective recomputation repeats what its policy does not save, as the memory model has
     # it (`selective_saves_dots`): 0, the attention core's softmax and dropout (Korthikanti);
     # 1, every non-matmul op of the forward (XLA's dots_with_no_batch_dims_saveable).
-    c = n["rt_selective_saves_dots"]
+    # (torchtitan's per-op policy, ``selective_saves_ops``, recomputes them all too)
+    c = n["rt_selective_saves_dots"] + n["rt_selective_saves_ops"]
     elems = fwd * (1.0 + w_full + n["rt_ew_bwd_factor"]) + w_sel * (c * fwd + (1.0 - c) * e_s)
     rate = n["mem_bw"] * n["rt_mem_eff"]
     layer = tokens * ab * elems / rate
@@ -235,9 +236,17 @@ def _unstack(x, size):
     return tuple(x[i] for i in range(size))
 
 
+def _gathered_param_bytes(n: dict):
+    """Bytes per trainable parameter as a ZeRO-3 all-gather moves it: its own dtype, or the
+    compute dtype where the runtime casts before gathering (``zero3_gathers_compute_dtype``)."""
+    g = n["rt_zero3_gathers_compute_dtype"]
+    compute = jnp.where(n["weight_copy_bytes"] > 0, n["weight_copy_bytes"], n["param_bytes"])
+    return (1.0 - g) * n["param_bytes"] + g * compute
+
+
 def _weight_bytes(n: dict):
     """Bytes per parameter of the weights as a ZeRO-3 all-gather moves them."""
-    return n["lora"] * n["frozen_bytes"] + (1.0 - n["lora"]) * n["param_bytes"]
+    return n["lora"] * n["frozen_bytes"] + (1.0 - n["lora"]) * _gathered_param_bytes(n)
 
 
 def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra_memory,
@@ -277,7 +286,7 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     base_tp = n["lora_base_layer"] / tp
     w_layer = (lora * (base_tp * n["base_bytes"] + (per_layer - base_tp) * n["frozen_bytes"]
                        + n["lora_layer"] / tp * n["param_bytes"])
-               + (1.0 - lora) * per_layer * n["param_bytes"])
+               + (1.0 - lora) * per_layer * _gathered_param_bytes(n))
     g_layer = (lora * n["lora_layer"] / tp + (1.0 - lora) * per_layer) * n["grad_bytes"]
     gather = (2.0 + w_full) * (layers * w_layer + extra_params * _weight_bytes(n))
     scatter = (layers * g_layer + (1.0 - lora) * extra_params * n["grad_bytes"])

@@ -418,8 +418,38 @@ def selective_policy():
     return policy
 
 
+def op_policy_context():
+    """torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``,
+    ``torchtitan/parallelisms/parallelize_llama.py`` at 9dec370): the outputs of ``aten.mm``,
+    the flash / efficient SDPA kernels (here also the CPU flash kernel the tier calls in place
+    of CUDA's), ``reduce_scatter_tensor``, ``abs`` and ``max`` are saved, except every second
+    ``aten.mm`` of the block, counted separately in the forward pass and the recomputation;
+    the rest is recomputed. One counter per checkpointed call, as torchtitan's context_fn."""
+    import collections
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    ops = torch.ops.aten
+    save = {ops.mm.default, ops._scaled_dot_product_efficient_attention.default,
+            ops._scaled_dot_product_flash_attention.default,
+            ops._scaled_dot_product_flash_attention_for_cpu.default,
+            torch.ops._c10d_functional.reduce_scatter_tensor.default,
+            ops.abs.default, ops.max.default}
+    meta = collections.defaultdict(int)
+
+    def policy(ctx, op, *args, **kwargs):
+        key = "recompute" if ctx.is_recompute else "forward"
+        if op == ops.mm.default:
+            meta[key] += 1
+        keep = op in save and not (op == ops.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
+
+
 def recompute(block, x, mode: str):
-    """``block(x)`` under the recomputation ``mode`` (non-reentrant `torch.utils.checkpoint`)."""
+    """``block(x)`` under the recomputation ``mode`` (non-reentrant `torch.utils.checkpoint`):
+    ``none``, ``full``, ``selective`` (every matmul's output saved) or ``selective-op``
+    (torchtitan's per-op policy, `op_policy_context`)."""
     if mode == "none":
         return block(x)
     import functools
@@ -430,6 +460,8 @@ def recompute(block, x, mode: str):
     if mode == "selective":
         ctx = functools.partial(create_selective_checkpoint_contexts, selective_policy())
         return checkpoint(block, x, use_reentrant=False, context_fn=ctx)
+    if mode == "selective-op":
+        return checkpoint(block, x, use_reentrant=False, context_fn=op_policy_context)
     raise ValueError(f"unknown recomputation {mode!r}")
 
 
@@ -439,4 +471,5 @@ def count_params(module) -> int:
 
 
 __all__ = ["NF4_CODE", "SUPPORTED_FAMILIES", "build_torch_model", "check_spec", "count_params",
-           "lora_linear_module", "nf4_dequantize_op", "recompute", "selective_policy"]
+           "lora_linear_module", "nf4_dequantize_op", "op_policy_context", "recompute",
+           "selective_policy"]

@@ -198,6 +198,9 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     spec, w = scenario.model, scenario.workload
     param_dtype, autocast = _dtypes(w.precision)
     plan = remat_plan(config, spec.num_hidden_layers)
+    # a runtime whose selective policy is torchtitan's per-op one runs it
+    if scenario.runtime.coeff("selective_saves_ops") >= 0.5:
+        plan = tuple("selective-op" if m == "selective" else m for m in plan)
     t0 = time.perf_counter()
     mesh = _fake_mesh(config.dp, config.tp) if config.dp * config.tp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=False):
