@@ -134,6 +134,14 @@ TITAN_AC = {"selective": "selective", "selective op": "selective", "selective la
             "full": "full", "none": "none", None: "none"}
 
 
+# Whether the torchtitan a file's runs used compiles the loss under ``compile = true``
+# (``loss = "fused"``): 9dec370 leaves it commented out (train.py:137-138); from bbb1b616e
+# (2025-04-02) torchtitan/components/loss.py:29 compiles it (820504e, e7c0cae)
+TITAN_LOSS_COMPILED = {"benchmarks/llama3_h100_202412_torchtitan.md": False,
+                       "benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md": True,
+                       "benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md": True}
+
+
 def torchtitan_runs(doc: dict) -> list[Run]:
     from capopt._cards import load_card
     out = []
@@ -159,7 +167,7 @@ def torchtitan_runs(doc: dict) -> list[Run]:
         if not r.get("seq_len"):
             run.notes.append(f"sequence length {seq} from the torchtitan config the run used")
         if r.get("compile"):
-            run.notes.append("torch.compile: capopt has no fused-kernel toggle")
+            run.notes.append("torch.compile: blocks priced as eager")
         if r.get("precision") == "float8" and recipe:
             run.notes.append(f"float8 {recipe.strip()} scaling: priced as tensorwise fp8-mixed")
         if r.get("async_tp"):
@@ -173,9 +181,12 @@ def torchtitan_runs(doc: dict) -> list[Run]:
         cfg = Config(micro_batch=r["local_batch"], grad_accum=1, dp=dp, tp=tp, pp=pp,
                      zero_stage=3 if dp > 1 else 0, sequence_parallel=tp > 1,
                      remat=TITAN_AC[r.get("activation_checkpoint")], flash_attention=True)
+        fused = bool(r.get("compile")) and TITAN_LOSS_COMPILED[r["file"]]
+        if fused:
+            run.notes.append("compile: the loss compiled (loss = fused)")
         wl = Workload(seq_len=seq, global_batch=r["local_batch"] * dp,
                       precision=TITAN_PRECISION[r["precision"]], optimizer="adamw",
-                      grad_clip=True)
+                      grad_clip=True, loss="fused" if fused else "float32")
         card = load_card(r["model"])
         run.scenario = _scenario(label, card, gpu, r["gpus"], wl, runtime="torchtitan")
         run.config = cfg

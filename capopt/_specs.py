@@ -17,6 +17,11 @@ from ._runtime import RuntimeProfile
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed")
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adamw-8bit")
+# How the cross-entropy meets the logits: "float32", upcast and taken op by op (the runtime
+# profile's logits rules); "fused", one kernel that reads the compute-dtype logits and writes
+# their gradient in the compute dtype (torch.compile's loss, Liger / Apex / Transformer
+# Engine cross-entropy), keeping float32 statistics per token only
+LOSSES = ("float32", "fused")
 REMAT_POLICIES = ("none", "selective", "full")
 OBJECTIVES = ("throughput", "cost_efficiency")
 LORA_TARGETS = ("attn", "mlp")
@@ -57,6 +62,7 @@ class Workload:
     optimizer: str = "adamw"
     grad_clip: bool = True
     lora: LoRA | None = None
+    loss: str = "float32"                       # one of LOSSES
     input_samples_per_s: float | None = None    # data-loader rate (None: not a limit)
     train_tokens: float | None = None           # for time-to-train
 
@@ -73,6 +79,9 @@ class Workload:
         if self.optimizer not in OPTIMIZERS:
             raise CapoptError(f"unknown optimizer {self.optimizer!r}",
                               field="training.optimizer", allowed=", ".join(OPTIMIZERS))
+        if self.loss not in LOSSES:
+            raise CapoptError(f"unknown loss {self.loss!r}", field="training.loss",
+                              allowed=", ".join(LOSSES))
         if self.input_samples_per_s is not None and not self.input_samples_per_s > 0:
             raise CapoptError(f"must be > 0, got {self.input_samples_per_s!r}",
                               field="training.input_samples_per_s")

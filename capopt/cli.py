@@ -21,7 +21,7 @@ QUESTION_FLAGS = {
     "--per-node": "hardware.per_node", "--seq-len": "training.seq_len",
     "--global-batch": "training.global_batch", "--precision": "training.precision",
     "--optimizer": "training.optimizer", "--runtime": "training.runtime",
-    "--lora": "training.lora", "--vram-gib": "budget.vram_gib",
+    "--lora": "training.lora", "--loss": "training.loss", "--vram-gib": "budget.vram_gib",
 }
 _FLAG_OF = {field: flag for flag, field in QUESTION_FLAGS.items()}
 
@@ -354,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "adamw-8bit, adafactor, lion, sgd, sgd-momentum")
         q.add_argument("--runtime", metavar="PROFILE", help="a profile of `capopt catalog "
                        "profiles` (default xla-gpu)")
+        q.add_argument("--loss", metavar="KIND", help="float32 (default: logits upcast for "
+                       "the cross-entropy) or fused (one kernel on the compute-dtype logits)")
         q.add_argument("--lora", type=_lora, metavar="RANK[:BITS]",
                        help="LoRA adapters of RANK on attention and MLP; BITS 4 (QLoRA), 8 "
                             "or 16 (default) for the frozen base")

@@ -133,6 +133,8 @@ BAD = [  # (description, text or None, argv extra, words the one line must conta
      ["s.toml", "training.global_batch", "positive"]),
     ("unknown precision", GOOD.replace("seq_len = 128", 'seq_len = 128\nprecision = "fp7"'),
      [], ["s.toml", "training.precision", "bf16-mixed"]),
+    ("unknown loss", GOOD.replace("seq_len = 128", 'seq_len = 128\nloss = "chunky"'),
+     [], ["s.toml", "training.loss", "fused"]),
     ("bad knob value", GOOD.replace("tp = 1", "tp = 0"), [], ["s.toml", "config.tp"]),
     ("unknown knob", GOOD + "", ["--set", "warp=3"], ["--set", "warp", "micro_batch"]),
     ("impossible layout", GOOD.replace("dp = 2", "dp = 4"), [], ["s.toml", "config."]),

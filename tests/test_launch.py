@@ -360,6 +360,22 @@ def test_no_clipping_is_written_as_such():
         emit("torchtitan", CONFIGS["zero3-full"], sc)       # torchtitan always clips
 
 
+def test_a_fused_loss_is_torchtitans_compiled_loss_and_refused_elsewhere():
+    """``loss = "fused"`` is torchtitan's compiled loss ([compile] enable, components
+    ["loss"]: torchtitan/components/loss.py at v0.2.2); no other format's file chooses the
+    cross-entropy kernel, and each refusal names torchtitan as the format that expresses it."""
+    sc = _with(SC, loss="fused")
+    cfg = CONFIGS["zero3-full"]
+    t = tomllib.loads(emit("torchtitan", cfg, sc))
+    assert t["compile"] == {"enable": True, "components": ["loss"]}
+    assert "compile" not in tomllib.loads(emit("torchtitan", cfg, SC))
+    for fmt in FORMATS:
+        if fmt != "torchtitan":
+            with pytest.raises(CapoptError) as err:
+                emit(fmt, cfg, sc)
+            assert "training.loss" in str(err.value) and err.value.allowed == "torchtitan"
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_lora_is_refused_naming_the_knob(fmt):
     sc = load_scenario("qlora-llama2-7b-24gb")

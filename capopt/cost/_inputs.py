@@ -404,6 +404,14 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
              price=float(sc.gpu_hour_price or 0.0))
     # --- runtime coefficients, prefixed ---
     n.update({f"rt_{k}": v for k, v in c.items()})
+    # A fused cross-entropy (``loss = "fused"``) takes the place of the profile's loss rules:
+    # the compute-dtype logits it reads (kept for its backward) and their gradient, which it
+    # writes in the compute dtype; no float32 copy, no padded or vocabulary-parallel extras
+    # (torch.compile's partitioner saves the loss's input and recomputes the softmax in the
+    # backward kernel: torch/_functorch/partitioners.py min_cut_rematerialization_partition)
+    if w.loss == "fused":
+        n.update(rt_logits_fp32_copies=0.0, rt_logits_act_copies=2.0, rt_logits_pad_copies=0.0,
+                 rt_logits_parallel_extra_copies=0.0)
     return n
 
 

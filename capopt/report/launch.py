@@ -51,7 +51,7 @@ def emit(fmt: str, config: Config, scenario: Scenario) -> str:
         raise CapoptError(f"unknown launch format {fmt!r}", field="--emit",
                           allowed=", ".join(FORMATS))
     try:
-        return _EMITTERS[fmt](config, scenario)
+        return _run(fmt, config, scenario)
     except _Unexpressible as err:
         others = [f for f in FORMATS if f != fmt and _expresses(f, config, scenario)]
         tail = "" if others else "; no launch format here expresses this config"
@@ -62,10 +62,22 @@ def emit(fmt: str, config: Config, scenario: Scenario) -> str:
 
 def _expresses(fmt: str, config: Config, scenario: Scenario) -> bool:
     try:
-        _EMITTERS[fmt](config, scenario)
+        _run(fmt, config, scenario)
     except _Unexpressible:
         return False
     return True
+
+
+# the formats whose file chooses a fused cross-entropy as capopt prices it (``loss = "fused"``)
+_FUSED_LOSS = ("torchtitan",)
+
+
+def _run(fmt: str, config: Config, scenario: Scenario) -> str:
+    if scenario.workload.loss == "fused" and fmt not in _FUSED_LOSS:
+        raise _Unexpressible("training.loss", "fused", f"a {fmt} launch file does not choose "
+                             "the cross-entropy kernel (torchtitan's [compile] components "
+                             "= [\"loss\"] does)")
+    return _EMITTERS[fmt](config, scenario)
 
 
 def _show(value) -> str:
@@ -319,6 +331,8 @@ def _toml_value(v) -> str:
         return "true" if v else "false"
     if isinstance(v, str):
         return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return str(v)
 
 
@@ -386,6 +400,9 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
         ac = {"mode": kind}
     sections = {"optimizer": {"name": _TITAN_OPTIMIZERS[w.optimizer]}, "training": training,
                 "parallelism": parallelism, "activation_checkpoint": ac}
+    if w.loss == "fused":
+        # torch.compile'd cross-entropy (torchtitan/components/loss.py build_cross_entropy_loss)
+        sections["compile"] = {"enable": True, "components": ["loss"]}
     lines = _header("torchtitan", c, sc)
     lines.append(f"# [model] name and flavor: set them to torchtitan's for {sc.model.name}")
     for name, body in sections.items():

@@ -19,6 +19,17 @@ def _workload(sc: Scenario, **changes) -> Scenario:
     return sc.replace(workload=dataclasses.replace(sc.workload, **changes))
 
 
+FUSED_LOSS = "fused cross-entropy (loss = \"fused\": torch.compile'd loss, Liger, Apex)"
+
+
+def _vocab_loss(sc: Scenario) -> bool:
+    """A float32 cross-entropy over a vocabulary (decoders, masked-LM heads): a fused
+    kernel would keep its logits in the compute dtype."""
+    m = sc.model
+    return (sc.workload.loss == "float32" and sc.workload.precision != "fp32"
+            and (m.family == "decoder" or (m.family == "encoder" and m.mlm_head)))
+
+
 def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
     """(description, changed scenario) for every remedy that changes something."""
     w = sc.workload
@@ -44,6 +55,8 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
     for opt in ("adamw-8bit", "adafactor", "sgd-momentum"):
         if w.optimizer in ("adamw", "adam", "lion") and opt != w.optimizer:
             out.append((f"lighter optimizer: {opt}", _workload(sc, optimizer=opt)))
+    if _vocab_loss(sc):
+        out.append((FUSED_LOSS, _workload(sc, loss="fused")))
     if w.lora is None and sc.model.family != "mlp":
         out.append(("LoRA rank 16 on attention and MLP", _workload(sc, lora=LoRA(16))))
         out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4))))
@@ -130,6 +143,8 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
     for opt in ("adamw-8bit", "adafactor", "sgd-momentum"):
         if w.optimizer in ("adamw", "adam", "lion") and opt != w.optimizer:
             out.append((f"lighter optimizer: {opt}", _workload(sc, optimizer=opt), cfg))
+    if _vocab_loss(sc):
+        out.append((FUSED_LOSS, _workload(sc, loss="fused"), cfg))
     if w.lora is None and sc.model.family != "mlp":
         out.append(("LoRA rank 16", _workload(sc, lora=LoRA(16)), cfg))
         out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4)),

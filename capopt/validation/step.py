@@ -189,6 +189,9 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
         raise Unsupported("optimizer offload is not implemented by the validation step")
     if config.ep > 1 and not scenario.model.is_moe:
         raise Unsupported("ep > 1 needs an MoE model")
+    if scenario.workload.loss != "float32":
+        raise Unsupported(f"loss {scenario.workload.loss!r}: the validation step takes optax's "
+                          "cross-entropy of float32 logits")
     m, w = scenario.model, scenario.workload
     dt = precision_dtypes(scenario)
     mesh = sh.make_mesh(config, devices)

@@ -58,6 +58,9 @@ def _unsupported(msg: str):
 def check_supported(scenario: Scenario, config: Config) -> None:
     """Raise `Unsupported` for what the torch tier does not run."""
     w = scenario.workload
+    if w.loss == "fused" and config.tp > 1:
+        raise _unsupported("the torch tier's fused cross-entropy runs on whole (not "
+                           "vocabulary-parallel) logits: tp = 1")
     if w.precision not in PRECISIONS:
         raise _unsupported(f"the torch tier runs precisions {', '.join(PRECISIONS)}, "
                            f"not {w.precision!r}")
@@ -85,6 +88,47 @@ def check_supported(scenario: Scenario, config: Config) -> None:
         raise _unsupported("ZeRO needs dp > 1")
     from .torch_models import check_spec
     check_spec(scenario.model)
+
+
+def fused_cross_entropy(logits, labels):
+    """Mean cross-entropy of ``logits`` (rows x vocabulary, the compute dtype) as one fused
+    kernel holds it (``loss = "fused"``: torch.compile's loss): the forward pass keeps the
+    logits and a float32 log-sum-exp per row, the backward pass writes the gradient in the
+    logits' dtype. A kernel works row by row in registers; here rows go in chunks of at most
+    2^18 elements of float32, whose transient buffers are what such a kernel never holds
+    (2 MiB at most: about 1% of the peaks the tests compare)."""
+    import torch
+
+    class FusedCE(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            rows, vocab = x.shape
+            step = max(1, 2 ** 18 // vocab)
+            lse = torch.empty(rows, dtype=torch.float32)
+            picked = torch.empty(rows, dtype=torch.float32)
+            for i in range(0, rows, step):
+                chunk = x[i:i + step].float()
+                lse[i:i + step] = torch.logsumexp(chunk, dim=-1)
+                picked[i:i + step] = chunk.gather(1, y[i:i + step, None])[:, 0]
+                del chunk
+            ctx.save_for_backward(x, y, lse)
+            return (lse - picked).mean()
+
+        @staticmethod
+        def backward(ctx, g):
+            x, y, lse = ctx.saved_tensors
+            rows, vocab = x.shape
+            step = max(1, 2 ** 18 // vocab)
+            grad = torch.empty_like(x)
+            for i in range(0, rows, step):
+                p = (x[i:i + step].float() - lse[i:i + step, None]).exp()
+                p.scatter_add_(1, y[i:i + step, None],
+                               torch.full((p.shape[0], 1), -1.0, dtype=p.dtype))
+                grad[i:i + step] = (p * (g / rows)).to(x.dtype)
+                del p
+            return grad, None
+
+    return FusedCE.apply(logits, labels)
 
 
 def _dtypes(precision: str):
@@ -267,8 +311,12 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                 with _loss_context(model):
                     if not model.loss_parallel and hasattr(logits, "to_local"):
                         logits = logits.to_local()
-                    loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
-                                           labels.view(-1)) / config.grad_accum
+                    if w.loss == "fused":
+                        loss = fused_cross_entropy(logits.view(-1, logits.shape[-1]),
+                                                   labels.view(-1)) / config.grad_accum
+                    else:
+                        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
+                                               labels.view(-1)) / config.grad_accum
                     del logits
                     meter.set_phase("backward")
                     (loss * scale if scale is not None else loss).backward()
