@@ -189,6 +189,10 @@ cases = {
     # block and shared experts beside the routed ones (split over dp / ep under ZeRO)
     "mla-tp": ("mla", 4, {}, Config(micro_batch=2, dp=2, tp=2)),
     "mla-ep-zero3": ("mla", 4, {}, Config(micro_batch=2, dp=4, ep=2, zero_stage=3)),
+    # LoRA on latent attention under tp: q_a's and kv_a's adapters (and their 8-bit bases'
+    # per-column scales) whole on every rank, as the matrices they wrap
+    "mla-lora-tp": ("mla", 4, {"lora": LoRA(rank=8, targets=("attn",), base_bits=8)},
+                    Config(micro_batch=2, dp=2, tp=2)),
     # per-tensor optimizer layouts
     "adafactor": ("tiny-llama", 1, {"optimizer": "adafactor"}, Config(micro_batch=8)),
     "adafactor-big": ("wide", 1, {"optimizer": "adafactor"}, Config(micro_batch=1)),
@@ -234,7 +238,8 @@ def layout_cases():
 
 @pytest.mark.parametrize("case", [
     "kv-replicated", "row-bias-gpt", "row-bias-vit", "vocab-replicated", "moe-ep-zero1",
-    "moe-ep-zero3", "adafactor", "adafactor-big", "adamw-8bit", "adamw-8bit-big", "lora-8bit"])
+    "moe-ep-zero3", "mla-tp", "mla-ep-zero3", "mla-lora-tp", "adafactor", "adafactor-big",
+    "adamw-8bit", "adamw-8bit-big", "lora-8bit"])
 def test_cost_model_describes_the_validation_layout(layout_cases, case):
     pred, meas = layout_cases[case]
     assert_state_matches((pred, meas))

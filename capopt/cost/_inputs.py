@@ -256,10 +256,15 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
         "lora_layer": per(adapters),
         "lora_base_layer": per(base),
         "lora_base_kv": per([t for t in base if t.tp == "kv"]),
+        # (replicated over tp: latent attention's q_a and kv_a, and their adapters)
+        "lora_base_rep": per([t for t in base if t.tp == "rep"]),
+        "lora_rep": per([t for t in adapters if t.tp == "rep"]),
         "base_bytes": {4: NF4_BYTES_PER_WEIGHT, 8: coeffs["base_bytes_8bit"],
                        16: float(prec["act_bytes"])}[lora.base_bits],
-        "base_scale_tp_bytes": eight * sum(cols(t) for t in base if t.tp != "row") / layers,
-        "base_scale_rep_bytes": eight * sum(cols(t) for t in base if t.tp == "row") / layers,
+        "base_scale_tp_bytes": eight * sum(cols(t) for t in base
+                                           if t.tp not in ("row", "rep")) / layers,
+        "base_scale_rep_bytes": eight * sum(cols(t) for t in base
+                                            if t.tp in ("row", "rep")) / layers,
         "frozen_bytes": float(prec["act_bytes"]),
         # the MLP's matrices wrapped (their inputs kept for the adapters' gradients)
         "lora_mlp": float(any(t.matmul in ("gate", "up", "down") for t in base)),
@@ -391,6 +396,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
         n["lora_rank"] = float(w.lora.rank)
     else:
         n.update(lora=0.0, lora_layer=0.0, lora_base_layer=0.0, lora_base_kv=0.0,
+                 lora_base_rep=0.0, lora_rep=0.0,
                  base_bytes=0.0, base_scale_tp_bytes=0.0, base_scale_rep_bytes=0.0,
                  frozen_bytes=0.0, lora_rank=0.0, lora_mlp=0.0, lora_out_width=0.0)
 

@@ -47,6 +47,12 @@ def shard(fraction, degree):
     return 1.0 - fraction + fraction / degree
 
 
+def split_over(total, whole, degree):
+    """What one device holds of ``total`` when ``whole`` of it is replicated and the rest is
+    split ``degree`` ways."""
+    return (total - whole) / degree + whole
+
+
 def autocast_mixed(n: dict):
     """1 where the runtime mixes precision by autocast (``autocast_casts``) and the compute
     dtype is narrower than the parameters, else 0. Under LoRA the frozen model is in the
@@ -102,7 +108,8 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # projection's cast of them): a runtime whose sequence parallelism gathers them whole
     # before the projections saves them whole (``sp_gathered_inputs_saved``)
     proj = (1.0 - mixed) * ab * (2.0 - frozen_mlp) * h + mixed * casts
-    rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"], 0.0)            # float32 router probabilities
+    # float32 router probabilities, in the blocks with experts
+    rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"] * n["f_routed_frac"], 0.0)
     stats = n["rt_norm_stats"] + n["rt_layernorm_mean_saved"] * n["layernorm"]
     rep = rep + 4.0 * stats * n["norms_per_layer"]                   # float32 norm statistics
     gelu = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
@@ -224,4 +231,4 @@ def backward_transient(k: Knobs, n: dict, tokens):
 
 
 __all__ = ["autocast_mixed", "backward_transient", "block_inventory", "mlp_width", "saved_bytes",
-           "shard", "stream_bytes"]
+           "shard", "split_over", "stream_bytes"]

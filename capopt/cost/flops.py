@@ -209,7 +209,9 @@ def compute_times(k: Knobs, n: dict) -> dict:
         (un_out / tp, tokens, n["f_unrouted"] / tp, h),
         (b["router"], tokens, h, jnp.maximum(n["E"], 1.0)),
         (b["dense"] / tp, tokens, h, h / tp),
-        (b["lora"] / tp, tokens, h, jnp.maximum(n["lora_rank"], 1.0)),      # LoRA adapters
+        # LoRA adapters (those of replicated matrices whole on every rank)
+        ((b["lora"] - 2.0 * n["lora_rep"]) / tp + 2.0 * n["lora_rep"], tokens, h,
+         jnp.maximum(n["lora_rank"], 1.0)),
         (tokens * b["attn"] / tp, s, hd, s),   # Q K^T (s, hd, s), P V (s, s, hd): per micro-batch
         (2.0 * n["head_tok_tp"] / tp, tokens, h, n["V"] / tp),              # the head, per token
         (2.0 * n["head_tok_rep"], tokens, h, h),

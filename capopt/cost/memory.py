@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from ._inputs import Knobs
-from .activations import backward_transient, saved_bytes, shard, stream_bytes
+from .activations import backward_transient, saved_bytes, shard, split_over, stream_bytes
 
 PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
 
@@ -158,9 +158,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     expert_params = layers * expert_layer_params(k, n)
 
     lora = n["lora"]
-    lora_tp = n["lora_layer"] / k.tp
+    # (adapters of replicated matrices, latent attention's q_a and kv_a, are whole on every
+    # tensor-parallel rank, as their bases are)
+    lora_tp = split_over(n["lora_layer"], n["lora_rep"], k.tp)
     kv_base = n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
-    base_wrapped = (n["lora_base_layer"] / k.tp + kv_base) * layers
+    base_wrapped = (split_over(n["lora_base_layer"], n["lora_base_rep"], k.tp) + kv_base) * layers
     base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"]) * layers
     full_params_bytes = zero_shard(f_param, dense_params, expert_params, k) * n["param_bytes"]
     lora_params_bytes = (base_wrapped * n["base_bytes"] + base_scales

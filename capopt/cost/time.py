@@ -60,7 +60,7 @@ import jax.numpy as jnp
 from .._terms import COMM_KINDS, STEP_TERMS
 from . import comm
 from ._inputs import Knobs
-from .activations import mlp_width
+from .activations import mlp_width, split_over
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import expert_layer_params, shard, stage_params, step_at_least, zero_shard
 
@@ -187,7 +187,7 @@ def stage_grad_elems(k: Knobs, n: dict, layers, extra_params):
     f_grad = k.zero[2] + k.zero[3]
     lora = n["lora"]
     dense = layers * per_layer + extra_params
-    trainable = lora * layers * n["lora_layer"] / k.tp + (1.0 - lora) * dense
+    trainable = lora * layers * split_over(n["lora_layer"], n["lora_rep"], k.tp) + (1.0 - lora) * dense
     expert = (1.0 - lora) * layers * expert_layer_params(k, n)
     return zero_shard(f_grad, trainable, expert, k)
 
@@ -283,11 +283,12 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     #     backward, gradients reduce-scattered, for every micro-batch ---
     per_layer, _, _, _ = stage_params(k, n)
     lora = n["lora"]
-    base_tp = n["lora_base_layer"] / tp
+    base_tp = split_over(n["lora_base_layer"], n["lora_base_rep"], tp)
     w_layer = (lora * (base_tp * n["base_bytes"] + (per_layer - base_tp) * n["frozen_bytes"]
-                       + n["lora_layer"] / tp * n["param_bytes"])
+                       + split_over(n["lora_layer"], n["lora_rep"], tp) * n["param_bytes"])
                + (1.0 - lora) * per_layer * _gathered_param_bytes(n))
-    g_layer = (lora * n["lora_layer"] / tp + (1.0 - lora) * per_layer) * n["grad_bytes"]
+    g_layer = (lora * split_over(n["lora_layer"], n["lora_rep"], tp)
+               + (1.0 - lora) * per_layer) * n["grad_bytes"]
     gather = (2.0 + w_full) * (layers * w_layer + extra_params * _weight_bytes(n))
     scatter = (layers * g_layer + (1.0 - lora) * extra_params * n["grad_bytes"])
     colls = n["rt_zero3_collectives_per_layer"] * layers
