@@ -64,7 +64,10 @@ def _add(out: list, name, shape, count, where, tp, **kw):
 def mlp(out: list, prefix: str, lead: tuple, h: int, f: int, count: int, gated: bool,
         bias: bool, **kw):
     """An MLP ``f`` wide in ``count`` blocks (``lead``: the experts' leading axis): gate (when
-    gated) and up column-parallel, down row-parallel, down's bias replicated."""
+    gated) and up column-parallel, down row-parallel, down's bias replicated; none at
+    ``f = 0`` (an MoE without shared experts has no shared MLP, its bias included)."""
+    if not f:
+        return
     if gated:
         _add(out, f"{prefix}.gate.kernel", (*lead, h, f), count, "block", "col", matmul="gate",
              **kw)

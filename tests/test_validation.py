@@ -92,8 +92,12 @@ def test_flax_model_matches_hugging_face_imports(path):
     assert count_params(abstract_model(spec)) == spec.num_params()
 
 
-@pytest.mark.parametrize("spec", [TINY_BERT, TINY_VIT, TINY_MLP, TINY_MOE, TINY_MLA,
-                                  TINY_MLA.replace(q_lora_rank=0)], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [
+    TINY_BERT, TINY_VIT, TINY_MLP, TINY_MOE, TINY_MLA, TINY_MLA.replace(q_lora_rank=0),
+    # MoE with MLP biases and no shared experts: the experts' biases only
+    TINY_MOE.replace(name="moe-bias", mlp_bias=True),
+    TINY_VIT.replace(name="vit-moe-bias", num_local_experts=4, num_experts_per_tok=2,
+                     mlp_bias=True)], ids=lambda s: s.name)
 def test_every_family_and_option_counts_exactly(spec):
     assert count_params(abstract_model(spec)) == spec.num_params()
 
