@@ -93,7 +93,8 @@ def test_validate_refuses_a_timeout_that_is_not_a_positive_number(value, capsys)
 def test_plan_table_shows_memory_time_and_throughput(tmp_path, capsys):
     code, out, _ = run(["plan", write(tmp_path, GOOD), "--set", "remat=full"], capsys)
     assert code == 0
-    for word in ("parameters", "activations", "FITS", "step", "tok/s", "MFU", "remat=full"):
+    for word in ("parameters", "activations", "FITS", "step", "tok/s", "MFU", "remat=full",
+                 "assumed rates", "TFLOP/s"):
         assert word in out
 
 

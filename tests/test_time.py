@@ -298,7 +298,9 @@ TIME_KEYS = {"compute_s", "memory_bound_s", "comm_dp_s", "comm_zero_s", "comm_tp
              "optimizer_s", "offload_s", "input_s", "step_s", "grad_accum_s", "launch_s"}
 THROUGHPUT_KEYS = {"tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu", "hfu",
                    "model_flops", "hardware_flops", "tflops_per_device", "time_to_train_s",
-                   "cost_per_million_tokens"}
+                   "cost_per_million_tokens", "gemm_tflops", "gemm_peak_share",
+                   "attention_tflops", "attention_peak_share", "hbm_tb_s", "nccl_intra_gb_s",
+                   "nccl_inter_gb_s"}
 
 
 def test_terms_are_named_and_add_up():
@@ -315,6 +317,28 @@ def test_terms_are_named_and_add_up():
     assert thr["tokens_per_s"] == pytest.approx(64 * 512 / t["step_s"], rel=F32)
     assert thr["tokens_per_s_per_device"] == pytest.approx(thr["tokens_per_s"] / 16, rel=F32)
     assert 0 < thr["mfu"] <= thr["hfu"] < 1
+
+
+@pytest.mark.parametrize("precision, flash", [("bf16-mixed", True), ("fp8-mixed", True),
+                                               ("bf16-mixed", False)])
+def test_mfu_never_exceeds_the_rates_the_kernels_are_given(precision, flash):
+    """The step's model FLOPs run no faster than the GEMM and attention rates the plan shows
+    (`assumed_rates`): MFU is at most the larger of their shares of the matmul peak, on a
+    small and an 8B-class card, one device and 8; the rates are the profile's (GEMMs below
+    gemm_eff_max of the peak; fused attention at flash_eff of its dtype's peak)."""
+    from capopt._cards import load_card
+    for model, count in ((gpt_like(), 1), (load_card("llama-3.1-8b"), 8)):
+        sc = make_scenario(model, runtime="pytorch", count=count, global_batch=8 * count,
+                           seq_len=2048, precision=precision)
+        cfg = Config(micro_batch=1, grad_accum=8, dp=count, zero_stage=3 if count > 1 else 0,
+                     flash_attention=flash)
+        thr = est(cfg, sc)["throughput"]
+        rt = sc.runtime
+        assert 0 < thr["gemm_peak_share"] <= rt.coeff("gemm_eff_max") * (1 + F32)
+        attn_vs_matmul = thr["attention_tflops"] / (thr["gemm_tflops"] / thr["gemm_peak_share"])
+        if flash:
+            assert thr["attention_peak_share"] == pytest.approx(rt.coeff("flash_eff"), rel=F32)
+        assert thr["mfu"] <= max(thr["gemm_peak_share"], attn_vs_matmul) * (1 + F32)
 
 
 def test_bubble_is_the_1f1b_fraction_and_vanishes_at_one_stage():

@@ -38,7 +38,8 @@ def group_layout(size, stride, per_node):
     return per, size / per
 
 
-def _links(n: dict):
+def links(n: dict):
+    """Bus bandwidth NCCL reaches (bytes/s) inside a node and across nodes."""
     return (n["intra_bw"] * n["rt_nvlink_eff"], n["inter_bw"] * n["rt_net_eff"])
 
 
@@ -53,7 +54,7 @@ def _ring_steps_latency(size, nodes, n: dict):
 
 def _one_pass_bandwidth_s(nbytes, size, per, nodes, n: dict):
     """Seconds to move ``nbytes`` through one reduce-scatter or all-gather pass."""
-    bw_intra, bw_inter = _links(n)
+    bw_intra, bw_inter = links(n)
     spans = jnp.clip(nodes - 1.0, 0.0, 1.0)             # 0 inside one node, 1 across nodes
     ring_bw = (1.0 - spans) * bw_intra + spans * jnp.minimum(bw_intra, per * bw_inter)
     ring = nbytes * (size - 1.0) / jnp.maximum(size, 1.0) / ring_bw
@@ -91,7 +92,7 @@ def ring_collectives_s(nbytes, size, per, nodes, n: dict, count=1.0, passes=1.0)
 
 def all_to_all_s(nbytes, size, per, nodes, n: dict, count=1.0):
     """``count`` all-to-alls, each rank sending ``nbytes`` in total (its share to every rank)."""
-    bw_intra, bw_inter = _links(n)
+    bw_intra, bw_inter = links(n)
     size_ = jnp.maximum(size, 1.0)
     bw = (nbytes * (per - 1.0) / size_ / bw_intra
           + nbytes * (size - per) / size_ / bw_inter)
@@ -101,7 +102,7 @@ def all_to_all_s(nbytes, size, per, nodes, n: dict, count=1.0):
 
 def p2p_s(nbytes, cross_node, n: dict, count=1.0):
     """``count`` point-to-point sends of ``nbytes`` each; ``cross_node`` of them leave the node."""
-    bw_intra, bw_inter = _links(n)
+    bw_intra, bw_inter = links(n)
     inter = nbytes / bw_inter + n["rt_alpha_inter_s"]
     intra = nbytes / bw_intra + n["rt_alpha_intra_s"]
     return count * (cross_node * inter + (1.0 - cross_node) * intra)
@@ -131,6 +132,6 @@ def overlap_shared(comms, window_s, fractions):
     return [(c - a * share, a * share) for c, a in zip(comms, ahead)]
 
 
-__all__ = ["all_gather_s", "all_reduce_s", "all_to_all_s", "group_layout", "overlap",
+__all__ = ["all_gather_s", "all_reduce_s", "all_to_all_s", "group_layout", "links", "overlap",
            "overlap_shared", "p2p_s",
            "reduce_scatter_s", "ring_collectives_s"]

@@ -245,8 +245,14 @@ def compute_times(k: Knobs, n: dict) -> dict:
     head_mult = 1.0 + dx + dw                      # the head is not recomputed
     last = head_mult * (tokens * head_tp_s + tokens * head_rep_s + seqs * head_seq_s)
     first = (1.0 + dw) * seqs * embed_s
+    # the rates these assume, for the report: the block's weight GEMMs and its attention
+    # core (forward), FLOPs and seconds on this device
+    weight_rows = cols[0][:9]
+    attn_fwd_s = (1.0 - k.flash) * attn_matmul_s + k.flash * attn_flash_s
     return {"layer": layer, "layer_fwd": layer_fwd, "layer_bwd": layer_bwd,
-            "layer_dw": weights_s * dw, "first": first, "last": last}
+            "layer_dw": weights_s * dw, "first": first, "last": last,
+            "gemm_flops": tokens * jnp.sum(weight_rows), "gemm_s": weights_s,
+            "attn_flops": attn_flops, "attn_s": attn_fwd_s}
 
 
 __all__ = ["block_flops", "compute_times", "gemm_dim", "hardware_flops", "matmul_efficiency",

@@ -487,10 +487,27 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
         "cost_per_million_tokens": jnp.where(
             price > 0.0, price * devices * step_s / 3600.0 / (tokens / 1e6), 0.0),
     }
+    throughput.update(assumed_rates(k, n))
     return time, throughput
 
 
-__all__ = ["KINDS", "STEP_TERMS", "accum_adds", "accum_bytes_per_param", "end_stage_extras",
+def assumed_rates(k: Knobs, n: dict) -> dict:
+    """The rates the time terms assume on one device: the blocks' weight GEMMs and attention
+    core (TFLOP/s, and as a share of the dtype's peak; attention FLOPs counted over the whole
+    s x s score matrix, as MFU counts them, which a causal kernel executes about half of),
+    streaming element-wise kernels (TB/s of HBM) and ring collectives (bus GB/s inside a node
+    and across nodes)."""
+    c = compute_times(k, n)
+    gemm = c["gemm_flops"] / jnp.maximum(c["gemm_s"], 1e-30)
+    attn = c["attn_flops"] / jnp.maximum(c["attn_s"], 1e-30)
+    intra, inter = comm.links(n)
+    return {"gemm_tflops": gemm / 1e12, "gemm_peak_share": gemm / n["matmul_peak"],
+            "attention_tflops": attn / 1e12, "attention_peak_share": attn / n["attn_peak"],
+            "hbm_tb_s": n["mem_bw"] * n["rt_mem_eff"] / 1e12,
+            "nccl_intra_gb_s": intra / 1e9, "nccl_inter_gb_s": inter / 1e9}
+
+
+__all__ = ["KINDS", "STEP_TERMS", "accum_adds", "assumed_rates", "accum_bytes_per_param", "end_stage_extras",
            "end_stages", "launch_exposed",
            "memory_bound_times", "smooth_max", "stage_grad_elems", "stage_kernels", "stage_time",
            "time_terms"]

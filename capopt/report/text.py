@@ -77,7 +77,19 @@ def plan_table(p: dict, title: str | None = None) -> str:
         if thr.get("cost_per_million_tokens"):
             bits.append(f"${thr['cost_per_million_tokens']:.3f} per M tokens")
         lines.append("throughput: " + ", ".join(bits))
+        if "gemm_tflops" in thr:
+            lines.append(assumed_rates_line(thr))
     return "\n".join(lines)
+
+
+def assumed_rates_line(thr: dict) -> str:
+    """The kernel and link rates the step time assumes (`capopt.cost.time.assumed_rates`)."""
+    return (f"assumed rates: GEMMs {thr['gemm_tflops']:.0f} TFLOP/s "
+            f"({100 * thr['gemm_peak_share']:.0f}% of peak), attention "
+            f"{thr['attention_tflops']:.0f} TFLOP/s ({100 * thr['attention_peak_share']:.0f}%), "
+            f"element-wise {thr['hbm_tb_s']:.2f} TB/s, collectives "
+            f"{thr['nccl_intra_gb_s']:.0f} GB/s in a node and "
+            f"{thr['nccl_inter_gb_s']:.0f} GB/s across")
 
 
 def optimize_table(res) -> str:
