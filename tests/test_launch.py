@@ -376,6 +376,15 @@ def test_a_fused_loss_is_torchtitans_compiled_loss_and_refused_elsewhere():
             assert "training.loss" in str(err.value) and err.value.allowed == "torchtitan"
 
 
+def test_a_torchtitan_file_priced_by_another_profile_says_so():
+    from capopt._runtime import get_profile
+    cfg = CONFIGS["zero3-full"]
+    assert SC.runtime.name != "torchtitan"
+    assert "--runtime torchtitan" in emit("torchtitan", cfg, SC)
+    own = SC.replace(runtime=get_profile("torchtitan"))
+    assert "--runtime" not in emit("torchtitan", cfg, own)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_lora_is_refused_naming_the_knob(fmt):
     sc = load_scenario("qlora-llama2-7b-24gb")

@@ -137,10 +137,19 @@ def _flash_by_default(c: Config) -> None:
                              "fused kernel; materialised scores are a model-code choice")
 
 
+# the runtime profile that prices a format's own rules, where capopt has one
+_OWN_PROFILE = {"torchtitan": "torchtitan"}
+
+
 def _header(fmt: str, c: Config, sc: Scenario, mark: str = "#") -> list[str]:
     knobs = ", ".join(f"{k}={_show(v)}" for k, v in c.to_dict().items())
-    return [f"{mark} {fmt} launch config for {sc.name!r}: {sc.model.name} on {c.devices} x "
-            f"{sc.hardware.name}", f"{mark} capopt config: {knobs}"]
+    lines = [f"{mark} {fmt} launch config for {sc.name!r}: {sc.model.name} on {c.devices} x "
+             f"{sc.hardware.name}", f"{mark} capopt config: {knobs}"]
+    own = _OWN_PROFILE.get(fmt)
+    if own and sc.runtime.name != own:
+        lines.append(f"{mark} priced with the {sc.runtime.name} runtime profile; "
+                     f"--runtime {own} prices {fmt}'s own rules")
+    return lines
 
 
 # --------------------------------------------------------------------------------------------
