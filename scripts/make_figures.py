@@ -13,6 +13,9 @@ Figures:
   xla_gpu_peak_errors.png  predicted vs XLA-measured peak on random configs (fitting and
                         held-out splits, full-size cards), from
                         benchmarks/results/memory_random.json (no compiling)
+  published_runs.png    predicted vs published throughput (by GPU generation and source) and
+                        memory of real frameworks' runs, from
+                        benchmarks/results/published_runs.json
   torch_peak_errors.png  predicted vs torch-tier peak of live tensors on the never-examined
                         draws, by layout, from benchmarks/results/torch_random_seed3.json,
                         torch_tp_seed1.json, torch_tp_sp_seed1.json and torch_tp2d_seed1.json
@@ -106,11 +109,18 @@ def torch_figure():
         "against the torch tier"))
 
 
+def published_figure():
+    import json
+    d = json.loads((ROOT / "benchmarks" / "results" / "published_runs.json").read_text())
+    return figures.published_runs(d["rows"], within=d["within"])
+
+
 FIGURES = {"memory": ("memory_breakdown.png", memory_figure),
            "pareto": ("pareto.png", pareto_figure),
            "heatmap": ("heatmap_tp_pp.png", heatmap_figure),
            "validation": ("xla_gpu_peak_errors.png", validation_figure),
-           "torch": ("torch_peak_errors.png", torch_figure)}
+           "torch": ("torch_peak_errors.png", torch_figure),
+           "published": ("published_runs.png", published_figure)}
 
 
 def main(argv: list[str] | None = None) -> int:

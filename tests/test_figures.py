@@ -311,3 +311,24 @@ def test_peak_errors_draws_every_point_at_its_error():
     assert len(held.get_offsets()) == 1       # a point without a number is left out
     assert not by_gid(fig, "err:full-size")
     assert by_gid(fig, "band2") and by_gid(fig, "band5") and by_gid(fig, "band8")
+
+
+def test_published_runs_draws_each_row_by_generation_and_source():
+    def row(src, gpu, tokens, err, mem=None, mem_err=None):
+        return {"source": src, "gpu": gpu, "throughput_error": err, "memory_error": mem_err,
+                "published": {"tokens_per_gpu": tokens, "memory_gib": mem}}
+    rows = [row("llm-foundry", "a100-sxm-80gb", 1000.0, 0.05),
+            row("llm-foundry", "h100-sxm-80gb", 2000.0, 0.30),
+            row("torchtitan", "h100-sxm-96gb", 5000.0, -0.20, 80.0, -0.1),
+            row("megatron", "h100-sxm-80gb", 300.0, None)]       # refused: not drawn
+    fig = figures.published_runs(rows, within=0.15)
+    (a100,) = by_gid(fig, "thr:a100:llm-foundry")
+    assert [tuple(map(float, p)) for p in a100.get_offsets()] == [(1000.0, 5.0)]
+    (titan,) = by_gid(fig, "thr:h100:torchtitan")
+    assert [tuple(map(float, p)) for p in titan.get_offsets()] == [(5000.0, -20.0)]
+    assert not by_gid(fig, "thr:h100:megatron")
+    (mem,) = by_gid(fig, "mem")
+    assert [tuple(map(float, p)) for p in mem.get_offsets()] == [(80.0, -10.0)]
+    labels = [t.get_text() for a in fig.axes for t in a.get_legend().get_texts()]
+    assert any(t.startswith("Hopper (H100): median 25.0%, 0/2 within") for t in labels)
+    assert any(t.startswith("median 10.0%, 1/1 within") for t in labels)

@@ -651,6 +651,74 @@ def peak_errors(points: Sequence[Mapping], *, title: str | None = None,
     return fig
 
 
+#: GPU generation of a published run's GPU, by its catalog name's prefix
+_GENERATIONS = (("a100", "Ampere (A100)", "C0"), ("h100", "Hopper (H100)", "C3"),
+                ("h200", "Hopper (H200)", "C1"))
+_SOURCE_MARKERS = {"llm-foundry": "o", "torchtitan": "s", "megatron": "^"}
+
+
+def published_runs(rows: Sequence[Mapping], *, within: float = 0.15,
+                   title: str | None = None) -> Figure:
+    """Predictions against published runs of real frameworks.
+
+    Args:
+      rows: the ``rows`` of ``benchmarks/results/published_runs.json``: ``source``, ``gpu``,
+        ``published`` (``tokens_per_gpu``, ``memory_gib``), ``throughput_error`` and
+        ``memory_error`` (predicted / published - 1, or None where not compared).
+      within: the band drawn around 0 (a share).
+
+    Returns:
+      A `Figure` of two panels: throughput error (%) against published tokens/s per GPU (log),
+      one series per GPU generation (``gid="thr:<generation>"``) with a marker per source,
+      and memory error against published GiB (``gid="mem"``); each legend gives the series'
+      median |error| and how many are within the band.
+    """
+    fig = _figure(11.0, 4.8)
+    ax, axm = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2.2, 1.0]})
+    for a in (ax, axm):
+        a.axhspan(-100 * within, 100 * within, color="0.90", gid="band",
+                  label=f"within {100 * within:.0f}%")
+        a.axhline(0, color="0.3", lw=0.8)
+        a.grid(alpha=0.3)
+    ok = [r for r in rows if r.get("throughput_error") is not None]
+    for prefix, name, colour in _GENERATIONS:
+        sel = [r for r in ok if str(r.get("gpu", "")).startswith(prefix)]
+        if not sel:
+            continue
+        err = np.array([100 * r["throughput_error"] for r in sel])
+        inside = int(np.sum(np.abs(err) <= 100 * within))
+        for src, marker in _SOURCE_MARKERS.items():
+            part = [(r["published"]["tokens_per_gpu"], 100 * r["throughput_error"])
+                    for r in sel if r.get("source") == src]
+            if part:
+                x, y = zip(*part)
+                ax.scatter(x, y, marker=marker, color=colour, s=22, alpha=0.8, lw=0.5,
+                           gid=f"thr:{prefix}:{src}")
+        ax.scatter([], [], marker="o", color=colour, gid=f"thr:{prefix}",
+                   label=f"{name}: median {np.median(np.abs(err)):.1f}%, "
+                         f"{inside}/{len(sel)} within")
+    for src, marker in _SOURCE_MARKERS.items():
+        if any(r.get("source") == src for r in ok):
+            ax.scatter([], [], marker=marker, color="0.4", label=src)
+    ax.set_xscale("log")
+    ax.set_xlabel("published throughput (tokens/s per GPU)")
+    ax.set_ylabel("predicted / published - 1 (%)")
+    ax.set_title("throughput")
+    ax.legend(fontsize=7, loc="upper left")
+    mem = [r for r in rows if r.get("memory_error") is not None]
+    if mem:
+        x = [r["published"]["memory_gib"] for r in mem]
+        y = np.array([100 * r["memory_error"] for r in mem])
+        inside = int(np.sum(np.abs(y) <= 100 * within))
+        axm.scatter(x, y, marker="s", color="C2", s=26, gid="mem",
+                    label=f"median {np.median(np.abs(y)):.1f}%, {inside}/{len(y)} within")
+        axm.legend(fontsize=7, loc="upper left")
+    axm.set_xlabel("published peak memory (GiB)")
+    axm.set_title("memory")
+    fig.suptitle(title or "capopt against published training runs (nothing fitted to them)")
+    return fig
+
+
 # --------------------------------------------------------------------------------------------
 def save(fig: Figure, path: str | os.PathLike, *, dpi: int = 150, **savefig_kw) -> str:
     """Write ``fig`` to ``path`` (the format from its suffix: .png, .svg, .pdf); folders are
@@ -664,4 +732,5 @@ def save(fig: Figure, path: str | os.PathLike, *, dpi: int = 150, **savefig_kw) 
 
 
 __all__ = sorted(["MEMORY_LABELS", "heatmap", "memory_breakdown", "pareto",
-                  "predicted_vs_measured", "save", "shadow_price_curve", "sweep"])
+                  "predicted_vs_measured", "published_runs", "save", "shadow_price_curve",
+                  "sweep"])
