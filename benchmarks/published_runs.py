@@ -181,6 +181,9 @@ def torchtitan_runs(doc: dict) -> list[Run]:
         cfg = Config(micro_batch=r["local_batch"], grad_accum=1, dp=dp, tp=tp, pp=pp,
                      zero_stage=3 if dp > 1 else 0, sequence_parallel=tp > 1,
                      remat=TITAN_AC[r.get("activation_checkpoint")], flash_attention=True)
+        if r.get("compile") and r["file"] not in TITAN_LOSS_COMPILED:
+            raise KeyError(f"{r['file']}: say in TITAN_LOSS_COMPILED whether the torchtitan "
+                           "its runs used compiles the loss")
         fused = bool(r.get("compile")) and TITAN_LOSS_COMPILED[r["file"]]
         if fused:
             run.notes.append("compile: the loss compiled (loss = fused)")

@@ -133,9 +133,12 @@ SCHEMA: dict[str, Coeff] = {
                               "rebuilt"),
     "selective_saves_dots": _c(0, "selective recomputation: 0 Korthikanti et al. (all but the "
                                   "attention core), 1 dots_with_no_batch_dims_saveable"),
-    "zero3_gathers_compute_dtype": _c(0, "1: ZeRO-3 / FSDP gathers the parameters in the "
-                                         "compute dtype (FSDP2 MixedPrecisionPolicy "
-                                         "param_dtype), 0: in the parameters' own"),
+    "fsdp_gathers_compute_dtype": _c(0, "1: ZeRO-2/3 (FSDP) gathers the parameters in the "
+                                        "compute dtype (FSDP2 MixedPrecisionPolicy "
+                                        "param_dtype), 0: in the parameters' own"),
+    "fsdp_mixed_precision": _c(0, "1: under ZeRO-2/3 the runtime mixes precision by FSDP's "
+                                  "parameter dtype, not autocast (no casts, a compute-dtype "
+                                  "stream); below, by autocast as the profile says"),
     "selective_saves_ops": _c(0, "selective recomputation: 1 torchtitan's per-op policy "
                                  "(the block input, every other aten.mm output, the flash "
                                  "kernel's; at most 1 - selective_saves_dots)"),
@@ -243,6 +246,12 @@ SCHEMA: dict[str, Coeff] = {
 }
 
 
+# coefficients that are shares (a mixture's weight, or a 0/1 rule): at most 1
+SHARES = frozenset({"selective_saves_dots", "selective_saves_ops", "fsdp_gathers_compute_dtype",
+                    "fsdp_mixed_precision", "autocast_casts", "autocast_weight_cache",
+                    "weight_copy_fraction"})
+
+
 def _check_coeff(key: str, value, file: str | None) -> float:
     if key not in SCHEMA:
         raise CapoptError(f"unknown coefficient {key!r}", file=file, field=f"coeffs.{key}",
@@ -252,6 +261,9 @@ def _check_coeff(key: str, value, file: str | None) -> float:
     v = float(value)
     if not math.isfinite(v) or v < 0:
         raise CapoptError(f"must be a finite number >= 0, got {value!r}", file=file,
+                          field=f"coeffs.{key}")
+    if key in SHARES and v > 1:
+        raise CapoptError(f"a share: must be between 0 and 1, got {value!r}", file=file,
                           field=f"coeffs.{key}")
     return v
 

@@ -559,15 +559,46 @@ def test_torchtitans_op_policy_saves_every_other_plain_matmul():
     w = op_checkpoint_widths(inventory(gpt), gpt.num_hidden_layers)
     assert w["ops_tp"] == w["ops_whole"] == 0.0
 
+    from capopt.cost._inputs import runtime_numbers
     sc = make_scenario(m, runtime="torchtitan", precision="bf16-mixed", seq_len=8192)
-    cfg = Config(micro_batch=2, remat="selective", flash_attention=True)
-    n = numbers_pytree(sc)
-    _, sel, _ = saved_bytes(knobs_from_config(cfg), n, 2 * 8192)
+
+    def saved(cfg):
+        k = knobs_from_config(cfg)
+        return float(saved_bytes(k, runtime_numbers(k, numbers_pytree(sc)), 2 * 8192)[1])
+    # under FSDP (ZeRO-3): FSDP2's bf16 parameters, a bf16 stream
+    sel = saved(Config(micro_batch=2, dp=8, zero_stage=3, remat="selective"))
     per_token = 2 * (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 * 32
-    assert float(sel) == pytest.approx(2 * 8192 * per_token, rel=1e-6)
-    # tp 8 with sequence parallelism: the input and both reduce-scatters' outputs split,
-    # the column outputs split, w2's partial sums whole
-    cfg8 = Config(micro_batch=2, tp=8, sequence_parallel=True, remat="selective")
-    _, sel8, _ = saved_bytes(knobs_from_config(cfg8), n, 2 * 8192)
+    assert sel == pytest.approx(2 * 8192 * per_token, rel=1e-6)
+    # one device: torch.autocast (torchtitan's maybe_enable_amp), the block input in float32
+    one = saved(Config(micro_batch=2, remat="selective"))
+    assert one == pytest.approx(2 * 8192 * (per_token + 2 * 4096), rel=1e-6)
+    # tp 8 with sequence parallelism (and FSDP): the input and both reduce-scatters' outputs
+    # split, the column outputs split, w2's partial sums whole
+    sel8 = saved(Config(micro_batch=2, dp=2, zero_stage=3, tp=8, sequence_parallel=True,
+                        remat="selective"))
     per_token8 = 2 * (4096 / 8 + 2 * 4096 / 8 + (4096 + 1024 + 14336 + 4096) / 8 + 4096) + 4 * 4
-    assert float(sel8) == pytest.approx(2 * 8192 * per_token8, rel=1e-6)
+    assert sel8 == pytest.approx(2 * 8192 * per_token8, rel=1e-6)
+
+
+def test_a_fused_loss_holds_two_compute_dtype_logits_copies():
+    """``loss = "fused"``: where the loss makes the peak (a large vocabulary, a small model),
+    its logits term is the compute-dtype logits and their gradient, micro_batch x s x V x 2
+    x 2 bytes in bf16, exactly; the float32 loss (pytorch: two float32 copies and one bf16)
+    holds more; a calibrated profile's loss coefficients do not undo the choice."""
+    import dataclasses
+    from capopt._model import ModelSpec
+    from capopt.cost import estimate_numbers
+    m = ModelSpec(name="v", family="decoder", hidden_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, intermediate_size=128, vocab_size=65536,
+                  position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated",
+                  hidden_act="silu")
+    sc = make_scenario(m, runtime="pytorch", count=1, global_batch=4, seq_len=512)
+    fused = sc.replace(workload=dataclasses.replace(sc.workload, loss="fused"))
+    cfg = Config(micro_batch=4)
+    mem_f, mem_u = estimate(cfg, fused).memory, estimate(cfg, sc).memory
+    assert float(mem_f["logits_bytes"]) == 4 * 512 * 65536 * 2 * 2
+    assert float(mem_u["logits_bytes"]) == 4 * 512 * 65536 * (2 * 4 + 2)
+    n = numbers_pytree(fused)
+    n = {**n, "rt_logits_fp32_copies": n["rt_logits_fp32_copies"] + 1.0}   # (a calibration)
+    out = estimate_numbers(knobs_from_config(cfg), n).memory
+    assert float(out["logits_bytes"]) == 4 * 512 * 65536 * 2 * 2

@@ -90,3 +90,13 @@ def test_with_coeffs_checks_like_a_file():
     with pytest.raises(CapoptError):
         prof.with_coeffs(not_a_coeff=1.0)
     assert prof.with_coeffs(resid_saved=6.0).coeff("resid_saved") == 6.0
+
+
+def test_a_share_coefficient_above_one_names_the_key(tmp_path):
+    """Shares (a mixture's weight, a 0/1 rule) are at most 1: 3 would make a term negative."""
+    with pytest.raises(CapoptError) as e:
+        get_profile(_write(tmp_path, "fsdp_gathers_compute_dtype = 3.0"))
+    assert "coeffs.fsdp_gathers_compute_dtype" in str(e.value) and "between 0 and 1" in str(
+        e.value)
+    with pytest.raises(CapoptError):
+        get_profile("pytorch").with_coeffs(autocast_casts=1.5)

@@ -324,8 +324,7 @@ def test_terms_are_named_and_add_up():
 def test_mfu_never_exceeds_the_rates_the_kernels_are_given(precision, flash):
     """The step's model FLOPs run no faster than the GEMM and attention rates the plan shows
     (`assumed_rates`): MFU is at most the larger of their shares of the matmul peak, on a
-    small and an 8B-class card, one device and 8; the rates are the profile's (GEMMs below
-    gemm_eff_max of the peak; fused attention at flash_eff of its dtype's peak)."""
+    small and an 8B-class card, one device and 8."""
     from capopt._cards import load_card
     for model, count in ((gpt_like(), 1), (load_card("llama-3.1-8b"), 8)):
         sc = make_scenario(model, runtime="pytorch", count=count, global_batch=8 * count,
@@ -333,12 +332,8 @@ def test_mfu_never_exceeds_the_rates_the_kernels_are_given(precision, flash):
         cfg = Config(micro_batch=1, grad_accum=8, dp=count, zero_stage=3 if count > 1 else 0,
                      flash_attention=flash)
         thr = est(cfg, sc)["throughput"]
-        rt = sc.runtime
-        assert 0 < thr["gemm_peak_share"] <= rt.coeff("gemm_eff_max") * (1 + F32)
         attn_vs_matmul = thr["attention_tflops"] / (thr["gemm_tflops"] / thr["gemm_peak_share"])
-        if flash:
-            assert thr["attention_peak_share"] == pytest.approx(rt.coeff("flash_eff"), rel=F32)
-        assert thr["mfu"] <= max(thr["gemm_peak_share"], attn_vs_matmul) * (1 + F32)
+        assert 0 < thr["mfu"] <= max(thr["gemm_peak_share"], attn_vs_matmul) * (1 + F32)
 
 
 def test_bubble_is_the_1f1b_fraction_and_vanishes_at_one_stage():

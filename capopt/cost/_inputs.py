@@ -61,6 +61,17 @@ def runtime_knobs(k: Knobs, n: dict) -> Knobs:
     return k.replace(flash=k.flash * n["flash_ok"])
 
 
+def runtime_numbers(k: Knobs, n: dict) -> dict:
+    """The numbers as the runtime's rules apply at these knobs: a runtime that mixes precision
+    by FSDP's parameter dtype (``fsdp_mixed_precision``) uses no autocast under ZeRO-2/3 (its
+    weight of the two stages), and autocast as its profile says below them."""
+    fsdp = n["rt_fsdp_mixed_precision"] * (k.zero[..., 2] + k.zero[..., 3])
+    keep = 1.0 - fsdp
+    return {**n, "rt_autocast_casts": n["rt_autocast_casts"] * keep,
+            "rt_autocast_weight_cache": n["rt_autocast_weight_cache"] * keep,
+            "rt_weight_copy_fraction": n["rt_weight_copy_fraction"] * keep}
+
+
 def knobs_from_config(cfg: Config, layers: float | None = None) -> Knobs:
     """The knobs of a real config; with the model's ``layers``, a recomputed fraction counts
     whole blocks of a stage (`capopt._specs.remat_weights`)."""
@@ -270,6 +281,9 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
         "lora_mlp": float(any(t.matmul in ("gate", "up", "down") for t in base)),
         # per token, the widths of every adapter's two matmul outputs (x A and x A B)
         "lora_out_width": sum(t.count * (t.shape[-1] + lora.rank) for t in base) / layers,
+        # (of which the adapters of replicated matrices, whole on every tensor-parallel rank)
+        "lora_out_width_rep": sum(t.count * (t.shape[-1] + lora.rank) for t in base
+                                  if t.tp == "rep") / layers,
     }
 
 
@@ -396,7 +410,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
         n["lora_rank"] = float(w.lora.rank)
     else:
         n.update(lora=0.0, lora_layer=0.0, lora_base_layer=0.0, lora_base_kv=0.0,
-                 lora_base_rep=0.0, lora_rep=0.0,
+                 lora_base_rep=0.0, lora_rep=0.0, lora_out_width_rep=0.0,
                  base_bytes=0.0, base_scale_tp_bytes=0.0, base_scale_rep_bytes=0.0,
                  frozen_bytes=0.0, lora_rank=0.0, lora_mlp=0.0, lora_out_width=0.0)
 
@@ -410,14 +424,11 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
              price=float(sc.gpu_hour_price or 0.0))
     # --- runtime coefficients, prefixed ---
     n.update({f"rt_{k}": v for k, v in c.items()})
-    # A fused cross-entropy (``loss = "fused"``) takes the place of the profile's loss rules:
-    # the compute-dtype logits it reads (kept for its backward) and their gradient, which it
-    # writes in the compute dtype; no float32 copy, no padded or vocabulary-parallel extras
-    # (torch.compile's partitioner saves the loss's input and recomputes the softmax in the
-    # backward kernel: torch/_functorch/partitioners.py min_cut_rematerialization_partition)
-    if w.loss == "fused":
-        n.update(rt_logits_fp32_copies=0.0, rt_logits_act_copies=2.0, rt_logits_pad_copies=0.0,
-                 rt_logits_parallel_extra_copies=0.0)
+    # A fused cross-entropy (``loss = "fused"``) takes the place of the profile's loss rules
+    # (`capopt.cost.memory.loss_copies`; torch.compile's partitioner saves the loss's input
+    # and recomputes the softmax in the backward kernel:
+    # torch/_functorch/partitioners.py min_cut_rematerialization_partition)
+    n["loss_fused"] = float(w.loss == "fused")
     return n
 
 

@@ -83,7 +83,11 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     ``rep``: residual-stream tensors (divide by tp under sequence parallelism); ``tp``: sharded
     by tensor parallelism; ``scores``: the materialised attention matrix (or, blockwise, its
     statistics), sharded by tp. ``input``: the block input alone (full recomputation);
-    ``sel_rep`` / ``sel_tp``: what ``dots_with_no_batch_dims_saveable`` keeps.
+    ``sel_rep`` / ``sel_tp`` / ``sel_whole``: what ``dots_with_no_batch_dims_saveable`` keeps
+    (split by sp, by tp, whole); ``ops_tp`` / ``ops_whole`` / ``ops_rs``: what torchtitan's
+    per-op policy keeps besides the block input (split by tp, whole, and the row-parallel
+    reduce-scatters' outputs kept under sequence parallelism). ``proj`` / ``whole``: the
+    projections' inputs within ``rep``; latent attention's and an MoE's dispatch tensors.
     """
     ab = n["act_bytes"]
     h, a, kv, s = n["h"], n["a"], n["kv"], n["s"]
@@ -144,10 +148,11 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # every matmul's output, ``selective_saves_down``, keeps the MLP's down projection too)
     sel_rep = (ab * (2.0 + 0.5 * extra_norms + n["rt_selective_saves_down"]) * h
                + mixed * (n["param_bytes"] - ab) * h)
+    adapters = n["lora"] * n["rt_selective_saves_adapters"]
     sel_tp = ab * (n["dots_tp"] + (1.0 + n["gated"]) * width
-                   + n["lora"] * n["rt_selective_saves_adapters"] * n["lora_out_width"])
-    # (latent attention: q_a's and kv_a's outputs, replicated)
-    sel_whole = ab * n["dots_rep"]
+                   + adapters * (n["lora_out_width"] - n["lora_out_width_rep"]))
+    # (latent attention: q_a's and kv_a's outputs, and their adapters', replicated)
+    sel_whole = ab * (n["dots_rep"] + adapters * n["lora_out_width_rep"])
 
     # per-op checkpointing (``selective_saves_ops``, torchtitan's): the block input, every
     # other plain matmul's output (`capopt.cost._inputs.op_checkpoint_widths`), the flash

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import jax
 
 from .._specs import Config, Scenario
-from ._inputs import Knobs, knobs_from_config, numbers_pytree, runtime_knobs
+from ._inputs import (Knobs, knobs_from_config, numbers_pytree, runtime_knobs,
+                      runtime_numbers)
 from .memory import memory
 from .time import time_terms
 
@@ -40,6 +41,7 @@ jax.tree_util.register_dataclass(Estimate, data_fields=["memory", "time", "throu
 def estimate_numbers(k: Knobs, n: dict) -> Estimate:
     """The cost model on raw pytrees (traceable; what `jit`, `grad` and `vmap` see)."""
     k = runtime_knobs(k, n)
+    n = runtime_numbers(k, n)
     mem = memory(k, n)
     time, thr = time_terms(k, n, mem)
     return Estimate(memory=mem, time=time, throughput=thr)

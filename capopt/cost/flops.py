@@ -31,7 +31,8 @@ training step is 3x the forward, and the papers' closed forms hold exactly:
 and backward a second time; selective recomputation repeats only its forward, 4 s h per token.)
 
 *Model* FLOPs (for MFU) exclude recomputation; *hardware* FLOPs (for HFU) add the extra forward
-of full recomputation, the attention core of selective recomputation, the Q K^T that flash
+of full recomputation, the attention core of selective recomputation (and under per-op
+selective checkpointing, ``selective_saves_ops``, the matmuls it did not save), the Q K^T that flash
 attention recomputes in its backward pass, and the padded slots of capacity-factor MoE routing.
 
 The FLOP counts are plain arithmetic (``+ - * /``) on the numbers and knobs, so they run on
@@ -44,6 +45,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ._inputs import Knobs
+from .activations import split_over
 
 # ---------------------------------------------------------------------------------------------
 # FLOPs per token (forward, one block, whole model: no sharding)
@@ -111,7 +113,9 @@ def recompute_flops(k: Knobs, n: dict):
              + w_sel * ops * 2.0 * n["ops_recompute_w"]    # per-op: the matmuls not saved
              + k.flash * 0.5 * b["attn"])                  # flash backward recomputes Q K^T
     experts = b["experts"]
-    padding = (_capacity(n) - 1.0) * experts * (2.0 + (1.0 - frozen) + w_full)
+    # (per-op selective checkpointing recomputes the expert GEMMs: batched, never saved)
+    padding = (_capacity(n) - 1.0) * experts * (2.0 + (1.0 - frozen) + w_full
+                                                 + w_sel * n["rt_selective_saves_ops"])
     return tokens * n["L"] * (extra + padding)
 
 
@@ -210,7 +214,7 @@ def compute_times(k: Knobs, n: dict) -> dict:
         (b["router"], tokens, h, jnp.maximum(n["E"], 1.0)),
         (b["dense"] / tp, tokens, h, h / tp),
         # LoRA adapters (those of replicated matrices whole on every rank)
-        ((b["lora"] - 2.0 * n["lora_rep"]) / tp + 2.0 * n["lora_rep"], tokens, h,
+        (split_over(b["lora"], 2.0 * n["lora_rep"], tp), tokens, h,
          jnp.maximum(n["lora_rank"], 1.0)),
         (tokens * b["attn"] / tp, s, hd, s),   # Q K^T (s, hd, s), P V (s, s, hd): per micro-batch
         (2.0 * n["head_tok_tp"] / tp, tokens, h, n["V"] / tp),              # the head, per token

@@ -62,6 +62,32 @@ def indivisible(count, degree):
     return (1.0 - t) * one(lo) + t * one(lo + 1.0)
 
 
+def compute_weight_bytes(n):
+    """Bytes per parameter of a weight in the compute dtype (its cast; the parameter itself
+    where no cast is made)."""
+    return jnp.where(n["weight_copy_bytes"] > 0, n["weight_copy_bytes"], n["param_bytes"])
+
+
+def gathered_param_bytes(n):
+    """Bytes per trainable parameter as ZeRO-2/3 gathers it: the parameter's dtype, or the
+    compute dtype where the runtime casts each shard before its all-gather
+    (``fsdp_gathers_compute_dtype``: FSDP2's MixedPrecisionPolicy param_dtype)."""
+    g = n["rt_fsdp_gathers_compute_dtype"]
+    return (1.0 - g) * n["param_bytes"] + g * compute_weight_bytes(n)
+
+
+def loss_copies(n):
+    """Logits-sized buffers at the loss: (float32, compute dtype, padded compute-dtype
+    copies of an unaligned vocabulary, float32 extras of a vocabulary-parallel loss). The
+    runtime profile's rules, or a fused cross-entropy's (``loss = "fused"``: the logits it
+    reads, kept for its backward, and their gradient, written in the compute dtype; no
+    float32 copy, no padded or vocabulary-parallel extras)."""
+    keep = 1.0 - n["loss_fused"]
+    return (keep * n["rt_logits_fp32_copies"],
+            keep * n["rt_logits_act_copies"] + 2.0 * n["loss_fused"],
+            keep * n["rt_logits_pad_copies"], keep * n["rt_logits_parallel_extra_copies"])
+
+
 def tp_replication(k: Knobs, n):
     """(KV projections, vocabulary tables) replicated over tensor parallelism: 1 or 0.
 
@@ -164,7 +190,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     kv_base = n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
     base_wrapped = (split_over(n["lora_base_layer"], n["lora_base_rep"], k.tp) + kv_base) * layers
     base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"]) * layers
-    full_params_bytes = zero_shard(f_param, dense_params, expert_params, k) * n["param_bytes"]
+    # (ZeRO-2 as FSDP2 runs it keeps each group's unsharded copy, ``zero2_keeps_shards``: in
+    # the dtype its all-gather carries, `gathered_param_bytes`)
+    z2_copy = n["rt_zero2_keeps_shards"] * z[2]
+    full_params_bytes = zero_shard(f_param, dense_params, expert_params, k) * (
+        (1.0 - z2_copy) * n["param_bytes"] + z2_copy * gathered_param_bytes(n))
     lora_params_bytes = (base_wrapped * n["base_bytes"] + base_scales
                          + (dense_params - base_wrapped) * n["frozen_bytes"]
                          + layers * lora_tp * n["param_bytes"]) * shard(f_param, dp)
@@ -259,11 +289,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # A head split over the vocabulary (tp > 1) computes the loss vocabulary-parallel, with
     # ``logits_parallel_extra_copies`` more float32 buffers (its own fused backward).
     lowp = (n["act_bytes"] < 4.0).astype(jnp.result_type(float))
-    pad = lowp * n["vocab_unaligned"] * n["rt_logits_pad_copies"]
+    fp32_copies, act_copies, pad_copies, parallel_extra = loss_copies(n)
+    pad = lowp * n["vocab_unaligned"] * pad_copies
     vocab_split = n["logit_tp"] * (1.0 - vocab_rep)
     parallel_loss = vocab_split * step_at_least(k.tp, 2.0)
-    per_elem = ((n["rt_logits_fp32_copies"] + parallel_loss * n["rt_logits_parallel_extra_copies"])
-                * 4.0 + (n["rt_logits_act_copies"] + pad) * n["act_bytes"])
+    per_elem = ((fp32_copies + parallel_loss * parallel_extra) * 4.0
+                + (act_copies + pad) * n["act_bytes"])
     split = jnp.maximum(vocab_split, n["logit_tp"] * k.sp * n["rt_logits_follow_sp"])
     logit_div = split * k.tp + (1.0 - split)
     logits_bytes = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * per_elem / logit_div
@@ -301,12 +332,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # backward pass.
     in_use = jnp.minimum(n["rt_zero3_prefetch_layers"], layers)
     keep = n["rt_zero3_keeps_stored_gathered"]
-    # (a runtime that gathers in the compute dtype, ``zero3_gathers_compute_dtype``: FSDP2's
-    # MixedPrecisionPolicy(param_dtype) casts each shard before its all-gather)
-    compute_w = jnp.where(n["weight_copy_bytes"] > 0, n["weight_copy_bytes"], n["param_bytes"])
-    g_cd = n["rt_zero3_gathers_compute_dtype"]
-    gather_param = (1.0 - g_cd) * n["param_bytes"] + g_cd * compute_w
-    gather_bytes = (1.0 - keep) * gather_param + keep * compute_w
+    gather_param = gathered_param_bytes(n)
+    gather_bytes = (1.0 - keep) * gather_param + keep * compute_weight_bytes(n)
     expert_layer = expert_layer_params(k, n)
     gathered_layer = ((per_layer - expert_layer) * (1.0 - 1.0 / dp)
                       + expert_layer * (1.0 - 1.0 / edp))
@@ -492,6 +519,7 @@ def memory(k: Knobs, n) -> dict:
     return out
 
 
-__all__ = ["PHASES", "end_stage_args", "end_stage_memory", "expert_layer_params",
-           "indivisible", "largest_module", "memory", "shard", "stage_memory", "stage_params",
-           "step_at_least", "tp_replication", "zero_shard"]
+__all__ = ["PHASES", "compute_weight_bytes", "end_stage_args", "end_stage_memory",
+           "expert_layer_params", "gathered_param_bytes", "indivisible", "largest_module",
+           "loss_copies", "memory", "shard", "stage_memory", "stage_params", "step_at_least",
+           "tp_replication", "zero_shard"]

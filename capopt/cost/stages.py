@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._inputs import Knobs, runtime_knobs
+from ._inputs import Knobs, runtime_knobs, runtime_numbers
 from .estimate import Estimate, estimate_numbers
 from .flops import compute_times, step_tokens
 from .memory import stage_memory, stage_params
@@ -52,6 +52,7 @@ def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
     """Per-stage ``total_bytes`` (p,) and per-micro-batch seconds ``t_mb`` (p,), p >= 2."""
     p = layers.shape[0]
     k = runtime_knobs(k, n)
+    n = runtime_numbers(k, n)
     _, first_p, last_p, _ = stage_params(k, n)
     i = jnp.arange(p)
     first = (i == 0).astype(jnp.float32)

@@ -62,7 +62,8 @@ from . import comm
 from ._inputs import Knobs
 from .activations import mlp_width, split_over
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
-from .memory import expert_layer_params, shard, stage_params, step_at_least, zero_shard
+from .memory import (expert_layer_params, gathered_param_bytes, loss_copies, shard,
+                     stage_params, step_at_least, zero_shard)
 
 # The kinds of communication priced (their names and the step's terms, `STEP_TERMS`, are in
 # `capopt._terms`): exposed communication by kind adds up to the step; hidden communication,
@@ -82,7 +83,7 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     Element counts per token of one block's forward are in the profile (``ew_*``); the backward
     moves ``ew_bwd_factor`` times as much; full recomputation repeats the forward, selective
     recomputation what its policy does not save (the softmax and dropout of the attention
-    scores, or with ``selective_saves_dots`` every non-matmul op).
+    scores, or with ``selective_saves_dots`` or ``selective_saves_ops`` every non-matmul op).
     """
     tp, s, h, ab = k.tp, n["s"], n["h"], n["act_bytes"]
     tokens = k.micro_batch * s
@@ -112,7 +113,8 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
 
     passes = 1.0 + n["rt_ew_bwd_factor"]
     logit_div = n["logit_tp"] * tp + (1.0 - n["logit_tp"])
-    per_logit = ab * n["rt_logits_act_copies"] + 4.0 * n["rt_logits_fp32_copies"]
+    fp32_copies, act_copies, _, _ = loss_copies(n)
+    per_logit = ab * act_copies + 4.0 * fp32_copies
     logits = 2.0 * k.micro_batch * n["logit_elems_per_seq"] / logit_div * per_logit
     final_norm = tf * 2.0 * tokens * h * rep * ab * passes
     last = (logits + final_norm) / rate
@@ -236,17 +238,9 @@ def _unstack(x, size):
     return tuple(x[i] for i in range(size))
 
 
-def _gathered_param_bytes(n: dict):
-    """Bytes per trainable parameter as a ZeRO-3 all-gather moves it: its own dtype, or the
-    compute dtype where the runtime casts before gathering (``zero3_gathers_compute_dtype``)."""
-    g = n["rt_zero3_gathers_compute_dtype"]
-    compute = jnp.where(n["weight_copy_bytes"] > 0, n["weight_copy_bytes"], n["param_bytes"])
-    return (1.0 - g) * n["param_bytes"] + g * compute
-
-
 def _weight_bytes(n: dict):
     """Bytes per parameter of the weights as a ZeRO-3 all-gather moves them."""
-    return n["lora"] * n["frozen_bytes"] + (1.0 - n["lora"]) * _gathered_param_bytes(n)
+    return n["lora"] * n["frozen_bytes"] + (1.0 - n["lora"]) * gathered_param_bytes(n)
 
 
 def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra_memory,
@@ -286,7 +280,7 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     base_tp = split_over(n["lora_base_layer"], n["lora_base_rep"], tp)
     w_layer = (lora * (base_tp * n["base_bytes"] + (per_layer - base_tp) * n["frozen_bytes"]
                        + split_over(n["lora_layer"], n["lora_rep"], tp) * n["param_bytes"])
-               + (1.0 - lora) * per_layer * _gathered_param_bytes(n))
+               + (1.0 - lora) * per_layer * gathered_param_bytes(n))
     g_layer = (lora * split_over(n["lora_layer"], n["lora_rep"], tp)
                + (1.0 - lora) * per_layer) * n["grad_bytes"]
     gather = (2.0 + w_full) * (layers * w_layer + extra_params * _weight_bytes(n))
@@ -487,17 +481,16 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
         "cost_per_million_tokens": jnp.where(
             price > 0.0, price * devices * step_s / 3600.0 / (tokens / 1e6), 0.0),
     }
-    throughput.update(assumed_rates(k, n))
+    throughput.update(assumed_rates(c, n))
     return time, throughput
 
 
-def assumed_rates(k: Knobs, n: dict) -> dict:
-    """The rates the time terms assume on one device: the blocks' weight GEMMs and attention
-    core (TFLOP/s, and as a share of the dtype's peak; attention FLOPs counted over the whole
-    s x s score matrix, as MFU counts them, which a causal kernel executes about half of),
-    streaming element-wise kernels (TB/s of HBM) and ring collectives (bus GB/s inside a node
-    and across nodes)."""
-    c = compute_times(k, n)
+def assumed_rates(c: dict, n: dict) -> dict:
+    """The rates the time terms assume on one device (``c``: `compute_times`): the blocks'
+    weight GEMMs and attention core (TFLOP/s, and as a share of the dtype's peak; attention
+    FLOPs counted over the whole s x s score matrix, as MFU counts them, which a causal kernel
+    executes about half of), streaming element-wise kernels (TB/s of HBM) and ring
+    collectives (bus GB/s inside a node and across nodes)."""
     gemm = c["gemm_flops"] / jnp.maximum(c["gemm_s"], 1e-30)
     attn = c["attn_flops"] / jnp.maximum(c["attn_s"], 1e-30)
     intra, inter = comm.links(n)

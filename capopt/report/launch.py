@@ -74,9 +74,10 @@ _FUSED_LOSS = ("torchtitan",)
 
 def _run(fmt: str, config: Config, scenario: Scenario) -> str:
     if scenario.workload.loss == "fused" and fmt not in _FUSED_LOSS:
-        raise _Unexpressible("training.loss", "fused", f"a {fmt} launch file does not choose "
-                             "the cross-entropy kernel (torchtitan's [compile] components "
-                             "= [\"loss\"] does)")
+        raise _Unexpressible("training.loss", "fused", f"capopt writes its fused loss (a "
+                             "compiled cross-entropy: compute-dtype logits and gradient) into "
+                             "torchtitan's file only ([compile] components = [\"loss\"]); "
+                             f"{fmt}'s own fused losses keep other buffers, not priced here")
     return _EMITTERS[fmt](config, scenario)
 
 

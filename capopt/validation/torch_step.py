@@ -104,8 +104,8 @@ def fused_cross_entropy(logits, labels):
         def forward(ctx, x, y):
             rows, vocab = x.shape
             step = max(1, 2 ** 18 // vocab)
-            lse = torch.empty(rows, dtype=torch.float32)
-            picked = torch.empty(rows, dtype=torch.float32)
+            lse = torch.empty(rows, dtype=torch.float32, device=x.device)
+            picked = torch.empty(rows, dtype=torch.float32, device=x.device)
             for i in range(0, rows, step):
                 chunk = x[i:i + step].float()
                 lse[i:i + step] = torch.logsumexp(chunk, dim=-1)
@@ -123,7 +123,8 @@ def fused_cross_entropy(logits, labels):
             for i in range(0, rows, step):
                 p = (x[i:i + step].float() - lse[i:i + step, None]).exp()
                 p.scatter_add_(1, y[i:i + step, None],
-                               torch.full((p.shape[0], 1), -1.0, dtype=p.dtype))
+                               torch.full((p.shape[0], 1), -1.0, dtype=p.dtype,
+                                          device=p.device))
                 grad[i:i + step] = (p * (g / rows)).to(x.dtype)
                 del p
             return grad, None
