@@ -598,6 +598,9 @@ def test_a_fused_loss_holds_two_compute_dtype_logits_copies():
     mem_f, mem_u = estimate(cfg, fused).memory, estimate(cfg, sc).memory
     assert float(mem_f["logits_bytes"]) == 4 * 512 * 65536 * 2 * 2
     assert float(mem_u["logits_bytes"]) == 4 * 512 * 65536 * (2 * 4 + 2)
+    # ... and nothing else: the model's states and the blocks' activations are the same
+    for key in ("params_bytes", "optimizer_bytes", "grads_bytes", "activations_bytes"):
+        assert float(mem_f[key]) == float(mem_u[key]), key
     n = numbers_pytree(fused)
     n = {**n, "rt_logits_fp32_copies": n["rt_logits_fp32_copies"] + 1.0}   # (a calibration)
     out = estimate_numbers(knobs_from_config(cfg), n).memory
