@@ -250,7 +250,7 @@ def op_checkpoint_widths(tensors, layers: int, topk: int = 1) -> dict[str, float
             # split; of a row-parallel matrix both are whole (partial sums)
             split = (t.tp in ("col", "kv") and not (t.lora == "adapter"
                                                    and t.name.endswith(".lora_a")))
-            out["ops_tp" if split and not row else "ops_whole"] += share * dout
+            out["ops_tp" if split else "ops_whole"] += share * dout
     return out
 
 

@@ -32,8 +32,9 @@ and backward a second time; selective recomputation repeats only its forward, 4 
 
 *Model* FLOPs (for MFU) exclude recomputation; *hardware* FLOPs (for HFU) add the extra forward
 of full recomputation, the attention core of selective recomputation (and under per-op
-selective checkpointing, ``selective_saves_ops``, the matmuls it did not save), the Q K^T that flash
-attention recomputes in its backward pass, and the padded slots of capacity-factor MoE routing.
+selective checkpointing, ``selective_saves_ops``, the matmuls it did not save), the Q K^T that
+flash attention recomputes in its backward pass, and the padded slots of capacity-factor MoE
+routing.
 
 The FLOP counts are plain arithmetic (``+ - * /``) on the numbers and knobs, so they run on
 Python floats (exact integers in float64) as well as on traced `jnp` scalars. The time functions
@@ -114,8 +115,7 @@ def recompute_flops(k: Knobs, n: dict):
              + k.flash * 0.5 * b["attn"])                  # flash backward recomputes Q K^T
     experts = b["experts"]
     # (per-op selective checkpointing recomputes the expert GEMMs: batched, never saved)
-    padding = (_capacity(n) - 1.0) * experts * (2.0 + (1.0 - frozen) + w_full
-                                                 + w_sel * n["rt_selective_saves_ops"])
+    padding = (_capacity(n) - 1.0) * experts * (2.0 + (1.0 - frozen) + w_full + w_sel * ops)
     return tokens * n["L"] * (extra + padding)
 
 

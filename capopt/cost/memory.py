@@ -88,6 +88,14 @@ def loss_copies(n):
             keep * n["rt_logits_pad_copies"], keep * n["rt_logits_parallel_extra_copies"])
 
 
+def lora_per_device(n, tp):
+    """(adapters, wrapped base) elements of one block on one tensor-parallel rank: split over
+    tp, except those of replicated matrices (latent attention's q_a and kv_a), whole on every
+    rank as their bases are; k/v replication is the caller's (`tp_replication`)."""
+    return (split_over(n["lora_layer"], n["lora_rep"], tp),
+            split_over(n["lora_base_layer"], n["lora_base_rep"], tp))
+
+
 def tp_replication(k: Knobs, n):
     """(KV projections, vocabulary tables) replicated over tensor parallelism: 1 or 0.
 
@@ -184,11 +192,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     expert_params = layers * expert_layer_params(k, n)
 
     lora = n["lora"]
-    # (adapters of replicated matrices, latent attention's q_a and kv_a, are whole on every
-    # tensor-parallel rank, as their bases are)
-    lora_tp = split_over(n["lora_layer"], n["lora_rep"], k.tp)
+    lora_tp, base_tp = lora_per_device(n, k.tp)
     kv_base = n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
-    base_wrapped = (split_over(n["lora_base_layer"], n["lora_base_rep"], k.tp) + kv_base) * layers
+    base_wrapped = (base_tp + kv_base) * layers
     base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"]) * layers
     # (ZeRO-2 as FSDP2 runs it keeps each group's unsharded copy, ``zero2_keeps_shards``: in
     # the dtype its all-gather carries, `gathered_param_bytes`)
@@ -521,5 +527,5 @@ def memory(k: Knobs, n) -> dict:
 
 __all__ = ["PHASES", "compute_weight_bytes", "end_stage_args", "end_stage_memory",
            "expert_layer_params", "gathered_param_bytes", "indivisible", "largest_module",
-           "loss_copies", "memory", "shard", "stage_memory", "stage_params", "step_at_least",
-           "tp_replication", "zero_shard"]
+           "loss_copies", "lora_per_device", "memory", "shard", "stage_memory", "stage_params",
+           "step_at_least", "tp_replication", "zero_shard"]

@@ -60,10 +60,10 @@ import jax.numpy as jnp
 from .._terms import COMM_KINDS, STEP_TERMS
 from . import comm
 from ._inputs import Knobs
-from .activations import mlp_width, split_over
+from .activations import mlp_width
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
-from .memory import (expert_layer_params, gathered_param_bytes, loss_copies, shard,
-                     stage_params, step_at_least, zero_shard)
+from .memory import (expert_layer_params, gathered_param_bytes, lora_per_device, loss_copies,
+                     shard, stage_params, step_at_least, zero_shard)
 
 # The kinds of communication priced (their names and the step's terms, `STEP_TERMS`, are in
 # `capopt._terms`): exposed communication by kind adds up to the step; hidden communication,
@@ -189,7 +189,7 @@ def stage_grad_elems(k: Knobs, n: dict, layers, extra_params):
     f_grad = k.zero[2] + k.zero[3]
     lora = n["lora"]
     dense = layers * per_layer + extra_params
-    trainable = lora * layers * split_over(n["lora_layer"], n["lora_rep"], k.tp) + (1.0 - lora) * dense
+    trainable = lora * layers * lora_per_device(n, k.tp)[0] + (1.0 - lora) * dense
     expert = (1.0 - lora) * layers * expert_layer_params(k, n)
     return zero_shard(f_grad, trainable, expert, k)
 
@@ -277,12 +277,11 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     #     backward, gradients reduce-scattered, for every micro-batch ---
     per_layer, _, _, _ = stage_params(k, n)
     lora = n["lora"]
-    base_tp = split_over(n["lora_base_layer"], n["lora_base_rep"], tp)
+    lora_tp, base_tp = lora_per_device(n, tp)
     w_layer = (lora * (base_tp * n["base_bytes"] + (per_layer - base_tp) * n["frozen_bytes"]
-                       + split_over(n["lora_layer"], n["lora_rep"], tp) * n["param_bytes"])
+                       + lora_tp * n["param_bytes"])
                + (1.0 - lora) * per_layer * gathered_param_bytes(n))
-    g_layer = (lora * split_over(n["lora_layer"], n["lora_rep"], tp)
-               + (1.0 - lora) * per_layer) * n["grad_bytes"]
+    g_layer = (lora * lora_tp + (1.0 - lora) * per_layer) * n["grad_bytes"]
     gather = (2.0 + w_full) * (layers * w_layer + extra_params * _weight_bytes(n))
     scatter = (layers * g_layer + (1.0 - lora) * extra_params * n["grad_bytes"])
     colls = n["rt_zero3_collectives_per_layer"] * layers
@@ -500,7 +499,8 @@ def assumed_rates(c: dict, n: dict) -> dict:
             "nccl_intra_gb_s": intra / 1e9, "nccl_inter_gb_s": inter / 1e9}
 
 
-__all__ = ["KINDS", "STEP_TERMS", "accum_adds", "assumed_rates", "accum_bytes_per_param", "end_stage_extras",
+__all__ = ["KINDS", "STEP_TERMS", "accum_adds", "accum_bytes_per_param", "assumed_rates",
+           "end_stage_extras",
            "end_stages", "launch_exposed",
            "memory_bound_times", "smooth_max", "stage_grad_elems", "stage_kernels", "stage_time",
            "time_terms"]
