@@ -109,6 +109,11 @@ SCHEMA: dict[str, Coeff] = {
     "zero2_keeps_shards": _c(0, "1: under ZeRO-2 the parameters stay sharded and the "
                                 "unsharded copy gathered for the forward pass is kept to the "
                                 "backward pass beside them"),
+    "zero2_per_group": _c(0, "1: ZeRO-2 communicates as FSDP's SHARD_GRAD_OP: each group "
+                             "all-gathered once per micro-batch for its forward pass and its "
+                             "gradients reduce-scattered in its backward pass, overlapped as "
+                             "ZeRO-3's; 0: DeepSpeed stage 2 (bucketed reduce-scatter, the "
+                             "updated parameters all-gathered after the step)"),
     "zero3_keeps_stored_gathered": _c(0, "1: a block that is not recomputed keeps its gathered "
                                          "(compute-dtype) weights for its backward pass"),
     # --- which buffers are live together (the phase walk, capopt.cost.memory) ---
@@ -208,6 +213,8 @@ SCHEMA: dict[str, Coeff] = {
     "gemm_eff_max": _c(0.8, "large GEMMs' share of the dtype's dense peak"),
     "gemm_half_scale": _c(1, "GEMM half-efficiency dimension, in roofline ridge points"),
     "flash_eff": _c(0.5, "fused attention's share of the dtype's peak, forward + backward"),
+    "flash_eff_sm90": _c(0, "flash_eff on Hopper (compute capability 9.x) where the kernel's "
+                            "share differs there; 0: flash_eff"),
     "mem_eff": _c(0.8, "streaming element-wise kernels' share of HBM bandwidth"),
     "ew_h": _c(10, "h-wide elements read + written per token by a block's element-wise ops"),
     "ew_dropout_h": _c(1, "dropout masks per block, in activation-element units"),
@@ -248,7 +255,7 @@ SCHEMA: dict[str, Coeff] = {
 
 # coefficients that are shares (a mixture's weight, or a 0/1 rule): at most 1
 SHARES = frozenset({"selective_saves_dots", "selective_saves_ops", "fsdp_gathers_compute_dtype",
-                    "fsdp_mixed_precision", "autocast_casts", "autocast_weight_cache",
+                    "fsdp_mixed_precision", "zero2_per_group", "autocast_casts", "autocast_weight_cache",
                     "weight_copy_fraction"})
 
 

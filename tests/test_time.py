@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from capopt._hardware import get_hardware
 from capopt._model import ModelSpec
 from capopt._specs import Config, LoRA
+from capopt._runtime import get_profile
 from capopt.cost import (Knobs, estimate, estimate_numbers, knobs_from_config, numbers_pytree,
                          scenario_numbers, stack_knobs)
 from capopt.cost import comm
+from capopt.cost.memory import gathered_param_bytes
 from capopt.cost.flops import (block_flops, hardware_flops, matmul_efficiency, model_flops,
                                recompute_flops)
 from conftest import END_STAGE_CONFIGS, RELAXED_KNOBS, gpt_like, llama_like, make_scenario
@@ -770,6 +772,68 @@ def test_zero2_reduce_scatters_every_micro_batch():
     assert z1[0] == pytest.approx(z2[0], rel=F32)
     assert z1[1] == pytest.approx(z1[0], rel=F32)
     assert z2[1] > 3.0 * z2[0] - z1[0]
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_fsdp_zero2_gathers_once_and_reduce_scatters_once_per_group(remat):
+    # FSDP's ZeRO-2 (reshard_after_forward=False / SHARD_GRAD_OP, zero2_per_group = 1): per
+    # micro-batch each parameter is gathered once (in the profile's gathered dtype, the copy
+    # kept to the backward pass, recomputation included) and its gradient reduce-scattered once, S (N-1)/N
+    # bytes each over NVLink; nothing after the step. ZeRO-3 gathers twice (three times with
+    # recomputation): the difference is exactly the gathers ZeRO-2 keeps.
+    sc = _zero3_scenario(1, runtime="pytorch-eager", overlap_zero=0.0)
+    n = numbers_pytree(sc)
+    assert sc.runtime.coeff("zero2_per_group") == 1.0
+    cfg = Config(micro_batch=1, grad_accum=1, dp=8, zero_stage=2, remat=remat)
+    t2 = est(cfg, sc)["time"]
+    t3 = est(cfg.replace(zero_stage=3), sc)["time"]
+    P = sc.model.num_params()
+    bw = float(n["intra_bw"] * n["rt_nvlink_eff"])
+    # (pytorch-eager gathers FSDP2's float32 parameters, casting under autocast after)
+    gather = float(gathered_param_bytes(n)) * P * 7 / 8 / bw
+    scatter = float(n["grad_bytes"]) * P * 7 / 8 / bw
+    assert float(gathered_param_bytes(n)) == float(n["grad_bytes"]) == 4.0
+    assert t2["comm_hidden_s"] == 0.0 and t2["comm_dp_s"] == 0.0
+    assert t2["comm_zero_s"] == pytest.approx(gather + scatter, rel=1e-4)
+    gathers3 = 3 if remat == "full" else 2
+    assert t3["comm_zero_s"] - t2["comm_zero_s"] == pytest.approx((gathers3 - 1) * gather,
+                                                                  rel=1e-4)
+
+
+def test_fsdp_zero2_has_no_gradient_buckets_and_deepspeeds_has():
+    # DeepSpeed's stage 2 (the pytorch profile) reduce-scatters in dp_bucket_bytes buckets, a
+    # latency each; FSDP's (pytorch-eager) one collective per group, whatever the bucket size
+    cfg = Config(micro_batch=1, grad_accum=2, dp=8, zero_stage=2)
+
+    def comm(runtime, bucket):
+        sc = make_scenario(count=8, global_batch=16, runtime=runtime)
+        sc = sc.replace(runtime=sc.runtime.with_coeffs(dp_bucket_bytes=bucket))
+        t = est(cfg, sc)["time"]
+        return t["comm_zero_s"] + t["comm_hidden_s"]
+    assert comm("pytorch-eager", 1e6) == pytest.approx(comm("pytorch-eager", 1e9), rel=F32)
+    assert comm("pytorch", 1e6) > comm("pytorch", 1e9)
+
+
+def test_flash_attention_runs_at_its_hopper_share_on_hopper_only():
+    # pytorch-eager's SDPA flash kernel (FlashAttention-2) reaches 0.34 of H100's peak and the
+    # base's flash_eff on Ampere; the pytorch profile names no Hopper value: flash_eff on both
+    model = llama_like(layers=2, hidden=512, heads=8, kv=8)
+    eff = {}
+    for runtime in ("pytorch-eager", "pytorch"):
+        for gpu in ("h100-sxm-80gb", "a100-sxm-80gb", "h200-sxm-141gb"):
+            sc = make_scenario(model, runtime=runtime, seq_len=4096, hardware=get_hardware(gpu))
+            eff[runtime, gpu] = float(scenario_numbers(sc)["rt_flash_eff"])
+    base = get_profile("pytorch").coeff("flash_eff")
+    assert eff["pytorch-eager", "h100-sxm-80gb"] == eff["pytorch-eager", "h200-sxm-141gb"] == 0.34
+    assert eff["pytorch-eager", "a100-sxm-80gb"] == base
+    assert {eff["pytorch", g] for g in ("h100-sxm-80gb", "a100-sxm-80gb")} == {base}
+    # and the attention's seconds follow: compute on H100 differs by the attention alone
+    cfg = Config(micro_batch=1, grad_accum=1, dp=8, flash_attention=True)
+    h100 = make_scenario(model, runtime="pytorch-eager", seq_len=4096,
+                         hardware=get_hardware("h100-sxm-80gb"))
+    slow = est(cfg, h100)["time"]["compute_s"]
+    fast = est(cfg, h100.replace(runtime=h100.runtime.with_coeffs(flash_eff_sm90=base)))
+    assert slow > fast["time"]["compute_s"]
 
 
 def test_gemms_pay_for_their_weights_every_micro_batch():

@@ -424,6 +424,11 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
              price=float(sc.gpu_hour_price or 0.0))
     # --- runtime coefficients, prefixed ---
     n.update({f"rt_{k}": v for k, v in c.items()})
+    # the attention kernel's efficiency on Hopper (compute capability 9.x), where the profile
+    # names one (``flash_eff_sm90``): a kernel written for Ampere reaches a smaller share of
+    # Hopper's peak
+    if c.get("flash_eff_sm90", 0.0) > 0.0 and (hw.compute_capability or "").startswith("9."):
+        n["rt_flash_eff"] = float(c["flash_eff_sm90"])
     # A fused cross-entropy (``loss = "fused"``) takes the place of the profile's loss rules
     # (`capopt.cost.memory.loss_copies`; torch.compile's partitioner saves the loss's input
     # and recomputes the softmax in the backward kernel:

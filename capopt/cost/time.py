@@ -282,21 +282,24 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
                        + lora_tp * n["param_bytes"])
                + (1.0 - lora) * per_layer * gathered_param_bytes(n))
     g_layer = (lora * lora_tp + (1.0 - lora) * per_layer) * n["grad_bytes"]
-    gather = (2.0 + w_full) * (layers * w_layer + extra_params * _weight_bytes(n))
+    gather_once = layers * w_layer + extra_params * _weight_bytes(n)
+    gather = (2.0 + w_full) * gather_once
     scatter = (layers * g_layer + (1.0 - lora) * extra_params * n["grad_bytes"])
     colls = n["rt_zero3_collectives_per_layer"] * layers
 
     # --- the stage's ring collectives, in one vectorised evaluation: the tensor-parallel
     #     all-reduce of a block's output, the ZeRO-3 gather (one more, forward and backward,
     #     for the stage's embedding / head) and reduce-scatter, and the pipeline's re-gather
-    #     of a tensor-parallel-split activation ---
+    #     of a tensor-parallel-split activation, and FSDP's ZeRO-2 gather (once, forward) ---
     tp_per, tp_nodes = comm.group_layout(tp, 1.0, per_node)
     dp_per, dp_nodes = comm.group_layout(dp, tp, per_node)
-    one_ar, gather_coll, scatter_coll, regather_coll = _unstack(comm.ring_collectives_s(
-        _col(act_bytes, gather, scatter, act_bytes), _col(tp, dp, dp, tp),
-        _col(tp_per, dp_per, dp_per, tp_per), _col(tp_nodes, dp_nodes, dp_nodes, tp_nodes), n,
-        count=_col(1.0, colls * (2.0 + w_full) + 2.0, colls + 1.0, 1.0),
-        passes=jnp.asarray([2.0, 1.0, 1.0, 1.0])), 4)
+    one_ar, gather_coll, scatter_coll, regather_coll, gather2_coll = _unstack(
+        comm.ring_collectives_s(
+            _col(act_bytes, gather, scatter, act_bytes, gather_once), _col(tp, dp, dp, tp, dp),
+            _col(tp_per, dp_per, dp_per, tp_per, dp_per),
+            _col(tp_nodes, dp_nodes, dp_nodes, tp_nodes, dp_nodes), n,
+            count=_col(1.0, colls * (2.0 + w_full) + 2.0, colls + 1.0, 1.0, colls + 1.0),
+            passes=jnp.asarray([2.0, 1.0, 1.0, 1.0, 1.0])), 5)
 
     # --- tensor parallelism: all-reduces of the block's output, per block ---
     ar_per_block = 2.0 * (1.0 - n["mlp"]) + n["mlp"]          # attention + MLP (plain MLP: 1)
@@ -318,6 +321,12 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     # --- ZeRO-3 time: the framework's own fetch path, in series with the gathers it stages ---
     gather_s = gather_coll + fetch_s(gather, dp, n)
     z3 = k.zero[3] * (gather_s + scatter_coll)
+    # --- ZeRO-2 as FSDP's SHARD_GRAD_OP (``zero2_per_group``): each group gathered once per
+    #     micro-batch for its forward pass (the unsharded copy kept to its backward pass, a
+    #     recomputed block's too) and its gradients reduce-scattered as it is differentiated,
+    #     one collective each per group, prefetched and overlapped as ZeRO-3's ---
+    z3 = z3 + n["rt_zero2_per_group"] * k.zero[2] * (
+        gather2_coll + fetch_s(gather_once, dp, n) + scatter_coll)
 
     # --- pipeline: send activations forward and gradients back, once per model chunk ---
     v = n["rt_pp_virtual_stages"]
@@ -414,10 +423,13 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     # shard of the accumulator, so every micro-batch's gradients are reduce-scattered (the
     # validation step's sharded accumulator; DeepSpeed stage 2 reduces every micro-step)
     rs1_exposed, rs1_hidden = comm.overlap(z[1] * scatter, st["bwd"], n["rt_overlap_dp"])
-    rs2_exposed, rs2_hidden = comm.overlap(z[2] * scatter, st["bwd"], n["rt_overlap_dp"])
+    # (FSDP's ZeRO-2, ``zero2_per_group``, communicates per group in the stage instead: no
+    # bucketed reduce-scatter, no gather of the updated parameters after the step)
+    z2_buckets = z[2] * (1.0 - n["rt_zero2_per_group"])
+    rs2_exposed, rs2_hidden = comm.overlap(z2_buckets * scatter, st["bwd"], n["rt_overlap_dp"])
     rs_exposed = rs1_exposed + m * rs2_exposed
     rs_hidden = rs1_hidden + m * rs2_hidden
-    regather = (z[1] + z[2]) * gathered
+    regather = (z[1] + z2_buckets) * gathered
 
     comm_s = {"dp": dp_exposed,
               "zero": m * st["zero"] + rs_exposed + regather,
