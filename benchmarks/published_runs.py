@@ -115,10 +115,13 @@ def llmfoundry_runs(doc: dict) -> list[Run]:
         if mb * ga * gpus != r["global_batch"]:
             run.notes.append(f"global batch {r['global_batch']} is not mb x accum x GPUs "
                              f"({mb * ga * gpus}): per-token throughput compared")
+        # (MPT's loss_fn default "fused_crossentropy": flash_attn's CrossEntropyLoss on the
+        # bf16 logits, llmfoundry/models/mpt/modeling_mpt.py:981 at 5e85bd62d)
         wl = Workload(seq_len=r["seq_len"], global_batch=mb * ga * gpus,
                       precision=MPT_PRECISION[r["precision"]], optimizer="adamw",
-                      grad_clip=True)
-        run.scenario, run.config = _scenario(label, card, r["gpu"], gpus, wl), cfg
+                      grad_clip=True, loss="fused")
+        run.scenario, run.config = (_scenario(label, card, r["gpu"], gpus, wl,
+                                              runtime="llm-foundry"), cfg)
     return out
 
 

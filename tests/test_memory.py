@@ -605,3 +605,34 @@ def test_a_fused_loss_holds_two_compute_dtype_logits_copies():
     n = {**n, "rt_logits_fp32_copies": n["rt_logits_fp32_copies"] + 1.0}   # (a calibration)
     out = estimate_numbers(knobs_from_config(cfg), n).memory
     assert float(out["logits_bytes"]) == 4 * 512 * 65536 * 2 * 2
+
+
+def test_llm_foundry_is_torchtitans_fsdp_precision_on_fsdp1s_buffers():
+    """Composer's FSDP1 against torchtitan's FSDP2, both gathering bf16 parameters with no
+    autocast casts, under ZeRO-3 and full recomputation (where torchtitan's per-op policy
+    plays no part): the same parameters, optimizer state, gradients and activations; FSDP1
+    gathers into the flat parameter itself, so one gathered block fewer is in flight
+    (``zero3_prefetch_layers`` 2 against 3), and it keeps the root gathered after the forward
+    pass (``zero3_root_regather`` 0): the root is live at the loss, and never gathered again.
+    Under ZeRO-2 the two keep the same buffers."""
+    m = gpt_like(layers=4, hidden=512, heads=8, vocab=1024, seq=1024)
+    cfg = Config(micro_batch=2, dp=8, zero_stage=3, remat="full")
+    mem = {}
+    for rt in ("torchtitan", "llm-foundry"):
+        sc = make_scenario(m, runtime=rt, seq_len=1024, count=8, global_batch=16)
+        mem[rt] = {k: float(v) for k, v in estimate(cfg, sc).memory.items()}
+        mem[rt, 2] = {k: float(v) for k, v in
+                      estimate(cfg.replace(zero_stage=2), sc).memory.items()}
+    n = scenario_numbers(make_scenario(m, runtime="llm-foundry", seq_len=1024, count=8))
+    tt, lf = mem["torchtitan"], mem["llm-foundry"]
+    for key in ("params_bytes", "optimizer_bytes", "grads_bytes", "activations_bytes",
+                "logits_bytes"):
+        assert lf[key] == tt[key], key
+    block = (n["P_layer_tp"] + n["P_layer_rep"]) * (1 - 1 / 8) * 2     # bf16, 7/8 gathered
+    assert tt["comm_bytes"] - lf["comm_bytes"] == pytest.approx(block, rel=1e-5)
+    root = (m.num_params() - 4 * (n["P_layer_tp"] + n["P_layer_rep"])) * (1 - 1 / 8) * 2
+    # (the allocator's slack on dynamic buffers counted on it too)
+    assert lf["phase_loss_bytes"] - tt["phase_loss_bytes"] == pytest.approx(
+        root * (1 + n["rt_fragmentation"]), rel=1e-4)
+    assert lf["phase_regather_bytes"] < lf["phase_loss_bytes"]
+    assert mem["llm-foundry", 2] == mem["torchtitan", 2]
