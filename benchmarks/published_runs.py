@@ -248,7 +248,8 @@ def megatron_runs(doc: dict) -> list[Run]:
                      flash_attention=True)
         wl = Workload(seq_len=seq, global_batch=r["global_batch"], precision="bf16-mixed",
                       optimizer="adamw", grad_clip=True)
-        run.scenario, run.config = _scenario(label, card, "h100-sxm-80gb", r["gpus"], wl), cfg
+        run.scenario, run.config = (_scenario(label, card, "h100-sxm-80gb", r["gpus"], wl,
+                                              runtime="megatron"), cfg)
     for i, r in enumerate(doc["pr482"]["rows"]):
         run = Run("megatron", "Megatron-LM (2023)", f"PR #482 Llama2-7B row {i + 1} "
                   f"tp{r['tp']} pp{r['pp']} dp{r['dp']} mb{r['micro_batch']}",

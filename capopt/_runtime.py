@@ -109,6 +109,14 @@ SCHEMA: dict[str, Coeff] = {
     "zero2_keeps_shards": _c(0, "1: under ZeRO-2 the parameters stay sharded and the "
                                 "unsharded copy gathered for the forward pass is kept to the "
                                 "backward pass beside them"),
+    "dp_bucket_bytes_per_rank": _c(0, "gradient bucket bytes per data-parallel rank: a "
+                                      "bucket is the larger of this x dp and "
+                                      "dp_bucket_bytes"),
+    "overlap_dp_buckets": _c(0, "1: every gradient bucket but the last is reduced during the "
+                                "backward pass (in place of overlap_dp)"),
+    "overlap_param_gather": _c(0, "1: ZeRO-1/2's all-gather of the updated parameters runs "
+                                  "bucket by bucket behind the next forward pass (the first "
+                                  "bucket exposed)"),
     "zero2_per_group": _c(0, "1: ZeRO-2 communicates as FSDP's SHARD_GRAD_OP: each group "
                              "all-gathered once per micro-batch for its forward pass and its "
                              "gradients reduce-scattered in its backward pass, overlapped as "
@@ -255,7 +263,8 @@ SCHEMA: dict[str, Coeff] = {
 
 # coefficients that are shares (a mixture's weight, or a 0/1 rule): at most 1
 SHARES = frozenset({"selective_saves_dots", "selective_saves_ops", "fsdp_gathers_compute_dtype",
-                    "fsdp_mixed_precision", "zero2_per_group", "autocast_casts", "autocast_weight_cache",
+                    "fsdp_mixed_precision", "zero2_per_group", "overlap_dp_buckets",
+                    "overlap_param_gather", "autocast_casts", "autocast_weight_cache",
                     "weight_copy_fraction"})
 
 

@@ -636,3 +636,16 @@ def test_llm_foundry_is_torchtitans_fsdp_precision_on_fsdp1s_buffers():
         root * (1 + n["rt_fragmentation"]), rel=1e-4)
     assert lf["phase_regather_bytes"] < lf["phase_loss_bytes"]
     assert mem["llm-foundry", 2] == mem["torchtitan", 2]
+
+
+@pytest.mark.parametrize("dp", [1, 8])
+def test_megatron_model_states_are_its_theoretical_18_bytes(dp):
+    """Megatron-LM's own accounting (megatron/training/theoretical_memory_usage.py): under
+    --bf16, 18 bytes per parameter (bf16 weights, float32 main_grad, float32 master weights
+    and Adam moments); with the distributed optimizer (ZeRO-1) 6 + 12 / dp."""
+    m = gpt_like(layers=2, hidden=256, heads=4, vocab=1024, seq=256)
+    sc = make_scenario(m, runtime="megatron", seq_len=256, count=dp, global_batch=dp)
+    mem = estimate(Config(micro_batch=1, dp=dp, zero_stage=1 if dp > 1 else 0), sc).memory
+    states = float(mem["params_bytes"] + mem["grads_all_bytes"] + mem["optimizer_bytes"])
+    per_param = 6 + 12 / dp if dp > 1 else 18
+    assert states == pytest.approx(per_param * m.num_params(), rel=1e-5)

@@ -836,6 +836,55 @@ def test_flash_attention_runs_at_its_hopper_share_on_hopper_only():
     assert slow > fast["time"]["compute_s"]
 
 
+def _megatron(**coeffs):
+    """Megatron-Core's profile on one node of 8, the latency terms switched off, a model of
+    about 100M parameters (float32 gradients: 2.6 buckets of 4e7 elements)."""
+    sc = make_scenario(gpt_like(layers=8, hidden=1024, heads=8, vocab=1024, seq=512),
+                       runtime="megatron", count=8, global_batch=64)
+    zero_lat = dict(alpha_base_s=0.0, alpha_intra_s=0.0, alpha_inter_s=0.0)
+    return sc.replace(runtime=sc.runtime.with_coeffs(**zero_lat, **coeffs))
+
+
+def test_megatron_reduces_every_gradient_bucket_but_the_last_during_the_backward_pass():
+    # --overlap-grad-reduce: with a backward pass longer than the reduction, exactly the last
+    # bucket's share is exposed; Megatron-Core's bucket is max(4e7, 1e6 x dp) elements
+    sc = _megatron()
+    n = numbers_pytree(sc)
+    assert float(n["grad_bytes"]) == 4.0                   # float32 main_grad under --bf16
+    buckets = sc.model.num_params() * 4.0 / 1.6e8
+    assert 2.0 < buckets < 3.0
+    t = est(Config(micro_batch=8, grad_accum=1, dp=8, zero_stage=0), sc)["time"]
+    total = t["comm_dp_s"] + t["comm_hidden_s"]           # only the all-reduce communicates
+    assert t["comm_dp_s"] == pytest.approx(total / buckets, rel=1e-4)
+    # a prior share instead (the pytorch profile's rule): 1 - overlap_dp of it exposed
+    t0 = est(Config(micro_batch=8, grad_accum=1, dp=8, zero_stage=0),
+             _megatron(overlap_dp_buckets=0.0, overlap_dp=0.5))["time"]
+    assert t0["comm_dp_s"] == pytest.approx(0.5 * total, rel=1e-4)
+    # 1e6 elements per rank: at dp = 64 a bucket is 6.4e7 elements
+    big = make_scenario(sc.model, runtime="megatron", count=64, global_batch=512)
+    nb = numbers_pytree(big)
+    assert float(nb["rt_dp_bucket_bytes_per_rank"]) * 64 / 4 == 6.4e7
+
+
+def test_megatron_gathers_updated_parameters_behind_the_next_forward_pass():
+    # --overlap-param-gather with the distributed optimizer (ZeRO-1): the all-gather of the
+    # updated bf16 parameters, 2 P (N-1)/N bytes over NVLink, hides behind the forward pass
+    # but for its first bucket; without the flag all of it follows the step
+    cfg = Config(micro_batch=8, grad_accum=1, dp=8, zero_stage=1)
+    sc = _megatron()
+    n = numbers_pytree(sc)
+    on = est(cfg, sc)["time"]
+    off = est(cfg, _megatron(overlap_param_gather=0.0))["time"]
+    P = sc.model.num_params()
+    gather = 2.0 * P * 7 / 8 / float(n["intra_bw"] * n["rt_nvlink_eff"])
+    gather_buckets = P * 2.0 / 1.6e8                       # bf16 parameters, same bucket bytes
+    assert gather_buckets > 1.0
+    assert off["comm_zero_s"] - on["comm_zero_s"] == pytest.approx(
+        gather * (1.0 - 1.0 / gather_buckets), rel=1e-4)
+    assert on["comm_hidden_s"] - off["comm_hidden_s"] == pytest.approx(
+        off["comm_zero_s"] - on["comm_zero_s"], rel=1e-5)
+
+
 def test_gemms_pay_for_their_weights_every_micro_batch():
     # the effective GEMM dimension counts every operand: with more tokens than the hidden size
     # the weights still cross HBM once per micro-batch, so the efficiency keeps rising

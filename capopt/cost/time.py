@@ -410,32 +410,46 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     dp_per, dp_nodes = comm.group_layout(dp, tp, per_node)
     trainable = mem["trainable_params"]
     grads = trainable * n["grad_bytes"]
-    buckets = jnp.maximum(grads / n["rt_dp_bucket_bytes"], 1.0)
+    # buckets of dp_bucket_bytes, or more where the runtime grows them with the data-parallel
+    # size (``dp_bucket_bytes_per_rank``: Megatron-Core keeps large rings bandwidth-bound)
+    bucket = jnp.maximum(n["rt_dp_bucket_bytes"], dp * _coeff(n, "dp_bucket_bytes_per_rank"))
+    buckets = jnp.maximum(grads / bucket, 1.0)
     params_out = trainable * n["param_bytes"]
+    gather_buckets = jnp.maximum(params_out / bucket, 1.0)
     # the all-reduce (ZeRO 0), the reduce-scatter (ZeRO 1, 2) and the re-gather of the
     # updated parameters (ZeRO 1, 2) over the data-parallel group, in one evaluation
     allreduce, scatter, gathered = _unstack(comm.ring_collectives_s(
         _col(grads, grads, params_out), dp, dp_per, dp_nodes, n,
-        count=_col(buckets, buckets, jnp.maximum(params_out / n["rt_dp_bucket_bytes"], 1.0)),
+        count=_col(buckets, buckets, gather_buckets),
         passes=jnp.asarray([2.0, 1.0, 1.0])), 3)
-    dp_exposed, dp_hidden = comm.overlap(z[0] * allreduce, st["bwd"], n["rt_overlap_dp"])
+    # the share of the gradient reduction issued during the backward pass: ``overlap_dp``, or
+    # every bucket but the last (``overlap_dp_buckets``: each bucket is reduced as soon as its
+    # gradients are ready, the last when the backward pass has ended)
+    by_bucket = _coeff(n, "overlap_dp_buckets")
+    frac_dp = by_bucket * (1.0 - 1.0 / buckets) + (1.0 - by_bucket) * n["rt_overlap_dp"]
+    dp_exposed, dp_hidden = comm.overlap(z[0] * allreduce, st["bwd"], frac_dp)
     # ZeRO-1 reduce-scatters the accumulated gradients once per step; ZeRO-2 keeps only its
     # shard of the accumulator, so every micro-batch's gradients are reduce-scattered (the
     # validation step's sharded accumulator; DeepSpeed stage 2 reduces every micro-step)
-    rs1_exposed, rs1_hidden = comm.overlap(z[1] * scatter, st["bwd"], n["rt_overlap_dp"])
+    rs1_exposed, rs1_hidden = comm.overlap(z[1] * scatter, st["bwd"], frac_dp)
     # (FSDP's ZeRO-2, ``zero2_per_group``, communicates per group in the stage instead: no
     # bucketed reduce-scatter, no gather of the updated parameters after the step)
     z2_buckets = z[2] * (1.0 - n["rt_zero2_per_group"])
-    rs2_exposed, rs2_hidden = comm.overlap(z2_buckets * scatter, st["bwd"], n["rt_overlap_dp"])
+    rs2_exposed, rs2_hidden = comm.overlap(z2_buckets * scatter, st["bwd"], frac_dp)
     rs_exposed = rs1_exposed + m * rs2_exposed
     rs_hidden = rs1_hidden + m * rs2_hidden
-    regather = (z[1] + z2_buckets) * gathered
+    # the updated parameters' all-gather: after the step, or (``overlap_param_gather``)
+    # bucket by bucket behind the next step's first forward pass, the first bucket waited for
+    fwd_window = st["compute"] - st["bwd"]
+    frac_pg = _coeff(n, "overlap_param_gather") * (1.0 - 1.0 / gather_buckets)
+    regather, regather_hidden = comm.overlap((z[1] + z2_buckets) * gathered, fwd_window,
+                                             frac_pg)
 
     comm_s = {"dp": dp_exposed,
               "zero": m * st["zero"] + rs_exposed + regather,
               "tp": m * st["tp"], "pp": m * st["pp"], "moe": m * st["moe"]}
     comm_exposed = sum(comm_s.values())
-    comm_hidden = m * st["hidden"] + dp_hidden + rs_hidden
+    comm_hidden = m * st["hidden"] + dp_hidden + rs_hidden + regather_hidden
 
     # --- optimizer update and offload ---
     f_opt = z[1] + z[2] + z[3]
