@@ -344,6 +344,7 @@ def main(argv=None) -> int:
                              "memory_gib": run.memory_gib, "memory_kind": run.memory_kind},
                          "config": run.config.to_dict() if run.config else None,
                          "precision": run.scenario.workload.precision if run.scenario else None,
+                         "runtime": run.scenario.runtime.name if run.scenario else None,
                          "notes": run.notes, **p})
         records += rows
         if not args.quiet:
@@ -389,7 +390,10 @@ def main(argv=None) -> int:
             summaries[name]["memory"] = m
             print(f"  {'':<28} memory: {_fmt(m)}")
     out = {"sources": sources, "within": WITHIN, "summaries": summaries, "rows": records,
-           "profile": "pytorch", "total_s": time.perf_counter() - t0}
+           "profiles": {src: sorted({r["runtime"] for r in records
+                                     if r["source"] == src and r["runtime"]})
+                        for src in dict.fromkeys(r["source"] for r in records)},
+           "total_s": time.perf_counter() - t0}
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"\nwrote {args.out} in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -117,6 +117,9 @@ SCHEMA: dict[str, Coeff] = {
     "overlap_param_gather": _c(0, "1: ZeRO-1/2's all-gather of the updated parameters runs "
                                   "bucket by bucket behind the next forward pass (the first "
                                   "bucket exposed)"),
+    "overlap_tp_fwd_needs_sp": _c(0, "1: overlap_tp_fwd applies only under sequence "
+                                     "parallelism (the overlap pipelines its all-gathers and "
+                                     "reduce-scatters)"),
     "zero2_per_group": _c(0, "1: ZeRO-2 communicates as FSDP's SHARD_GRAD_OP: each group "
                              "all-gathered once per micro-batch for its forward pass and its "
                              "gradients reduce-scattered in its backward pass, overlapped as "
@@ -264,7 +267,8 @@ SCHEMA: dict[str, Coeff] = {
 # coefficients that are shares (a mixture's weight, or a 0/1 rule): at most 1
 SHARES = frozenset({"selective_saves_dots", "selective_saves_ops", "fsdp_gathers_compute_dtype",
                     "fsdp_mixed_precision", "zero2_per_group", "overlap_dp_buckets",
-                    "overlap_param_gather", "autocast_casts", "autocast_weight_cache",
+                    "overlap_param_gather", "overlap_tp_fwd_needs_sp",
+                    "autocast_casts", "autocast_weight_cache",
                     "weight_copy_fraction"})
 
 

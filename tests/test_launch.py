@@ -88,7 +88,8 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "recompute-num-layers"):
         p.add_argument(f"--{name}", type=int, default=1 if "parallel" in name else None)
     for name in ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16",
-                 "fp16", "optimizer-cpu-offload"):
+                 "fp16", "optimizer-cpu-offload", "overlap-grad-reduce", "overlap-param-gather",
+                 "tp-comm-overlap"):
         p.add_argument(f"--{name}", action="store_true")
     p.add_argument("--data-parallel-sharding-strategy", default="no_shard",
                    choices=["no_shard", "optim", "optim_grads", "optim_grads_params"])
@@ -299,6 +300,26 @@ def test_megatron_writes_expert_parallel_and_the_optimizer():
     d = maxtext_overrides(emit("maxtext", cfg, sc))
     assert (d["ici_expert_parallelism"], d["ici_data_parallelism"],
             d["dcn_data_parallelism"]) == ("8", "1", "4")
+
+
+def test_megatron_file_turns_on_the_overlap_its_profile_prices():
+    """Priced with the megatron profile, the launch file carries the overlap flags that
+    profile assumes, where Megatron accepts them (--overlap-param-gather only with the
+    distributed optimizer, --tp-comm-overlap only with sequence parallelism); priced with
+    another profile, none, and the header names the profile that prices Megatron's rules."""
+    from capopt._runtime import get_profile
+    mega = SC.replace(runtime=get_profile("megatron"))
+    a = megatron_parser().parse_args(megatron_argv(emit("megatron", CONFIGS["tp-pp-sp"], mega)))
+    assert a.overlap_grad_reduce and a.overlap_param_gather and a.tp_comm_overlap
+    a = megatron_parser().parse_args(megatron_argv(emit("megatron", CONFIGS["dp-only"], mega)))
+    assert a.overlap_grad_reduce and not a.overlap_param_gather and not a.tp_comm_overlap
+    no_sp = CONFIGS["tp-pp-sp"].replace(sequence_parallel=False)
+    assert not megatron_parser().parse_args(
+        megatron_argv(emit("megatron", no_sp, mega))).tp_comm_overlap
+    text = emit("megatron", CONFIGS["tp-pp-sp"], SC)
+    a = megatron_parser().parse_args(megatron_argv(text))
+    assert not (a.overlap_grad_reduce or a.overlap_param_gather or a.tp_comm_overlap)
+    assert "--runtime megatron prices megatron's own rules" in text
 
 
 @pytest.mark.parametrize("optimizer, hf, megatron", [

@@ -885,6 +885,19 @@ def test_megatron_gathers_updated_parameters_behind_the_next_forward_pass():
         off["comm_zero_s"] - on["comm_zero_s"], rel=1e-5)
 
 
+def test_megatron_pipelines_tensor_parallel_communication_only_under_sequence_parallelism():
+    # --tp-comm-overlap hides the forward pass's tensor-parallel communication behind the
+    # GEMMs, and Megatron allows it only with --sequence-parallel: without it the forward
+    # all-reduces are exposed as in the pytorch profile (the backward's overlap is both's)
+    cfg = Config(micro_batch=4, grad_accum=1, dp=2, tp=4, zero_stage=1)
+    sp, no_sp = cfg.replace(sequence_parallel=True), cfg
+    mega, base = _megatron(), _megatron(overlap_tp_fwd=0.0)
+    assert est(sp, mega)["time"]["comm_tp_s"] < est(sp, base)["time"]["comm_tp_s"]
+    assert est(no_sp, mega)["time"]["comm_tp_s"] == pytest.approx(
+        est(no_sp, base)["time"]["comm_tp_s"], rel=F32)
+    assert est(no_sp, mega)["time"]["comm_tp_s"] > 0.0
+
+
 def test_gemms_pay_for_their_weights_every_micro_batch():
     # the effective GEMM dimension counts every operand: with more tokens than the hidden size
     # the weights still cross HBM once per micro-batch, so the efficiency keeps rising

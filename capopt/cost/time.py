@@ -305,7 +305,11 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     ar_per_block = 2.0 * (1.0 - n["mlp"]) + n["mlp"]          # attention + MLP (plain MLP: 1)
     tp_fwd = ar_per_block * (1.0 + w_full) * one_ar
     tp_bwd = ar_per_block * one_ar
-    fwd_exp, fwd_hid = comm.overlap(tp_fwd, c["layer_fwd"], n["rt_overlap_tp_fwd"])
+    # (a runtime whose forward overlap needs sequence parallelism, ``overlap_tp_fwd_needs_sp``:
+    # Megatron's --tp-comm-overlap pipelines all-gathers and reduce-scatters, not all-reduces)
+    needs_sp = _coeff(n, "overlap_tp_fwd_needs_sp")
+    fwd_share = n["rt_overlap_tp_fwd"] * (1.0 - needs_sp * (1.0 - k.sp))
+    fwd_exp, fwd_hid = comm.overlap(tp_fwd, c["layer_fwd"], fwd_share)
     bwd_exp, bwd_hid = comm.overlap(tp_bwd, c["layer_dw"], n["rt_overlap_tp_bwd"])
     tp_exposed = layers * (fwd_exp + bwd_exp) + tp_extra_ar * one_ar
     tp_hidden = layers * (fwd_hid + bwd_hid)

@@ -139,7 +139,7 @@ def _flash_by_default(c: Config) -> None:
 
 
 # the runtime profile that prices a format's own rules, where capopt has one
-_OWN_PROFILE = {"torchtitan": "torchtitan"}
+_OWN_PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron"}
 
 
 def _header(fmt: str, c: Config, sc: Scenario, mark: str = "#") -> list[str]:
@@ -313,6 +313,16 @@ def _megatron_args(c: Config, sc: Scenario) -> list[str]:
     if c.offload_optimizer:
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0"]
     args.append(f"--attention-backend {'flash' if c.flash_attention else 'unfused'}")
+    if sc.runtime.name == "megatron":
+        # the overlap the megatron profile prices (megatron/training/arguments.py at
+        # core_r0.8.0: --overlap-param-gather needs the distributed optimizer and
+        # --overlap-grad-reduce, --tp-comm-overlap needs --sequence-parallel)
+        if c.dp > 1 and c.zero_stage <= 1:
+            args.append("--overlap-grad-reduce")
+        if c.dp > 1 and c.zero_stage == 1:
+            args.append("--overlap-param-gather")
+        if c.tp > 1 and c.sequence_parallel:
+            args.append("--tp-comm-overlap")
     return args
 
 
