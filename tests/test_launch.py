@@ -40,8 +40,10 @@ CONFIGS = {
 }
 # which formats carry which config (the rest must refuse it)
 EXPRESSES = {
-    "dp-only": {"deepspeed", "megatron", "torchtitan", "accelerate", "hf-trainer", "maxtext"},
-    "zero3-full": {"megatron", "torchtitan", "accelerate", "hf-trainer", "maxtext"},
+    "dp-only": {"deepspeed", "megatron", "torchtitan", "accelerate", "hf-trainer", "maxtext",
+                "llm-foundry"},
+    "zero3-full": {"megatron", "torchtitan", "accelerate", "hf-trainer", "maxtext",
+                   "llm-foundry"},
     "zero1": {"deepspeed", "megatron", "accelerate", "hf-trainer", "maxtext"},
     "tp-pp-sp": {"megatron"},
     "tp-sp-zero3": {"megatron", "torchtitan"},
@@ -240,9 +242,24 @@ def read_maxtext(text: str) -> dict:
             == ("bfloat16", "float32") and "quantization" not in d else "?"}
 
 
+def read_llm_foundry(text: str) -> dict:
+    d = yaml.safe_load(text)
+    fsdp = d.get("fsdp_config")
+    stage = {None: 0, "FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[fsdp and fsdp["sharding_strategy"]]
+    micro, dp = d["device_train_microbatch_size"], 8          # composer -n 8: the world size
+    clip = d.get("algorithms", {}).get("gradient_clipping", {})
+    return {"micro_batch": micro, "grad_accum": d["global_train_batch_size"] // (micro * dp),
+            "dp": dp, "tp": 1, "pp": 1, "zero_stage": stage, "sequence_parallel": False,
+            "remat": "full" if fsdp and fsdp["activation_checkpointing"] else "none",
+            "offload_optimizer": False,
+            "grad_clip": clip == {"clipping_type": "norm", "clipping_threshold": 1.0},
+            "precision": {"amp_bf16": "bf16-mixed"}.get(d["precision"], "?")}
+
+
 READERS = {"deepspeed": read_deepspeed, "megatron": read_megatron,
            "torchtitan": read_torchtitan, "accelerate": read_accelerate,
-           "hf-trainer": read_hf_trainer, "maxtext": read_maxtext}
+           "hf-trainer": read_hf_trainer, "maxtext": read_maxtext,
+           "llm-foundry": read_llm_foundry}
 
 
 # --------------------------------------------------------------------------------------------
@@ -381,20 +398,43 @@ def test_no_clipping_is_written_as_such():
         emit("torchtitan", CONFIGS["zero3-full"], sc)       # torchtitan always clips
 
 
-def test_a_fused_loss_is_torchtitans_compiled_loss_and_refused_elsewhere():
+def test_a_fused_loss_is_torchtitans_compiled_loss_or_mpts_and_refused_elsewhere():
     """``loss = "fused"`` is torchtitan's compiled loss ([compile] enable, components
-    ["loss"]: torchtitan/components/loss.py at v0.2.2); no other format's file chooses the
-    cross-entropy kernel, and each refusal names torchtitan as the format that expresses it."""
+    ["loss"]: torchtitan/components/loss.py at v0.2.2) and MPT's flash-attn cross-entropy
+    (llm-foundry's loss_fn: fused_crossentropy, its default); no other format's file chooses
+    the cross-entropy kernel, and each refusal names the two formats that express it."""
     sc = _with(SC, loss="fused")
     cfg = CONFIGS["zero3-full"]
     t = tomllib.loads(emit("torchtitan", cfg, sc))
     assert t["compile"] == {"enable": True, "components": ["loss"]}
     assert "compile" not in tomllib.loads(emit("torchtitan", cfg, SC))
+    assert yaml.safe_load(emit("llm-foundry", cfg, sc))["model"]["loss_fn"] == \
+        "fused_crossentropy"
+    assert yaml.safe_load(emit("llm-foundry", cfg, SC))["model"]["loss_fn"] == \
+        "torch_crossentropy"
     for fmt in FORMATS:
-        if fmt != "torchtitan":
+        if fmt not in ("torchtitan", "llm-foundry"):
             with pytest.raises(CapoptError) as err:
                 emit(fmt, cfg, sc)
-            assert "training.loss" in str(err.value) and err.value.allowed == "torchtitan"
+            assert "training.loss" in str(err.value)
+            assert err.value.allowed == "torchtitan, llm-foundry"
+
+
+def test_llm_foundry_files_say_what_composer_cannot_do():
+    """Composer's FSDP has ZeRO-2 (SHARD_GRAD_OP) and ZeRO-3 (FULL_SHARD) and recomputes
+    every block or none; DDP (no fsdp_config) checkpoints nothing; fp8 is Transformer
+    Engine's linear layers; materialised attention is MPT's attn_impl torch."""
+    d = yaml.safe_load(emit("llm-foundry", CONFIGS["zero3-full"].replace(zero_stage=2), SC))
+    assert d["fsdp_config"]["sharding_strategy"] == "SHARD_GRAD_OP"
+    with pytest.raises(CapoptError, match="config.remat"):
+        emit("llm-foundry", CONFIGS["zero3-full"].replace(zero_stage=0), SC)
+    fp8 = yaml.safe_load(emit("llm-foundry", CONFIGS["dp-only"], _with(SC, precision="fp8-mixed")))
+    assert (fp8["precision"], fp8["model"]["fc_type"]) == ("amp_fp8", "te")
+    eager = yaml.safe_load(emit("llm-foundry", CONFIGS["dp-only"].replace(flash_attention=False),
+                                SC))
+    assert eager["model"]["attn_config"]["attn_impl"] == "torch"
+    with pytest.raises(CapoptError, match="training.optimizer"):
+        emit("llm-foundry", CONFIGS["dp-only"], _with(SC, optimizer="sgd"))
 
 
 def test_a_torchtitan_file_priced_by_another_profile_says_so():
@@ -424,7 +464,8 @@ def test_a_refusal_names_the_formats_that_express_the_config():
     with pytest.raises(CapoptError) as err:
         emit("deepspeed", CONFIGS["zero3-full"], SC)
     assert "config.remat = 'full'" in str(err.value)
-    assert err.value.allowed == "megatron, torchtitan, accelerate, hf-trainer, maxtext"
+    assert err.value.allowed == ("megatron, torchtitan, accelerate, hf-trainer, maxtext, "
+                                 "llm-foundry")
 
 
 def test_unknown_format_and_flash_off():

@@ -28,9 +28,10 @@ from .._errors import CapoptError
 from .._specs import Config, Scenario, remat_weights
 
 FORMATS: tuple[str, ...] = ("deepspeed", "megatron", "torchtitan", "accelerate", "hf-trainer",
-                            "maxtext")
+                            "maxtext", "llm-foundry")
 SUFFIX: dict[str, str] = {"deepspeed": ".json", "megatron": ".sh", "torchtitan": ".toml",
-                          "accelerate": ".yaml", "hf-trainer": ".json", "maxtext": ".txt"}
+                          "accelerate": ".yaml", "hf-trainer": ".json", "maxtext": ".txt",
+                          "llm-foundry": ".yaml"}
 
 
 class _Unexpressible(Exception):
@@ -68,15 +69,17 @@ def _expresses(fmt: str, config: Config, scenario: Scenario) -> bool:
     return True
 
 
-# the formats whose file chooses a fused cross-entropy as capopt prices it (``loss = "fused"``)
-_FUSED_LOSS = ("torchtitan",)
+# the formats whose file chooses a fused cross-entropy as capopt prices it (``loss = "fused"``:
+# compute-dtype logits and their gradient, no float32 copies)
+_FUSED_LOSS = ("torchtitan", "llm-foundry")
 
 
 def _run(fmt: str, config: Config, scenario: Scenario) -> str:
     if scenario.workload.loss == "fused" and fmt not in _FUSED_LOSS:
         raise _Unexpressible("training.loss", "fused", f"capopt writes its fused loss (a "
-                             "compiled cross-entropy: compute-dtype logits and gradient) into "
-                             "torchtitan's file only ([compile] components = [\"loss\"]); "
+                             "cross-entropy on the compute-dtype logits) into torchtitan's "
+                             "file ([compile] components = [\"loss\"]) and llm-foundry's "
+                             "(loss_fn: fused_crossentropy) only; "
                              f"{fmt}'s own fused losses keep other buffers, not priced here")
     return _EMITTERS[fmt](config, scenario)
 
@@ -139,7 +142,8 @@ def _flash_by_default(c: Config) -> None:
 
 
 # the runtime profile that prices a format's own rules, where capopt has one
-_OWN_PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron"}
+_OWN_PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron",
+                "llm-foundry": "llm-foundry"}
 
 
 def _header(fmt: str, c: Config, sc: Scenario, mark: str = "#") -> list[str]:
@@ -663,9 +667,75 @@ def _emit_maxtext(c: Config, sc: Scenario) -> str:
     return "\n".join(lines + kv) + "\n"
 
 
+# --------------------------------------------------------------------------------------------
+# llm-foundry: the train.py YAML (composer train.py <file>)
+# source: scripts/train/yamls/pretrain/mpt-*.yaml and llmfoundry/models/mpt/configuration_mpt.py
+#   at mosaicml/llm-foundry 5e85bd62d; Composer v0.17.2 composer/trainer/dist_strategy.py
+#   (fsdp_config keys), composer/core/precision.py (precision names)
+# --------------------------------------------------------------------------------------------
+_FOUNDRY_PRECISION = {"bf16-mixed": "amp_bf16", "fp16-mixed": "amp_fp16", "fp8-mixed": "amp_fp8",
+                      "fp32": "fp32"}
+_FOUNDRY_OPTIMIZERS = {"adamw": "decoupled_adamw", "lion": "decoupled_lionw"}
+_FOUNDRY_SHARDING = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
+
+
+def _emit_llm_foundry(c: Config, sc: Scenario) -> str:
+    w = sc.workload
+    _data_parallel_only(c, "llm-foundry's MPT trains with Composer's FSDP or DDP: data "
+                           "parallelism only")
+    _no_lora(sc, "capopt writes llm-foundry's MPT pretraining files")
+    if c.zero_stage == 1:
+        raise _Unexpressible("config.zero_stage", 1, "Composer's FSDP shards gradients with "
+                             "the optimizer state (SHARD_GRAD_OP, ZeRO-2); no ZeRO-1")
+    if c.offload_optimizer:
+        raise _Unexpressible("config.offload_optimizer", True, "Composer's FSDP has no "
+                             "optimizer offload (cpu_offload raises 'not supported yet')")
+    kind, _ = _remat(c, sc)
+    if kind not in ("none", "full"):
+        raise _Unexpressible("config.remat", c.remat, "fsdp_config.activation_checkpointing "
+                             "recomputes every block or none")
+    if w.precision not in _FOUNDRY_PRECISION:
+        raise _Unexpressible("training.precision", w.precision, "Composer's precisions are "
+                             "fp32 and amp_* (autocast over float32 parameters)")
+    if w.optimizer not in _FOUNDRY_OPTIMIZERS:
+        raise _Unexpressible("training.optimizer", w.optimizer, "llm-foundry's pretraining "
+                             "optimizers are decoupled_adamw and decoupled_lionw")
+    model = {"attn_config": {"attn_impl": "flash" if c.flash_attention else "torch"},
+             "loss_fn": "fused_crossentropy" if w.loss == "fused" else "torch_crossentropy"}
+    if w.precision == "fp8-mixed":
+        model["fc_type"] = "te"                 # Transformer Engine linear layers, fp8 GEMMs
+    doc = {"max_seq_len": w.seq_len, "global_train_batch_size": _global_batch(c),
+           "device_train_microbatch_size": c.micro_batch,
+           "precision": _FOUNDRY_PRECISION[w.precision], "model": model,
+           "optimizer": {"name": _FOUNDRY_OPTIMIZERS[w.optimizer]}}
+    if w.grad_clip:
+        doc["algorithms"] = {"gradient_clipping": {"clipping_type": "norm",
+                                                   "clipping_threshold": 1.0}}
+    if c.zero_stage in _FOUNDRY_SHARDING:
+        # DEFAULT: bf16 gathers, float32 reductions (the llm-foundry profile's pricing)
+        doc["fsdp_config"] = {"sharding_strategy": _FOUNDRY_SHARDING[c.zero_stage],
+                              "mixed_precision": "DEFAULT",
+                              "activation_checkpointing": kind == "full",
+                              "activation_checkpointing_reentrant": False,
+                              "limit_all_gathers": True}
+    elif kind == "full":
+        raise _Unexpressible("config.remat", "full", "Composer checkpoints activations "
+                             "through fsdp_config only (ZeRO-2/3)")
+    lines = _header("llm-foundry", c, sc)
+    lines.append(f"# use: composer -n {min(c.devices, sc.per_node)} scripts/train/train.py "
+                 f"this-file  (on {_nodes(c, sc)} node(s); Composer accumulates "
+                 "global / (micro x world size) times)")
+    lines.append(f"# model: add llm-foundry's model section (name, d_model, ...) for "
+                 f"{sc.model.name} beside the keys below")
+    if c.zero_stage == 0 and c.dp > 1:
+        lines.append("# no fsdp_config: Composer wraps the model in DDP")
+    return "\n".join(lines + _yaml(doc)) + "\n"
+
+
 _EMITTERS: dict[str, Callable[[Config, Scenario], str]] = {
     "deepspeed": _emit_deepspeed, "megatron": _emit_megatron, "torchtitan": _emit_torchtitan,
     "accelerate": _emit_accelerate, "hf-trainer": _emit_hf_trainer, "maxtext": _emit_maxtext,
+    "llm-foundry": _emit_llm_foundry,
 }
 
 __all__ = ["FORMATS", "SUFFIX", "emit"]
