@@ -25,6 +25,7 @@ model every time. Needs torch (``pip install 'capopt[torch]'``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import sys
@@ -50,6 +51,10 @@ def measurement_key(case: Case) -> str:
     from capopt.validation.torch_models import TORCH_TIER_REVISION
     sc = case.scenario
     parts = ("torch", sc.model, sc.workload, json.dumps(case.config.to_dict(), sort_keys=True))
+    if sc.runtime.name != "pytorch-eager":
+        # the runtime changes the step the tier runs (torchtitan: FSDP2's mixed precision
+        # under ZeRO-2/3, its per-op selective checkpointing)
+        parts += (f"runtime {sc.runtime.name}",)
     if sc.model.norm_type == "rmsnorm" and TORCH_TIER_REVISION > 1:
         # measured with the fused RMSNorm backward (revision 2); revision 1 left the keys as
         # they were, and a card without RMSNorm measures the same under both
@@ -95,6 +100,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tp-sp", action="store_true",
                     help="with --tp: sequence parallelism too, on cards without learned "
                          "positions (results: torch_tp_sp.json[l])")
+    ap.add_argument("--runtime", default="pytorch-eager", choices=["pytorch-eager", "torchtitan"],
+                    help="the runtime profile that predicts and that the tier runs "
+                         "(torchtitan: results torch_random_torchtitan.json[l])")
     ap.add_argument("--measurements", default=None,
                     help="default: benchmarks/results/torch_random.jsonl (torch_lora.jsonl, "
                          "torch_tp*.jsonl; a seed other than 0 adds _seedN: "
@@ -107,7 +115,8 @@ def main(argv=None) -> int:
     stem = ("torch_lora" if args.lora else
             f"torch_tp{'' if args.tp_dp == 1 else f'{args.tp_dp}d'}"
             f"{'_sp' if args.tp_sp else ''}" if args.tp else
-            "torch_random") + (f"_seed{args.seed}" if args.seed else "")
+            "torch_random") + (f"_seed{args.seed}" if args.seed else "") + (
+        f"_{args.runtime}" if args.runtime != "pytorch-eager" else "")
     args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
     args.out = args.out or str(RESULTS / f"{stem}.json")
     groups_of = GROUPS + (("lora", "lora_rank", "lora_targets") if args.lora else ()) + (
@@ -123,7 +132,11 @@ def main(argv=None) -> int:
     cases = draw_torch_cases(args.cases, args.seed, lora=args.lora,
                              tp=(2, 4) if args.tp else (), tp_dp=args.tp_dp,
                              tp_sp=args.tp_sp)
-    timing = [] if (args.lora or args.tp) else timing_cases()
+    if args.runtime != "pytorch-eager":
+        from capopt._runtime import get_profile
+        rt = get_profile(args.runtime)
+        cases = [dataclasses.replace(c, scenario=c.scenario.replace(runtime=rt)) for c in cases]
+    timing = [] if (args.lora or args.tp or args.runtime != "pytorch-eager") else timing_cases()
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)
     every = cases + [c for _, c in timing]
@@ -170,7 +183,7 @@ def main(argv=None) -> int:
         errs = [(q["predicted"][k] - q["measured"][k]) / q["measured"]["peak_bytes"]
                 for q in points if q["split"] == "heldout"]
         parts[k] = summary(errs)
-    print("\nLive tensor bytes at the peak of one step, predicted (pytorch-eager profile) "
+    print(f"\nLive tensor bytes at the peak of one step, predicted ({args.runtime} profile) "
           "against the torch tier\n")
     print(f"{'split':<10} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7} {'mean':>7} {'under':>6}")
     for split, s in splits.items():
@@ -241,7 +254,7 @@ def main(argv=None) -> int:
         f"{k} {pct(v)} {'<=' if v is not None and v <= TARGETS[k] else '>'} "
         f"{100 * TARGETS[k]:.0f}%" for k, v in checks.items()))
     import torch
-    out = {"tier": "torch", "profile": "pytorch-eager", "torch": torch.__version__,
+    out = {"tier": "torch", "profile": args.runtime, "torch": torch.__version__,
            "cases": args.cases, "seed": args.seed, "splits": splits, "by_feature": groups,
            "parts": parts, "allocator": allocator, "targets": TARGETS, "checks": checks, "timing": times,
            "points": points, "not_measured": [c.name for c in failed],

@@ -778,8 +778,8 @@ def test_zero2_reduce_scatters_every_micro_batch():
 def test_fsdp_zero2_gathers_once_and_reduce_scatters_once_per_group(remat):
     # FSDP's ZeRO-2 (reshard_after_forward=False / SHARD_GRAD_OP, zero2_per_group = 1): per
     # micro-batch each parameter is gathered once (in the profile's gathered dtype, the copy
-    # kept to the backward pass, recomputation included) and its gradient reduce-scattered once, S (N-1)/N
-    # bytes each over NVLink; nothing after the step. ZeRO-3 gathers twice (three times with
+    # kept to the backward pass, recomputation included) and its gradient reduce-scattered
+    # once, S (N-1)/N bytes each over NVLink; nothing after the step. ZeRO-3 gathers twice (three times with
     # recomputation): the difference is exactly the gathers ZeRO-2 keeps.
     sc = _zero3_scenario(1, runtime="pytorch-eager", overlap_zero=0.0)
     n = numbers_pytree(sc)

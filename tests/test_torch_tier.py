@@ -592,3 +592,26 @@ def test_a_fused_loss_keeps_the_logits_and_their_gradient_in_the_compute_dtype(p
     assert abs(p_fused - m_fused) / m_fused < 0.05
     assert m_up - m_fused > 0.1 * m_up
     assert abs((p_up - p_fused) - (m_up - m_fused)) < 0.10 * (m_up - m_fused)
+
+
+@needs_torch
+@pytest.mark.parametrize("zero, remat", [(3, "none"), (2, "none"), (3, "selective")])
+def test_torchtitans_fsdp_mixed_precision_runs_without_autocast(zero, remat):
+    """Under the torchtitan profile the tier runs torchtitan's apply_fsdp precision on 2 fake
+    ranks: FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32), no autocast
+    (and its per-op selective checkpointing): a bf16 stream and no cast copies, so the step
+    holds less than the same step under autocast, as the profile predicts; the profile's peak
+    within 5% of the tier's (the plain case's bound)."""
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec(vocab_size=1024, num_hidden_layers=3)
+    cfg = Config(micro_batch=4, dp=2, zero_stage=zero, remat=remat)
+    peaks = {}
+    for rt in ("pytorch-eager", "torchtitan"):
+        sc = _scenario(spec, seq=256).replace(count=2, per_node=2, runtime=get_profile(rt))
+        m = run_torch(sc, cfg)["measured"]
+        p = predicted_torch_terms(cfg, sc)
+        assert abs(p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"] < 0.05, rt
+        peaks[rt] = (m["peak_bytes"], p["peak_bytes"])
+    assert peaks["torchtitan"][0] < peaks["pytorch-eager"][0]
+    assert peaks["torchtitan"][1] < peaks["pytorch-eager"][1]

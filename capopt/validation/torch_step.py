@@ -246,6 +246,10 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     # a runtime whose selective policy is torchtitan's per-op one runs it
     if scenario.runtime.coeff("selective_saves_ops") >= 0.5:
         plan = tuple("selective-op" if m == "selective" else m for m in plan)
+    # FSDP's mixed precision in place of autocast under ZeRO-2/3 where the runtime says so
+    # (``fsdp_mixed_precision``, as the cost model's runtime_numbers applies it)
+    fsdp_mp = (scenario.runtime.coeff("fsdp_mixed_precision") >= 0.5 and config.dp > 1
+               and config.zero_stage in (2, 3) and autocast is not None)
     t0 = time.perf_counter()
     mesh = _fake_mesh(config.dp, config.tp) if config.dp * config.tp > 1 else None
     with FakeTensorMode(allow_non_fake_inputs=False):
@@ -262,12 +266,18 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
             # final norm, head) another; ZeRO-3 frees a block's unsharded parameters after
             # its forward pass, ZeRO-2 keeps them to its backward pass (with tp: over the
             # data-parallel dimension, after tensor parallelism, as torchtitan's 2-D)
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
             reshard = config.zero_stage == 3
+            kw = {}
+            if fsdp_mp:
+                # a runtime that mixes precision by FSDP2's parameter dtype (torchtitan's
+                # apply_fsdp): bf16 gathers and compute, float32 reductions, no autocast
+                kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=autocast,
+                                                       reduce_dtype=torch.float32)
             with _RealMeshes():
                 for blk in model.blocks:
-                    fully_shard(blk, mesh=mesh["dp"], reshard_after_forward=reshard)
-                fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard)
+                    fully_shard(blk, mesh=mesh["dp"], reshard_after_forward=reshard, **kw)
+                fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard, **kw)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = _optimizer(w.optimizer, params)
         # fp16-mixed: dynamic loss scaling as torch.amp.GradScaler does it (the loss times the
@@ -302,8 +312,8 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                 labels = torch.randint(0, spec.vocab_size, (b, s))
                 meter.mark([ids, labels], "inputs")
                 meter.set_phase("forward")
-                ctx = (torch.autocast("cpu", dtype=autocast) if autocast is not None
-                       else contextlib.nullcontext())
+                ctx = (torch.autocast("cpu", dtype=autocast)
+                       if autocast is not None and not fsdp_mp else contextlib.nullcontext())
                 with ctx:
                     logits = model(ids)
                 meter.set_phase("loss")
