@@ -135,7 +135,13 @@ def main(argv=None) -> int:
     if args.runtime != "pytorch-eager":
         from capopt._runtime import get_profile
         rt = get_profile(args.runtime)
-        cases = [dataclasses.replace(c, scenario=c.scenario.replace(runtime=rt)) for c in cases]
+        names = {name for name, _ in rt.precisions}
+        # (the same draw; the precisions the runtime trains in: torchtitan has no fp16-mixed)
+        skipped = sum(c.scenario.workload.precision not in names for c in cases)
+        cases = [dataclasses.replace(c, scenario=c.scenario.replace(runtime=rt)) for c in cases
+                 if c.scenario.workload.precision in names]
+        print(f"{len(cases)} of {len(cases) + skipped} drawn configs in precisions the "
+              f"{args.runtime} profile prices ({', '.join(sorted(names))})")
     timing = [] if (args.lora or args.tp or args.runtime != "pytorch-eager") else timing_cases()
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -615,3 +615,24 @@ def test_torchtitans_fsdp_mixed_precision_runs_without_autocast(zero, remat):
         peaks[rt] = (m["peak_bytes"], p["peak_bytes"])
     assert peaks["torchtitan"][0] < peaks["pytorch-eager"][0]
     assert peaks["torchtitan"][1] < peaks["pytorch-eager"][1]
+
+
+@needs_torch
+def test_fsdp_mixed_precision_keeps_unsharded_gradients_in_bf16():
+    """Tiny activations, a large tied table, ZeRO-3 under torchtitan's FSDP2 mixed precision:
+    the peak is the embedding's backward, where the root's gathered table, the head's and the
+    embedding's gradients and their sum are all bf16 (the unsharded parameter's dtype). Counted
+    in float32 they were predicted 45% over; in bf16 within 10% (under: FSDP2's float32
+    reduce-scatter input of the last block, 7 MB here, is still live and is counted only while
+    a block is differentiated)."""
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec(hidden_size=384, num_hidden_layers=6, num_attention_heads=3,
+                 num_key_value_heads=3, intermediate_size=1024, vocab_size=20011,
+                 tie_word_embeddings=True)
+    sc = _scenario(spec, seq=64, optimizer="sgd", clip=False, batch=8).replace(
+        count=8, per_node=8, runtime=get_profile("torchtitan"))
+    cfg = Config(micro_batch=1, dp=8, zero_stage=3, remat="full", flash_attention=False)
+    m = run_torch(sc, cfg)["measured"]
+    p = predicted_torch_terms(cfg, sc)
+    assert abs(p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"] < 0.10

@@ -226,12 +226,15 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # (a dense scatter-add target in the gradient dtype, created before the backward pass;
     # the head's gradient lands in it when tied). ZeRO-2/3 keep a 1/dp slice.
     gb = n["grad_bytes"]
+    # (a gradient before its ZeRO-2/3 reduce-scatter is in its unsharded parameter's dtype:
+    # the compute dtype under FSDP's mixed precision, ``fsdp_mixed_precision``)
+    ugb = gb + n["rt_fsdp_mixed_precision"] * f_grad * (compute_weight_bytes(n) - gb)
     grad_layer = zero_shard(f_grad, trainable_layer, trainable_layer_expert, k) * gb
     grads_all = (zero_shard(f_grad, trainable, trainable_expert, k) + embed_whole) * gb
     accumulating = step_at_least(k.grad_accum, 2.0)
     # (under accumulation the embedding's accumulator is that buffer, counted in ``accum``)
     # (the dense gradient itself is the whole table: ZeRO splits it only once reduced)
-    embed_full = first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"]) * gb
+    embed_full = first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"]) * ugb
     embed_table = embed_full * shard(f_grad, dp)
     embed_grad = (embed_table * n["rt_embed_grad_early"]
                   * (1.0 - accumulating * n["rt_accum_buffer"]))
@@ -358,9 +361,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # contribution, or the head's own weights; the embedding's comes at the end)
     head_share = (n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share + n["P_head_rep"]
     root_grad = (f_grad * (1 - lora) * n["rt_zero3_root_group"] * (1.0 - 1.0 / dp)
-                 * logits_mb * head_share * gb)
+                 * logits_mb * head_share * ugb)
     block_unsharded = (f_grad * n["rt_zero_unsharded_grad_copies"]
-                       * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * gb)
+                       * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * ugb)
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
     p2p = step_at_least(k.pp, 2.0) * 2.0 * tokens * n["h"] * n["act_bytes"] * rep_div
     comm_bytes = gathered + buckets + p2p + root_gathered
