@@ -614,7 +614,7 @@ def test_llm_foundry_is_torchtitans_fsdp_precision_on_fsdp1s_buffers():
     gathers into the flat parameter itself, so one gathered block fewer is in flight
     (``zero3_prefetch_layers`` 2 against 3), and it keeps the root gathered after the forward
     pass (``zero3_root_regather`` 0): the root is live at the loss, and never gathered again.
-    Under ZeRO-2 the two keep the same buffers."""
+    Under ZeRO-2 the two keep the same buffers but for the optimizer's temporaries."""
     m = gpt_like(layers=4, hidden=512, heads=8, vocab=1024, seq=1024)
     cfg = Config(micro_batch=2, dp=8, zero_stage=3, remat="full")
     mem = {}
@@ -635,7 +635,12 @@ def test_llm_foundry_is_torchtitans_fsdp_precision_on_fsdp1s_buffers():
     assert lf["phase_loss_bytes"] - tt["phase_loss_bytes"] == pytest.approx(
         root * (1 + n["rt_fragmentation"]), rel=1e-4)
     assert lf["phase_regather_bytes"] < lf["phase_loss_bytes"]
-    assert mem["llm-foundry", 2] == mem["torchtitan", 2]
+    # ZeRO-2: the same buffers but at the update, where torch's foreach Adam holds a
+    # state-sized square root (torchtitan) and Composer's DecoupledAdamW one tensor's
+    lf2, tt2 = mem["llm-foundry", 2], mem["torchtitan", 2]
+    assert {k: v for k, v in lf2.items() if k != "phase_update_bytes"} == \
+        {k: v for k, v in tt2.items() if k != "phase_update_bytes"}
+    assert lf2["phase_update_bytes"] < tt2["phase_update_bytes"]
 
 
 @pytest.mark.parametrize("dp", [1, 8])
