@@ -109,9 +109,11 @@ SCHEMA: dict[str, Coeff] = {
     "zero2_keeps_shards": _c(0, "1: under ZeRO-2 the parameters stay sharded and the "
                                 "unsharded copy gathered for the forward pass is kept to the "
                                 "backward pass beside them"),
-    "dp_bucket_bytes_per_rank": _c(0, "gradient bucket bytes per data-parallel rank: a "
-                                      "bucket is the larger of this x dp and "
-                                      "dp_bucket_bytes"),
+    "dp_bucket_elems": _c(0, "gradient elements per data-parallel bucket, in place of "
+                             "dp_bucket_bytes where > 0: the gradient reduction and the "
+                             "updated parameters' all-gather then share one bucketing"),
+    "dp_bucket_elems_per_rank": _c(0, "bucket elements per data-parallel rank: a bucket is "
+                                      "the larger of this x dp and dp_bucket_elems"),
     "overlap_dp_buckets": _c(0, "1: every gradient bucket but the last is reduced during the "
                                 "backward pass (in place of overlap_dp)"),
     "overlap_param_gather": _c(0, "1: ZeRO-1/2's all-gather of the updated parameters runs "
@@ -225,7 +227,8 @@ SCHEMA: dict[str, Coeff] = {
     "gemm_half_scale": _c(1, "GEMM half-efficiency dimension, in roofline ridge points"),
     "flash_eff": _c(0.5, "fused attention's share of the dtype's peak, forward + backward"),
     "flash_eff_sm90": _c(0, "flash_eff on Hopper (compute capability 9.x) where the kernel's "
-                            "share differs there; 0: flash_eff"),
+                            "share differs there, overriding flash_eff on those cards; "
+                            "0: flash_eff"),
     "mem_eff": _c(0.8, "streaming element-wise kernels' share of HBM bandwidth"),
     "ew_h": _c(10, "h-wide elements read + written per token by a block's element-wise ops"),
     "ew_dropout_h": _c(1, "dropout masks per block, in activation-element units"),

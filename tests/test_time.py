@@ -779,8 +779,8 @@ def test_fsdp_zero2_gathers_once_and_reduce_scatters_once_per_group(remat):
     # FSDP's ZeRO-2 (reshard_after_forward=False / SHARD_GRAD_OP, zero2_per_group = 1): per
     # micro-batch each parameter is gathered once (in the profile's gathered dtype, the copy
     # kept to the backward pass, recomputation included) and its gradient reduce-scattered
-    # once, S (N-1)/N bytes each over NVLink; nothing after the step. ZeRO-3 gathers twice (three times with
-    # recomputation): the difference is exactly the gathers ZeRO-2 keeps.
+    # once, S (N-1)/N bytes each over NVLink; nothing after the step. ZeRO-3 gathers twice
+    # (three times with recomputation): the difference is exactly the gathers ZeRO-2 keeps.
     sc = _zero3_scenario(1, runtime="pytorch-eager", overlap_zero=0.0)
     n = numbers_pytree(sc)
     assert sc.runtime.coeff("zero2_per_group") == 1.0
@@ -794,10 +794,12 @@ def test_fsdp_zero2_gathers_once_and_reduce_scatters_once_per_group(remat):
     scatter = float(n["grad_bytes"]) * P * 7 / 8 / bw
     assert float(gathered_param_bytes(n)) == float(n["grad_bytes"]) == 4.0
     assert t2["comm_hidden_s"] == 0.0 and t2["comm_dp_s"] == 0.0
-    assert t2["comm_zero_s"] == pytest.approx(gather + scatter, rel=1e-4)
+    # (the ring's bytes and bandwidths in float32, per collective and summed: a few F32;
+    # the ZeRO-3 difference cancels the common part, ten)
+    assert t2["comm_zero_s"] == pytest.approx(gather + scatter, rel=4 * F32)
     gathers3 = 3 if remat == "full" else 2
     assert t3["comm_zero_s"] - t2["comm_zero_s"] == pytest.approx((gathers3 - 1) * gather,
-                                                                  rel=1e-4)
+                                                                  rel=10 * F32)
 
 
 def test_fsdp_zero2_has_no_gradient_buckets_and_deepspeeds_has():
@@ -833,7 +835,13 @@ def test_flash_attention_runs_at_its_hopper_share_on_hopper_only():
                          hardware=get_hardware("h100-sxm-80gb"))
     slow = est(cfg, h100)["time"]["compute_s"]
     fast = est(cfg, h100.replace(runtime=h100.runtime.with_coeffs(flash_eff_sm90=base)))
-    assert slow > fast["time"]["compute_s"]
+    # by the attention core's FLOPs at the two shares: 4 s h per token and block forward,
+    # 3.5 passes (forward, backward's two, FlashAttention-2's recomputed half)
+    n = scenario_numbers(h100)
+    attn_flops = 2 * 4096 * 4 * 4096.0 * 512 * 3.5
+    expected = attn_flops * (1 / 0.34 - 1 / base) / float(n["attn_peak"])
+    # (compute_s sums a few float32 terms several times larger than the difference)
+    assert slow - fast["time"]["compute_s"] == pytest.approx(expected, rel=1e-3)
 
 
 def _megatron(**coeffs):
@@ -851,25 +859,40 @@ def test_megatron_reduces_every_gradient_bucket_but_the_last_during_the_backward
     sc = _megatron()
     n = numbers_pytree(sc)
     assert float(n["grad_bytes"]) == 4.0                   # float32 main_grad under --bf16
-    buckets = sc.model.num_params() * 4.0 / 1.6e8
+    buckets = sc.model.num_params() / 4e7
     assert 2.0 < buckets < 3.0
     t = est(Config(micro_batch=8, grad_accum=1, dp=8, zero_stage=0), sc)["time"]
     total = t["comm_dp_s"] + t["comm_hidden_s"]           # only the all-reduce communicates
-    assert t["comm_dp_s"] == pytest.approx(total / buckets, rel=1e-4)
+    # (the exposed and hidden shares are two float32 products of the same sum: F32 each)
+    assert t["comm_dp_s"] == pytest.approx(total / buckets, rel=2 * F32)
     # a prior share instead (the pytorch profile's rule): 1 - overlap_dp of it exposed
     t0 = est(Config(micro_batch=8, grad_accum=1, dp=8, zero_stage=0),
              _megatron(overlap_dp_buckets=0.0, overlap_dp=0.5))["time"]
-    assert t0["comm_dp_s"] == pytest.approx(0.5 * total, rel=1e-4)
-    # 1e6 elements per rank: at dp = 64 a bucket is 6.4e7 elements
-    big = make_scenario(sc.model, runtime="megatron", count=64, global_batch=512)
-    nb = numbers_pytree(big)
-    assert float(nb["rt_dp_bucket_bytes_per_rank"]) * 64 / 4 == 6.4e7
+    assert t0["comm_dp_s"] == pytest.approx(0.5 * total, rel=2 * F32)
+
+
+def test_megatron_grows_its_buckets_with_the_data_parallel_size():
+    # 1e6 elements per rank: at dp = 64 a bucket is 6.4e7 elements, not 4e7, so fewer buckets
+    # and a larger last one exposed; without the per-rank rule the bucket stays at 4e7
+    model = gpt_like(layers=8, hidden=1024, heads=8, vocab=1024, seq=512)
+    zero_lat = dict(alpha_base_s=0.0, alpha_intra_s=0.0, alpha_inter_s=0.0)
+    big = make_scenario(model, runtime="megatron", count=64, global_batch=512)
+    cfg = Config(micro_batch=8, grad_accum=1, dp=64, zero_stage=0)
+
+    def exposed_share(**coeffs):
+        t = est(cfg, big.replace(runtime=big.runtime.with_coeffs(**zero_lat, **coeffs)))["time"]
+        return t["comm_dp_s"] / (t["comm_dp_s"] + t["comm_hidden_s"])
+
+    P = model.num_params()
+    assert exposed_share() == pytest.approx(6.4e7 / P, rel=2 * F32)
+    assert exposed_share(dp_bucket_elems_per_rank=0.0) == pytest.approx(4e7 / P, rel=2 * F32)
 
 
 def test_megatron_gathers_updated_parameters_behind_the_next_forward_pass():
     # --overlap-param-gather with the distributed optimizer (ZeRO-1): the all-gather of the
     # updated bf16 parameters, 2 P (N-1)/N bytes over NVLink, hides behind the forward pass
-    # but for its first bucket; without the flag all of it follows the step
+    # but for its first bucket (the gradients' buckets: the same elements, P / 4e7 of them);
+    # without the flag all of it follows the step
     cfg = Config(micro_batch=8, grad_accum=1, dp=8, zero_stage=1)
     sc = _megatron()
     n = numbers_pytree(sc)
@@ -877,12 +900,13 @@ def test_megatron_gathers_updated_parameters_behind_the_next_forward_pass():
     off = est(cfg, _megatron(overlap_param_gather=0.0))["time"]
     P = sc.model.num_params()
     gather = 2.0 * P * 7 / 8 / float(n["intra_bw"] * n["rt_nvlink_eff"])
-    gather_buckets = P * 2.0 / 1.6e8                       # bf16 parameters, same bucket bytes
-    assert gather_buckets > 1.0
+    gather_buckets = P / 4e7
+    assert gather_buckets > 2.0
+    # (the gather is recomputed from the profile's bandwidths here: a few float32 roundings)
     assert off["comm_zero_s"] - on["comm_zero_s"] == pytest.approx(
-        gather * (1.0 - 1.0 / gather_buckets), rel=1e-4)
+        gather * (1.0 - 1.0 / gather_buckets), rel=4 * F32)
     assert on["comm_hidden_s"] - off["comm_hidden_s"] == pytest.approx(
-        off["comm_zero_s"] - on["comm_zero_s"], rel=1e-5)
+        off["comm_zero_s"] - on["comm_zero_s"], rel=4 * F32)
 
 
 def test_megatron_pipelines_tensor_parallel_communication_only_under_sequence_parallelism():

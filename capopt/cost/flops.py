@@ -255,6 +255,7 @@ def compute_times(k: Knobs, n: dict) -> dict:
     attn_fwd_s = (1.0 - k.flash) * attn_matmul_s + k.flash * attn_flash_s
     return {"layer": layer, "layer_fwd": layer_fwd, "layer_bwd": layer_bwd,
             "layer_dw": weights_s * dw, "first": first, "last": last,
+            "first_fwd": seqs * embed_s, "last_fwd": last / head_mult,
             "gemm_flops": tokens * jnp.sum(weight_rows), "gemm_s": weights_s,
             "attn_flops": attn_flops, "attn_s": attn_fwd_s}
 

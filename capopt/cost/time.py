@@ -243,15 +243,16 @@ def _weight_bytes(n: dict):
     return n["lora"] * n["frozen_bytes"] + (1.0 - n["lora"]) * gathered_param_bytes(n)
 
 
-def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra_memory,
-               extra_params, tp_extra_ar) -> dict:
+def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, extra_fwd,
+               extra_memory, extra_params, tp_extra_ar) -> dict:
     """Per-micro-batch seconds of one stage holding ``layers`` blocks plus its extras.
 
     ``c`` and ``mb`` are `flops.compute_times` and `memory_bound_times` of the config; the
     extras are the stage's own embedding / head work: matmul seconds, memory-bound seconds,
     parameters and tensor-parallel all-reduces. Returns ``compute``, ``memory`` (with its
     parts ``accum`` and ``launch``), ``hidden`` (communication hidden behind compute),
-    ``total``, ``bwd`` (the backward phase's matmul seconds) and the exposed seconds of each
+    ``total``, ``bwd`` (the backward phase's matmul seconds), ``fwd`` (the forward pass's
+    matmul seconds) and the exposed seconds of each
     per-micro-batch collective (``tp``, ``moe``, ``zero``, ``pp``). Works elementwise on
     arrays of extras (e.g. under `jax.vmap`).
     """
@@ -329,7 +330,7 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     #     micro-batch for its forward pass (the unsharded copy kept to its backward pass, a
     #     recomputed block's too) and its gradients reduce-scattered as it is differentiated,
     #     one collective each per group, prefetched and overlapped as ZeRO-3's ---
-    z3 = z3 + n["rt_zero2_per_group"] * k.zero[2] * (
+    z3 = z3 + _coeff(n, "zero2_per_group") * k.zero[2] * (
         gather2_coll + fetch_s(gather_once, dp, n) + scatter_coll)
 
     # --- pipeline: send activations forward and gradients back, once per model chunk ---
@@ -347,7 +348,8 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     hidden = tp_hidden + moe_hidden + zero_hidden + pp_hidden
     total = busy + sum(exposed.values())
     return {"compute": compute, "memory": memory, "hidden": hidden, "total": total,
-            "bwd": layers * c["layer_bwd"], "accum": accum, "launch": launch, **exposed}
+            "bwd": layers * c["layer_bwd"], "fwd": layers * c["layer_fwd"] + extra_fwd,
+            "accum": accum, "launch": launch, **exposed}
 
 
 def stage_extras(n: dict, c: dict, mb: dict, first_p, last_p, is_first, is_last) -> dict:
@@ -356,6 +358,7 @@ def stage_extras(n: dict, c: dict, mb: dict, first_p, last_p, is_first, is_last)
     bound work and parameters, and one tensor-parallel all-reduce each (the vocabulary-
     parallel embedding's output; the head's input gradient)."""
     return {"extra_compute": is_first * c["first"] + is_last * c["last"],
+            "extra_fwd": is_first * c["first_fwd"] + is_last * c["last_fwd"],
             "extra_memory": is_first * mb["first"] + is_last * mb["last"],
             "extra_params": is_first * first_p + is_last * last_p,
             "tp_extra_ar": is_first * n["embed_vocab"] + is_last * n["logit_tp"]}
@@ -414,12 +417,19 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     dp_per, dp_nodes = comm.group_layout(dp, tp, per_node)
     trainable = mem["trainable_params"]
     grads = trainable * n["grad_bytes"]
-    # buckets of dp_bucket_bytes, or more where the runtime grows them with the data-parallel
-    # size (``dp_bucket_bytes_per_rank``: Megatron-Core keeps large rings bandwidth-bound)
-    bucket = jnp.maximum(n["rt_dp_bucket_bytes"], dp * _coeff(n, "dp_bucket_bytes_per_rank"))
-    buckets = jnp.maximum(grads / bucket, 1.0)
+    # buckets of dp_bucket_bytes, each collective bucketed on its own bytes; or, where the
+    # runtime buckets by elements (``dp_bucket_elems``: Megatron-Core's buffers, the larger of
+    # dp_bucket_elems and dp x dp_bucket_elems_per_rank, which keeps large rings bandwidth-
+    # bound), one bucketing shared by the gradients and the parameters gathered after the step
+    by_elems = step_at_least(_coeff(n, "dp_bucket_elems"), 1.0)
+    bucket_elems = jnp.maximum(jnp.maximum(_coeff(n, "dp_bucket_elems"),
+                                           dp * _coeff(n, "dp_bucket_elems_per_rank")), 1.0)
+    elem_buckets = jnp.maximum(trainable / bucket_elems, 1.0)
     params_out = trainable * n["param_bytes"]
-    gather_buckets = jnp.maximum(params_out / bucket, 1.0)
+    buckets = by_elems * elem_buckets + (1.0 - by_elems) * jnp.maximum(
+        grads / n["rt_dp_bucket_bytes"], 1.0)
+    gather_buckets = by_elems * elem_buckets + (1.0 - by_elems) * jnp.maximum(
+        params_out / n["rt_dp_bucket_bytes"], 1.0)
     # the all-reduce (ZeRO 0), the reduce-scatter (ZeRO 1, 2) and the re-gather of the
     # updated parameters (ZeRO 1, 2) over the data-parallel group, in one evaluation
     allreduce, scatter, gathered = _unstack(comm.ring_collectives_s(
@@ -438,13 +448,18 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     rs1_exposed, rs1_hidden = comm.overlap(z[1] * scatter, st["bwd"], frac_dp)
     # (FSDP's ZeRO-2, ``zero2_per_group``, communicates per group in the stage instead: no
     # bucketed reduce-scatter, no gather of the updated parameters after the step)
-    z2_buckets = z[2] * (1.0 - n["rt_zero2_per_group"])
+    z2_buckets = z[2] * (1.0 - _coeff(n, "zero2_per_group"))
     rs2_exposed, rs2_hidden = comm.overlap(z2_buckets * scatter, st["bwd"], frac_dp)
     rs_exposed = rs1_exposed + m * rs2_exposed
     rs_hidden = rs1_hidden + m * rs2_hidden
     # the updated parameters' all-gather: after the step, or (``overlap_param_gather``)
     # bucket by bucket behind the next step's first forward pass, the first bucket waited for
-    fwd_window = st["compute"] - st["bwd"]
+    # (the stage's forward matmul seconds, the window in which its buckets are waited for,
+    # the embedding's and the head's forward GEMMs included, their backward not. Tensor-parallel
+    # communication hidden in the same GEMMs does not shorten it: it crosses the tensor-
+    # parallel group's links, this gather the data-parallel group's, the network once the
+    # tensor-parallel group fills a node)
+    fwd_window = st["fwd"]
     frac_pg = _coeff(n, "overlap_param_gather") * (1.0 - 1.0 / gather_buckets)
     regather, regather_hidden = comm.overlap((z[1] + z2_buckets) * gathered, fwd_window,
                                              frac_pg)
