@@ -246,7 +246,9 @@ def read_llm_foundry(text: str) -> dict:
     d = yaml.safe_load(text)
     fsdp = d.get("fsdp_config")
     stage = {None: 0, "FULL_SHARD": 3, "SHARD_GRAD_OP": 2}[fsdp and fsdp["sharding_strategy"]]
-    micro, dp = d["device_train_microbatch_size"], 8          # composer -n 8: the world size
+    # the world size: composer -n <processes per node> on <nodes> node(s), from the header
+    per_node, nodes = re.search(r"composer -n (\d+) .*\(on (\d+) node", text).groups()
+    micro, dp = d["device_train_microbatch_size"], int(per_node) * int(nodes)
     clip = d.get("algorithms", {}).get("gradient_clipping", {})
     return {"micro_batch": micro, "grad_accum": d["global_train_batch_size"] // (micro * dp),
             "dp": dp, "tp": 1, "pp": 1, "zero_stage": stage, "sequence_parallel": False,
@@ -321,15 +323,26 @@ def test_megatron_writes_expert_parallel_and_the_optimizer():
 
 def test_megatron_file_turns_on_the_overlap_its_profile_prices():
     """Priced with the megatron profile, the launch file carries the overlap flags that
-    profile assumes, where Megatron accepts them (--overlap-param-gather only with the
-    distributed optimizer, --tp-comm-overlap only with sequence parallelism); priced with
-    another profile, none, and the header names the profile that prices Megatron's rules."""
+    profile assumes, where Megatron accepts them (arguments.py at d98e8a64: --overlap-param-
+    gather only with --overlap-grad-reduce and the distributed optimizer or Megatron-FSDP,
+    --tp-comm-overlap only with sequence parallelism); priced with another profile, none, and
+    the header names the profile that prices Megatron's rules."""
     from capopt._runtime import get_profile
     mega = SC.replace(runtime=get_profile("megatron"))
     a = megatron_parser().parse_args(megatron_argv(emit("megatron", CONFIGS["tp-pp-sp"], mega)))
     assert a.overlap_grad_reduce and a.overlap_param_gather and a.tp_comm_overlap
     a = megatron_parser().parse_args(megatron_argv(emit("megatron", CONFIGS["dp-only"], mega)))
     assert a.overlap_grad_reduce and not a.overlap_param_gather and not a.tp_comm_overlap
+    a = megatron_parser().parse_args(megatron_argv(emit("megatron", CONFIGS["tp-sp-zero3"],
+                                                        mega)))
+    assert a.use_megatron_fsdp and a.overlap_grad_reduce and a.overlap_param_gather
+    for name in CONFIGS:
+        if "megatron" in EXPRESSES[name]:
+            a = megatron_parser().parse_args(megatron_argv(emit("megatron", CONFIGS[name], mega)))
+            if a.overlap_param_gather:      # arguments.py:1024-1029
+                assert a.overlap_grad_reduce
+                assert a.use_distributed_optimizer or a.use_megatron_fsdp
+            assert not a.tp_comm_overlap or a.sequence_parallel        # :1441-1442
     no_sp = CONFIGS["tp-pp-sp"].replace(sequence_parallel=False)
     assert not megatron_parser().parse_args(
         megatron_argv(emit("megatron", no_sp, mega))).tp_comm_overlap

@@ -318,12 +318,13 @@ def _megatron_args(c: Config, sc: Scenario) -> list[str]:
         args += ["--optimizer-cpu-offload", "--optimizer-offload-fraction 1.0"]
     args.append(f"--attention-backend {'flash' if c.flash_attention else 'unfused'}")
     if sc.runtime.name == "megatron":
-        # the overlap the megatron profile prices (megatron/training/arguments.py at
-        # core_r0.8.0: --overlap-param-gather needs the distributed optimizer and
-        # --overlap-grad-reduce, --tp-comm-overlap needs --sequence-parallel)
-        if c.dp > 1 and c.zero_stage <= 1:
+        # the overlap the megatron profile prices, as arguments.py at d98e8a64 allows it
+        # (:1024-1029: --overlap-param-gather needs --overlap-grad-reduce and the distributed
+        # optimizer or Megatron-FSDP, i.e. ZeRO 1-3; :1441-1442: --tp-comm-overlap needs
+        # --sequence-parallel)
+        if c.dp > 1:
             args.append("--overlap-grad-reduce")
-        if c.dp > 1 and c.zero_stage == 1:
+        if c.dp > 1 and c.zero_stage >= 1:
             args.append("--overlap-param-gather")
         if c.tp > 1 and c.sequence_parallel:
             args.append("--tp-comm-overlap")
@@ -725,8 +726,12 @@ def _emit_llm_foundry(c: Config, sc: Scenario) -> str:
     lines.append(f"# use: composer -n {min(c.devices, sc.per_node)} scripts/train/train.py "
                  f"this-file  (on {_nodes(c, sc)} node(s); Composer accumulates "
                  "global / (micro x world size) times)")
-    lines.append(f"# model: add llm-foundry's model section (name, d_model, ...) for "
-                 f"{sc.model.name} beside the keys below")
+    lines.append("# merge into a pretrain YAML (scripts/train/yamls/pretrain/): these keys "
+                 "override its own, its model: section")
+    lines.append(f"#   gains the two below beside MPT's shape of {sc.model.name} (name, d_model, "
+                 "n_heads, n_layers, ...); train.py")
+    lines.append("#   also needs seed, tokenizer, scheduler, train_loader, max_duration, "
+                 "eval_interval and device_eval_batch_size")
     if c.zero_stage == 0 and c.dp > 1:
         lines.append("# no fsdp_config: Composer wraps the model in DDP")
     return "\n".join(lines + _yaml(doc)) + "\n"
