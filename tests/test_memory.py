@@ -629,11 +629,13 @@ def test_llm_foundry_is_torchtitans_fsdp_precision_on_fsdp1s_buffers():
                 "logits_bytes"):
         assert lf[key] == tt[key], key
     block = (n["P_layer_tp"] + n["P_layer_rep"]) * (1 - 1 / 8) * 2     # bf16, 7/8 gathered
-    assert tt["comm_bytes"] - lf["comm_bytes"] == pytest.approx(block, rel=1e-5)
+    # (float32: the difference of two sums a few blocks large, ten roundings of the block)
+    assert tt["comm_bytes"] - lf["comm_bytes"] == pytest.approx(block, rel=10 * F32_RTOL)
     root = (m.num_params() - 4 * (n["P_layer_tp"] + n["P_layer_rep"])) * (1 - 1 / 8) * 2
-    # (the allocator's slack on dynamic buffers counted on it too)
+    # (the allocator's slack on dynamic buffers counted on it too; the phases are float32
+    # sums of the whole step's buffers, some hundred times the root's bytes: 100 roundings)
     assert lf["phase_loss_bytes"] - tt["phase_loss_bytes"] == pytest.approx(
-        root * (1 + n["rt_fragmentation"]), rel=1e-4)
+        root * (1 + n["rt_fragmentation"]), rel=100 * F32_RTOL)
     assert lf["phase_regather_bytes"] < lf["phase_loss_bytes"]
     # ZeRO-2: the same buffers but at the update, where torch's foreach Adam holds a
     # state-sized square root (torchtitan) and Composer's DecoupledAdamW one tensor's
@@ -653,4 +655,5 @@ def test_megatron_model_states_are_its_theoretical_18_bytes(dp):
     mem = estimate(Config(micro_batch=1, dp=dp, zero_stage=1 if dp > 1 else 0), sc).memory
     states = float(mem["params_bytes"] + mem["grads_all_bytes"] + mem["optimizer_bytes"])
     per_param = 6 + 12 / dp if dp > 1 else 18
-    assert states == pytest.approx(per_param * m.num_params(), rel=1e-5)
+    # (three float32 totals summed: a few roundings each)
+    assert states == pytest.approx(per_param * m.num_params(), rel=10 * F32_RTOL)

@@ -234,8 +234,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     accumulating = step_at_least(k.grad_accum, 2.0)
     # (under accumulation the embedding's accumulator is that buffer, counted in ``accum``)
     # (the dense gradient itself is the whole table: ZeRO splits it only once reduced)
-    embed_full = first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"]) * ugb
-    embed_table = embed_full * shard(f_grad, dp)
+    embed_elems = first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"])
+    embed_full = embed_elems * ugb
+    # (the buffer kept to the update is the reduce-scattered slice, in the gradient dtype)
+    embed_table = embed_elems * shard(f_grad, dp) * gb
     embed_grad = (embed_table * n["rt_embed_grad_early"]
                   * (1.0 - accumulating * n["rt_accum_buffer"]))
     head_grad = logits_mb * (1 - lora) * (n["P_head_tp"] * vocab_share + n["P_head_rep"]) \
