@@ -100,3 +100,12 @@ def test_a_share_coefficient_above_one_names_the_key(tmp_path):
         e.value)
     with pytest.raises(CapoptError):
         get_profile("pytorch").with_coeffs(autocast_casts=1.5)
+
+
+def test_llm_foundry_refuses_pure_bf16_naming_its_precisions():
+    # Composer trains fp32, amp_fp16, amp_bf16 or amp_fp8, every one with float32 master
+    # parameters: the profile has no pure-bf16 table, and asking for one names what it has
+    with pytest.raises(CapoptError) as e:
+        get_profile("llm-foundry").precision("bf16")
+    msg = str(e.value)
+    assert "training.precision" in msg and "bf16-mixed" in msg and "fp8-mixed" in msg
