@@ -247,7 +247,9 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     if scenario.runtime.coeff("selective_saves_ops") >= 0.5:
         plan = tuple("selective-op" if m == "selective" else m for m in plan)
     # FSDP's mixed precision in place of autocast under ZeRO-2/3 where the runtime says so
-    # (``fsdp_mixed_precision``, as the cost model's runtime_numbers applies it)
+    # (``fsdp_mixed_precision``, as the cost model's runtime_numbers applies it): torchtitan's
+    # step exactly; Composer's (llm-foundry) also keeps autocast on, whose casts of the bf16
+    # gathered weights are no-ops, so the tier runs the same step for it
     fsdp_mp = (scenario.runtime.coeff("fsdp_mixed_precision") >= 0.5 and config.dp > 1
                and config.zero_stage in (2, 3) and autocast is not None)
     t0 = time.perf_counter()
