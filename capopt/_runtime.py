@@ -90,6 +90,10 @@ SCHEMA: dict[str, Coeff] = {
     "context_bytes": _c(0, "CUDA context, loaded kernels and runtime, bytes"),
     "workspace_bytes": _c(0, "library scratch (cuBLAS / cuDNN workspaces), bytes"),
     "fragmentation": _c(0, "allocator slack, as a share of the step's dynamic buffers"),
+    "cached_slack": _c(0, "more slack the allocator holds while memory is not short, as a "
+                          "share of the dynamic buffers: in its reserved figure, not in the "
+                          "peak the budget counts (it gives cached blocks back before "
+                          "failing)"),
     "comm_bucket_bytes": _c(0, "data-parallel gradient buckets in flight, bytes"),
     # --- ZeRO-3 / FSDP ---
     "zero3_prefetch_layers": _c(2, "blocks gathered at once: the one in use and the prefetched"),

@@ -475,11 +475,13 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     out["total_bytes"] = totals[which]
     out["weight_copy_bytes"] = w * cast[which]
     # the three figures people compare: live tensors (allocated), what the caching allocator
-    # holds (reserved: + fragmentation) and what the device shows (+ context, workspaces)
+    # holds (reserved: + fragmentation, + the cached slack it keeps while memory is not short
+    # and gives back before failing, ``cached_slack``) and what the device needs (the total:
+    # allocated + fragmentation + context, workspaces)
     frag = w * n["rt_fragmentation"] * dynamic[which]
-    out["reserved_bytes"] = (out["total_bytes"] - w * (n["rt_context_bytes"]
-                                                       + n["rt_workspace_bytes"]))
-    out["allocated_bytes"] = out["reserved_bytes"] - frag
+    held = out["total_bytes"] - w * (n["rt_context_bytes"] + n["rt_workspace_bytes"])
+    out["allocated_bytes"] = held - frag
+    out["reserved_bytes"] = held + w * n["rt_cached_slack"] * dynamic[which]
     out["peak_phase"] = which.astype(totals.dtype)
     out.update({f"phase_{p}_bytes": totals[i] for i, p in enumerate(PHASES)})
     out.update({

@@ -88,9 +88,9 @@ def torch_input_bytes(scenario: Scenario, config: Config) -> int:
 
 def predicted_torch_terms(config: Config, scenario: Scenario) -> dict[str, float]:
     """The cost model's live-tensor peak and its parts, as the torch tier measures them, and
-    the allocator's figures: ``reserved_bytes`` (the peak with the profile's fragmentation,
-    to compare with the caching allocator's replay) and ``device_bytes`` (reserved + CUDA
-    context + workspaces, what nvidia-smi shows)."""
+    the allocator's figures: ``reserved_bytes`` (the peak with the profile's fragmentation
+    and cached slack, to compare with the caching allocator's replay) and ``device_bytes``
+    (the budgeted total: live tensors, fragmentation, CUDA context and workspaces)."""
     inputs = float(torch_input_bytes(scenario, config))
     full = estimate(config, scenario).memory          # the device total, and its reserved
     layers = {"reserved": float(full["reserved_bytes"]) + inputs,
