@@ -1,0 +1,132 @@
+"""The GEMM model against a measured kernel table: XLA's own matmul throughput on Hopper.
+
+XLA's GPU cost model ships measured matmul throughput per GPU generation, shape and dtype
+(``kDefaultMatmulPTable`` in ``xla/service/gpu/model/matmul_interpolator_data.h``; extracted to
+``benchmarks/published/xla_matmul_table.json`` with its commit). This script prices every entry
+with capopt's GEMM model, nothing fitted to the table:
+
+    seconds = b x 2 m n k / (peak x matmul_efficiency(gemm_dim(m, k, n)))
+
+with the profile's ``gemm_eff_max`` and ``gemm_half_scale`` (the roofline's harmonic form,
+`capopt.cost.flops.matmul_efficiency`), and prints the ratio predicted / measured throughput
+by dtype and by the measured kernel time (short kernels are dominated by per-launch latency,
+which capopt prices apart as ``kernel_gap_s``, so they are reported, not judged).
+
+Usage: ``python benchmarks/gemm_table.py [--profile xla-gpu]`` prints the table and writes
+``benchmarks/results/gemm_table.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from capopt._hardware import get_hardware  # noqa: E402
+from capopt._model import ModelSpec  # noqa: E402
+from capopt._runtime import get_profile  # noqa: E402
+from capopt._specs import Budget, Scenario, Workload  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "published" / "xla_matmul_table.json"
+RESULTS = ROOT / "benchmarks" / "results" / "gemm_table.json"
+# the table's generation keys and the card each is priced on
+CARDS = {"sm_90": "h100-sxm-80gb", "sm_100": "b200-sxm-180gb"}
+# the table's dtype keys and the capopt precision whose matmul dtype they are (XLA runs an
+# f32 dot on tensor cores as TF32 by default: the table's f32 rates exceed the FP32 vector peak)
+DTYPES = {"bf16xbf16->bf16": "bf16-mixed", "f32xf32->f32": "fp32"}
+# measured kernel time buckets, seconds
+BUCKETS = ((0.0, 10e-6, "under 10 us"), (10e-6, 100e-6, "10-100 us"),
+           (100e-6, float("inf"), "over 100 us"))
+
+
+def _numbers(card: str, precision: str, profile: str) -> dict:
+    from capopt.cost import scenario_numbers
+    hw = get_hardware(card)
+    model = ModelSpec(name="probe", family="decoder", num_hidden_layers=1, hidden_size=256,
+                      num_attention_heads=4, intermediate_size=1024, vocab_size=1024,
+                      max_position_embeddings=256)
+    sc = Scenario(name="gemm-table", model=model, hardware=hw, count=1, per_node=1,
+                  workload=Workload(seq_len=256, global_batch=1, precision=precision),
+                  budget=Budget(vram_bytes=hw.memory_bytes), runtime=get_profile(profile))
+    return scenario_numbers(sc)
+
+
+def predicted_flops(entry: dict, n: dict) -> float:
+    """FLOP/s of one table entry under capopt's GEMM model."""
+    from capopt.cost.flops import gemm_dim, matmul_efficiency
+    m, k, nn = (float(entry[x]) for x in ("m", "k", "n"))
+    eff = float(matmul_efficiency(gemm_dim(m, k, nn), n))
+    return eff * float(n["matmul_peak"])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="xla-gpu")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    doc = json.loads(DATA.read_text())
+    rows, summary = [], {}
+    for gen, entries in doc["tables"].items():
+        card = CARDS.get(gen)
+        if card is None:
+            continue
+        try:
+            get_hardware(card)
+        except Exception:                       # noqa: BLE001 - a card capopt does not ship
+            print(f"{gen}: no card {card} in capopt's catalog; skipped")
+            continue
+        for dtype, precision in DTYPES.items():
+            n = _numbers(card, precision, args.profile)
+            for e in entries:
+                measured = e["flops"].get(dtype)
+                if not measured:
+                    continue
+                flops = 2.0 * e["b"] * e["m"] * e["n"] * e["k"]
+                pred = predicted_flops(e, n)
+                rows.append({"gen": gen, "card": card, "dtype": dtype, "b": e["b"], "m": e["m"],
+                             "n": e["n"], "k": e["k"], "measured_flops": measured,
+                             "measured_s": flops / measured,
+                             "measured_peak_share": measured / float(n["matmul_peak"]),
+                             "predicted_flops": pred, "ratio": pred / measured})
+    print(f"capopt's GEMM model ({args.profile} profile) against XLA's measured matmul table "
+          f"({doc['source']})\n")
+    print(f"{'gen':<7} {'dtype':<17} {'kernel time':<12} {'n':>4} {'median':>7} {'p10':>6} "
+          f"{'p90':>6}   (predicted / measured throughput)")
+    for gen in sorted({r["gen"] for r in rows}):
+        for dtype in DTYPES:
+            for lo, hi, label in BUCKETS:
+                sel = [r["ratio"] for r in rows if r["gen"] == gen and r["dtype"] == dtype
+                       and lo <= r["measured_s"] < hi]
+                if not sel:
+                    continue
+                a = np.asarray(sel)
+                s = {"n": int(a.size), "median": float(np.median(a)),
+                     "p10": float(np.percentile(a, 10)), "p90": float(np.percentile(a, 90))}
+                summary[f"{gen} {dtype} {label}"] = s
+                print(f"{gen:<7} {dtype:<17} {label:<12} {s['n']:>4} {s['median']:7.2f} "
+                      f"{s['p10']:6.2f} {s['p90']:6.2f}")
+    big = sorted((r for r in rows if r["measured_s"] >= 100e-6),
+                 key=lambda r: -r["measured_flops"])
+    if big:
+        print("\nthe largest kernels (over 100 us), measured and predicted share of the peak:")
+        for r in big[:12]:
+            print(f"  {r['gen']} {r['dtype']:<16} b{r['b']} {r['m']}x{r['n']}x{r['k']:<6} "
+                  f"measured {r['measured_peak_share']:.2f}  predicted "
+                  f"{r['ratio'] * r['measured_peak_share']:.2f}")
+    out = {"source": doc["source"], "profile": args.profile, "summary": summary,
+           "rows": rows, "total_s": time.perf_counter() - t0}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\nwrote {RESULTS} in {out['total_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
