@@ -233,6 +233,8 @@ SCHEMA: dict[str, Coeff] = {
     "flash_eff_sm90": _c(0, "flash_eff on Hopper (compute capability 9.x) where the kernel's "
                             "share differs there, overriding flash_eff on those cards; "
                             "0: flash_eff"),
+    "flash_half_seq_sm90": _c(0, "sequence length at which flash_eff_sm90 halves: the "
+                                 "Hopper share is flash_eff_sm90 x s / (s + this)"),
     "mem_eff": _c(0.8, "streaming element-wise kernels' share of HBM bandwidth"),
     "ew_h": _c(10, "h-wide elements read + written per token by a block's element-wise ops"),
     "ew_dropout_h": _c(1, "dropout masks per block, in activation-element units"),

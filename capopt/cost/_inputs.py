@@ -426,9 +426,11 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     n.update({f"rt_{k}": v for k, v in c.items()})
     # the attention kernel's efficiency on Hopper (compute capability 9.x), where the profile
     # names one (``flash_eff_sm90``): a kernel written for Ampere reaches a smaller share of
-    # Hopper's peak
+    # Hopper's peak, and less of it on shorter sequences (``flash_half_seq_sm90``: the share
+    # is flash_eff_sm90 x s / (s + flash_half_seq_sm90))
     if c.get("flash_eff_sm90", 0.0) > 0.0 and (hw.compute_capability or "").startswith("9."):
-        n["rt_flash_eff"] = float(c["flash_eff_sm90"])
+        half = float(c.get("flash_half_seq_sm90", 0.0))
+        n["rt_flash_eff"] = float(c["flash_eff_sm90"]) * s / (s + half)
     # A fused cross-entropy (``loss = "fused"``) takes the place of the profile's loss rules
     # (`capopt.cost.memory.loss_copies`; torch.compile's partitioner saves the loss's input
     # and recomputes the softmax in the backward kernel:
