@@ -840,13 +840,14 @@ def test_flash_attention_runs_at_its_hopper_share_on_hopper_only():
     slow = est(cfg, h100)["time"]["compute_s"]
     fast = est(cfg, h100.replace(runtime=h100.runtime.with_coeffs(flash_eff_sm90=base,
                                                                   flash_half_seq_sm90=0.0)))
-    # by the attention core's FLOPs at the two shares: 4 s h per token and block forward,
-    # 3.5 passes (forward, backward's two, FlashAttention-2's recomputed half)
+    # by the attention core's FLOPs at the two shares: 2 blocks x 4096 tokens x 4 s h per
+    # token and block forward, 3.5 passes (forward, backward's two, FlashAttention-2's
+    # recomputed half)
     n = scenario_numbers(h100)
     attn_flops = 2 * 4096 * 4 * 4096.0 * 512 * 3.5
     expected = attn_flops * (1 / at_4k - 1 / base) / float(n["attn_peak"])
-    # (compute_s sums a few float32 terms several times larger than the difference)
-    assert slow - fast["time"]["compute_s"] == pytest.approx(expected, rel=1e-3)
+    # (a difference of two float32 totals about three times its size: a few roundings)
+    assert slow - fast["time"]["compute_s"] == pytest.approx(expected, rel=10 * F32)
 
 
 def _megatron(**coeffs):
@@ -912,6 +913,34 @@ def test_megatron_gathers_updated_parameters_behind_the_next_forward_pass():
         gather * (1.0 - 1.0 / gather_buckets), rel=4 * F32)
     assert on["comm_hidden_s"] - off["comm_hidden_s"] == pytest.approx(
         off["comm_zero_s"] - on["comm_zero_s"], rel=4 * F32)
+
+
+def test_the_parameter_gather_hides_behind_the_forward_gemms_only():
+    # a gather longer than its window: what hides is the stage's forward matmul seconds, the
+    # blocks' and the embedding's and head's forward GEMMs (their backward GEMMs are no window)
+    from capopt.cost.flops import compute_times
+    cfg = Config(micro_batch=8, grad_accum=1, dp=8, zero_stage=1)
+    slow = dict(nvlink_eff=0.002)                           # a gather of ~10 s
+    on = est(cfg, _megatron(**slow))["time"]
+    off = est(cfg, _megatron(overlap_param_gather=0.0, **slow))["time"]
+    sc = _megatron(**slow)
+    n = numbers_pytree(sc)
+    c = compute_times(knobs_from_config(cfg), n)
+    window = float(8 * c["layer_fwd"] + c["first_fwd"] + c["last_fwd"])
+    assert window < float(c["layer"] * 8 + c["first"] + c["last"]) / 2
+    # (a difference of two float32 sums of hidden seconds: a few roundings)
+    assert on["comm_hidden_s"] - off["comm_hidden_s"] == pytest.approx(window, rel=10 * F32)
+
+
+def test_no_bucketing_is_one_collective_not_a_nan():
+    # dp_bucket_bytes = 0 (allowed by the schema): one all-reduce of all the gradients
+    sc = make_scenario(gpt_like(layers=2, hidden=256, heads=4, vocab=1024, seq=256),
+                       count=8, global_batch=8)
+    cfg = Config(micro_batch=1, dp=8)
+    zero = est(cfg, sc.replace(runtime=sc.runtime.with_coeffs(dp_bucket_bytes=0.0)))["time"]
+    huge = est(cfg, sc.replace(runtime=sc.runtime.with_coeffs(dp_bucket_bytes=1e15)))["time"]
+    assert math.isfinite(zero["step_s"])
+    assert zero["comm_dp_s"] == pytest.approx(huge["comm_dp_s"], rel=F32)
 
 
 def test_megatron_pipelines_tensor_parallel_communication_only_under_sequence_parallelism():
@@ -1092,6 +1121,6 @@ def test_flash_attention_on_hopper_is_slower_on_shorter_sequences():
         effs[seq] = float(scenario_numbers(sc)["rt_flash_eff"])
     assert effs[512] < effs[2048] < effs[16384] < 0.34
     # the composite of the paper's bars at 512 and 16k tokens (0.237, 0.338), within the
-    # least-squares fit's largest residual, 0.004
+    # least-squares fit's largest residual (0.0048, at 4096 tokens)
     assert effs[512] == pytest.approx(0.237, abs=0.005)
     assert effs[16384] == pytest.approx(0.338, abs=0.005)

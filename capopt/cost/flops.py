@@ -178,7 +178,7 @@ def compute_times(k: Knobs, n: dict) -> dict:
     (the forward pass) and ``layer_bwd`` (the backward phase, recomputation included);
     ``layer_dw`` (the weight-gradient GEMMs, which tensor-parallel communication can hide
     behind); ``first`` (input matmuls on the first stage) and ``last`` (head matmuls on the last
-    stage).
+    stage), and their forward passes ``first_fwd`` and ``last_fwd``.
     """
     b = block_flops(n)
     tp, s, h, f, hd = k.tp, n["s"], n["h"], n["f"], n["hd"]

@@ -426,10 +426,13 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
                                            dp * _coeff(n, "dp_bucket_elems_per_rank")), 1.0)
     elem_buckets = jnp.maximum(trainable / bucket_elems, 1.0)
     params_out = trainable * n["param_bytes"]
-    buckets = by_elems * elem_buckets + (1.0 - by_elems) * jnp.maximum(
-        grads / n["rt_dp_bucket_bytes"], 1.0)
-    gather_buckets = by_elems * elem_buckets + (1.0 - by_elems) * jnp.maximum(
-        params_out / n["rt_dp_bucket_bytes"], 1.0)
+    def bucketed(nbytes):
+        # (dp_bucket_bytes = 0: no bucketing, one collective for all of it)
+        size = n["rt_dp_bucket_bytes"]
+        by_bytes = jnp.where(size > 0.0, jnp.maximum(nbytes / jnp.where(size > 0.0, size, 1.0),
+                                                      1.0), 1.0)
+        return by_elems * elem_buckets + (1.0 - by_elems) * by_bytes
+    buckets, gather_buckets = bucketed(grads), bucketed(params_out)
     # the all-reduce (ZeRO 0), the reduce-scatter (ZeRO 1, 2) and the re-gather of the
     # updated parameters (ZeRO 1, 2) over the data-parallel group, in one evaluation
     allreduce, scatter, gathered = _unstack(comm.ring_collectives_s(
@@ -458,7 +461,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     # the embedding's and the head's forward GEMMs included, their backward not. Tensor-parallel
     # communication hidden in the same GEMMs does not shorten it: it crosses the tensor-
     # parallel group's links, this gather the data-parallel group's, the network once the
-    # tensor-parallel group fills a node)
+    # tensor-parallel group fills a node; below that both share NVLink, which this ignores)
     fwd_window = st["fwd"]
     frac_pg = _coeff(n, "overlap_param_gather") * (1.0 - 1.0 / gather_buckets)
     regather, regather_hidden = comm.overlap((z[1] + z2_buckets) * gathered, fwd_window,
