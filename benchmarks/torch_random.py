@@ -42,8 +42,6 @@ from capopt.validation.random_configs import Case, describe, draw_torch_cases  #
 
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = {"median": 0.03, "worst": 0.10}
-# which replay of the caching allocator a runtime's reserved memory is judged against
-RESERVED_KEY = {"pytorch-eager": "reserved_bytes", "torchtitan": "reserved_expandable_bytes"}
 GROUPS = ("layout", "style", "optimizer", "clipping", "grad_accum", "precision", "remat",
           "flash", "tied", "attention")
 PARTS = ("params_bytes", "optimizer_bytes", "grads_bytes", "rest_bytes")
@@ -123,7 +121,7 @@ def main(argv=None) -> int:
     args.out = args.out or str(RESULTS / f"{stem}.json")
     groups_of = GROUPS + (("lora", "lora_rank", "lora_targets") if args.lora else ()) + (
         ("vocab",) if args.tp else ()) + (("sequence_parallel",) if args.tp_sp else ())
-    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.predict import judged_torch_measurement, predicted_torch_terms
     from capopt.validation.runner import load_results
     from capopt.validation.tiers import torch_available
     ok, why = torch_available()
@@ -161,9 +159,8 @@ def main(argv=None) -> int:
         p = predicted_torch_terms(case.config, case.scenario)
         m = rec["measured"]
         err = (p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"]
-        # the allocator the runtime runs: torchtitan launches with expandable segments
-        # (run_llama_train.sh:22 at 9dec370, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-        replayed = m[RESERVED_KEY[args.runtime]]
+        # the replay of the allocator the runtime runs (``expandable_segments``: torchtitan)
+        replayed = judged_torch_measurement(m, case.scenario.runtime)["reserved_bytes"]
         res_err = (p["reserved_bytes"] - replayed) / replayed
         dynamic = m["peak_bytes"] - m["params_bytes"] - m["optimizer_bytes"]
         feats = dict(case.features)
@@ -179,7 +176,8 @@ def main(argv=None) -> int:
                        "replayed_slack_expandable": (m["reserved_expandable_bytes"]
                                                      / m["peak_bytes"] - 1.0),
                        # the replayed slack per byte of dynamic (non-parameter, non-state)
-                       # tensors at the peak: what the profile's ``fragmentation`` stands for
+                       # tensors at the peak: what the profile's fragmentation + cached_slack
+                       # stand for
                        "slack_per_dynamic": (replayed - m["peak_bytes"]) / max(dynamic, 1),
                        "predicted": {k: p[k] for k in ("peak_bytes", *PARTS, "reserved_bytes",
                                                        "device_bytes")},
@@ -223,7 +221,8 @@ def main(argv=None) -> int:
     held_pts = [q for q in points if q["split"] == "heldout"]
     fit_pts = [q for q in points if q["split"] == "fit"]
     allocator = {
-        "allocator": RESERVED_KEY[args.runtime],
+        "allocator": ("expandable segments" if cases and cases[0].scenario.runtime.coeff(
+            "expandable_segments") >= 0.5 else "default segments"),
         "profile_slack": (cases[0].scenario.runtime.coeff("fragmentation")
                           + cases[0].scenario.runtime.coeff("cached_slack")) if cases else None,
         "slack_per_dynamic_fit": summary([q["slack_per_dynamic"] for q in fit_pts]),
@@ -245,10 +244,11 @@ def main(argv=None) -> int:
               f"{pct(a['replayed_slack']['median_abs'])}, largest "
               f"{pct(a['replayed_slack']['worst_abs'])}; with expandable_segments median "
               f"{pct(a['replayed_slack_expandable']['median_abs'])}")
+        fit, held = a["slack_per_dynamic_fit"], a["slack_per_dynamic_heldout"]
+        fit_median = f"{fit['median_abs']:.3f}" if fit["n"] else "-"
         print(f"  slack per byte of dynamic tensors ({a['allocator']}): fit split median "
-              f"{a['slack_per_dynamic_fit']['median_abs']:.3f} (n={a['slack_per_dynamic_fit']['n']}),"
-              f" held-out {a['slack_per_dynamic_heldout']['median_abs']:.3f}; the profile's "
-              f"fragmentation + cached_slack {a['profile_slack']:.3f}")
+              f"{fit_median} (n={fit['n']}), held-out {held['median_abs']:.3f}; the "
+              f"profile's fragmentation + cached_slack {a['profile_slack']:.3f}")
         print(f"  predicted reserved (fragmentation + cached slack) against replayed: median "
               f"{pct(a['reserved_error']['median_abs'])}, worst "
               f"{100 * a['reserved_error']['worst_signed']:+.1f}%")

@@ -90,6 +90,9 @@ SCHEMA: dict[str, Coeff] = {
     "context_bytes": _c(0, "CUDA context, loaded kernels and runtime, bytes"),
     "workspace_bytes": _c(0, "library scratch (cuBLAS / cuDNN workspaces), bytes"),
     "fragmentation": _c(0, "allocator slack, as a share of the step's dynamic buffers"),
+    "expandable_segments": _c(0, "1: the runtime launches PyTorch with "
+                                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (its reserved "
+                                 "figure is judged against the allocator replayed that way)"),
     "cached_slack": _c(0, "more slack the allocator holds while memory is not short, as a "
                           "share of the dynamic buffers: in its reserved figure, not in the "
                           "peak the budget counts (it gives cached blocks back before "
@@ -234,7 +237,8 @@ SCHEMA: dict[str, Coeff] = {
                             "share differs there, overriding flash_eff on those cards; "
                             "0: flash_eff"),
     "flash_half_seq_sm90": _c(0, "sequence length at which flash_eff_sm90 halves: the "
-                                 "Hopper share is flash_eff_sm90 x s / (s + this)"),
+                                 "Hopper share is flash_eff_sm90 x s / (s + this) (with "
+                                 "flash_eff_sm90 only)"),
     "mem_eff": _c(0.8, "streaming element-wise kernels' share of HBM bandwidth"),
     "ew_h": _c(10, "h-wide elements read + written per token by a block's element-wise ops"),
     "ew_dropout_h": _c(1, "dropout masks per block, in activation-element units"),
@@ -274,7 +278,7 @@ SCHEMA: dict[str, Coeff] = {
 
 
 # coefficients that are shares (a mixture's weight, or a 0/1 rule): at most 1
-SHARES = frozenset({"selective_saves_dots", "selective_saves_ops", "fsdp_gathers_compute_dtype",
+SHARES = frozenset({"expandable_segments", "selective_saves_dots", "selective_saves_ops", "fsdp_gathers_compute_dtype",
                     "fsdp_mixed_precision", "zero2_per_group", "overlap_dp_buckets",
                     "overlap_param_gather", "overlap_tp_fwd_needs_sp",
                     "autocast_casts", "autocast_weight_cache",

@@ -128,11 +128,24 @@ def relative_error(predicted: float | None, measured: float | None) -> float | N
     return (float(predicted) - float(measured)) / float(measured)
 
 
+def judged_torch_measurement(measured: dict, runtime) -> dict:
+    """The torch tier's measurement as the runtime's allocator would hold it: its
+    ``reserved_bytes`` is the replay with expandable segments where the runtime launches with
+    them (``expandable_segments``; the default allocator's replay is then kept as
+    ``reserved_default_bytes``), the default allocator's otherwise."""
+    out = dict(measured)
+    if (runtime.coeff("expandable_segments") >= 0.5
+            and out.get("reserved_expandable_bytes") is not None):
+        out["reserved_default_bytes"] = out.get("reserved_bytes")
+        out["reserved_bytes"] = out["reserved_expandable_bytes"]
+    return out
+
+
 def tier_terms(tier: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the terms a tier measures, the parts it breaks them into)."""
     return (TORCH_TERMS, TORCH_PARTS) if tier == "torch" else (TERMS, PARTS)
 
 
-__all__ = ["PARTS", "TERMS", "TORCH_PARTS", "TORCH_TERMS", "measured_terms",
-           "predicted_terms", "predicted_torch_terms", "relative_error", "tier_terms",
-           "torch_input_bytes"]
+__all__ = ["PARTS", "TERMS", "TORCH_PARTS", "TORCH_TERMS", "judged_torch_measurement",
+           "measured_terms", "predicted_terms", "predicted_torch_terms", "relative_error",
+           "tier_terms", "torch_input_bytes"]

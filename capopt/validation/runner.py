@@ -27,7 +27,8 @@ from typing import Any, Iterable
 from .._errors import CapoptError
 from .._format import bar, config_line
 from .._specs import Config, Scenario, stable_text
-from .predict import predicted_terms, predicted_torch_terms, relative_error, tier_terms
+from .predict import (judged_torch_measurement, predicted_terms, predicted_torch_terms,
+                      relative_error, tier_terms)
 from .tiers import TIERS, environment, torch_available, xla_gpu_available
 from .worker import looks_like_oom
 
@@ -218,6 +219,8 @@ def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int
             key: str) -> dict[str, Any]:
     """The contract's record: config, tier, status, predicted, measured, error."""
     measured = result.get("measured") or {}
+    if tier == "torch":
+        measured = judged_torch_measurement(measured, sc.runtime)
     details = result.get("details") or {}
     terms, parts = tier_terms(tier)
     try:
