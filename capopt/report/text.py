@@ -55,13 +55,12 @@ def plan_table(p: dict, title: str | None = None) -> str:
     lines.append(table(rows, ["per device (GiB)", "GiB", "share", ""], "lrrl"))
     if "allocated_bytes" in mem and mem["allocated_bytes"] < total:
         lines.append(f"of the total: live tensors {gib(mem['allocated_bytes'])} GiB "
-                     f"(allocated); the total adds the fragmentation the allocator cannot "
-                     "give back,\nthe CUDA context and library workspaces (what nvidia-smi shows when "
-                     "memory is short)")
-        if mem["reserved_bytes"] > mem["allocated_bytes"]:
-            lines.append(f"held by the allocator while memory is not short: "
-                         f"{gib(mem['reserved_bytes'])} GiB (reserved; it frees cached blocks "
-                         "before an out-of-memory error)")
+                     "(allocated); the total adds the fragmentation\nthe allocator cannot give "
+                     "back, the CUDA context and library workspaces\n(what nvidia-smi shows "
+                     "when memory is short)")
+        lines.append(f"held by the allocator: {gib(mem['reserved_bytes'])} GiB (reserved: the "
+                     "live tensors, fragmentation and,\nwhile memory is not short, the free "
+                     "blocks it keeps cached and frees before an OOM)")
     budget = mem["budget_bytes"]
     verdict = "FITS" if p["fits"] else "DOES NOT FIT"
     lines.append(f"budget {gib(budget)} GiB usable of {gib(mem['vram_bytes'])} GiB: {verdict} "
