@@ -29,6 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from capopt._errors import CapoptError  # noqa: E402
 from capopt._hardware import get_hardware  # noqa: E402
 from capopt._model import ModelSpec  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
@@ -70,6 +71,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="xla-gpu")
     args = ap.parse_args(argv)
+    try:
+        get_profile(args.profile)
+    except CapoptError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     doc = json.loads(DATA.read_text())
     rows, summary = [], {}
@@ -83,7 +89,11 @@ def main(argv=None) -> int:
             print(f"{gen}: no card {card} in capopt's catalog; skipped")
             continue
         for dtype, precision in DTYPES.items():
-            n = _numbers(card, precision, args.profile)
+            try:
+                n = _numbers(card, precision, args.profile)
+            except CapoptError as e:            # a profile without this precision
+                print(f"{gen} {dtype}: {e}")
+                continue
             for e in entries:
                 measured = e["flops"].get(dtype)
                 if not measured:

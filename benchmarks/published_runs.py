@@ -273,6 +273,9 @@ def _scenario(label: str, card: ModelSpec, gpu: str, count: int, wl: Workload,
                     runtime=get_profile(runtime))
 
 
+TIME_TERMS = ("compute_s", "memory_bound_s", "comm_dp_s", "comm_zero_s", "comm_tp_s",
+              "comm_pp_s", "comm_moe_s", "comm_hidden_s", "bubble_s", "optimizer_s")
+
 CONVERTERS = {"llmfoundry": llmfoundry_runs, "torchtitan": torchtitan_runs,
               "megatron": megatron_runs}
 
@@ -295,7 +298,9 @@ def predict(run: Run) -> dict:
            "tokens_per_gpu": thr["tokens_per_s_per_device"], "mfu": thr["mfu"],
            "total_gib": mem["total_bytes"] / 2**30,
            "allocated_gib": mem["allocated_bytes"] / 2**30,
-           "reserved_gib": mem["reserved_bytes"] / 2**30, "step_s": est["time"]["step_s"]}
+           "reserved_gib": mem["reserved_bytes"] / 2**30, "step_s": est["time"]["step_s"],
+           # where the step's seconds go (exposed communication by kind, hidden apart)
+           "time": {k: est["time"][k] for k in TIME_TERMS}}
     if run.tokens_per_gpu:
         out["throughput_error"] = (out["tokens_per_gpu"] - run.tokens_per_gpu) / run.tokens_per_gpu
     if run.memory_gib:
