@@ -129,6 +129,10 @@ SCHEMA: dict[str, Coeff] = {
     "overlap_tp_fwd_needs_sp": _c(0, "1: overlap_tp_fwd applies only under sequence "
                                      "parallelism (the overlap pipelines its all-gathers and "
                                      "reduce-scatters)"),
+    "zero3_regather_for_remat": _c(1, "1: under ZeRO-3 a fully recomputed block's parameters "
+                                      "are gathered again for its recomputation (DeepSpeed's "
+                                      "module hooks); 0: the recomputation runs inside the "
+                                      "block's backward, on the backward's gather (FSDP)"),
     "zero2_per_group": _c(0, "1: ZeRO-2 communicates as FSDP's SHARD_GRAD_OP: each group "
                              "all-gathered once per micro-batch for its forward pass and its "
                              "gradients reduce-scattered in its backward pass, overlapped as "
@@ -278,7 +282,7 @@ SCHEMA: dict[str, Coeff] = {
 
 
 # coefficients that are shares (a mixture's weight, or a 0/1 rule): at most 1
-SHARES = frozenset({"expandable_segments", "selective_saves_dots", "selective_saves_ops", "fsdp_gathers_compute_dtype",
+SHARES = frozenset({"expandable_segments", "zero3_regather_for_remat", "selective_saves_dots", "selective_saves_ops", "fsdp_gathers_compute_dtype",
                     "fsdp_mixed_precision", "zero2_per_group", "overlap_dp_buckets",
                     "overlap_param_gather", "overlap_tp_fwd_needs_sp",
                     "autocast_casts", "autocast_weight_cache",

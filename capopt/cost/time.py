@@ -142,7 +142,7 @@ def fetch_s(nbytes, dp, n: dict):
 
 # Coefficients of the per-micro-batch costs, and what a profile written before them means:
 # accumulation from a zeroed buffer in the gradient dtype, no kernel overhead.
-_DEFAULTS = {"accum_from_zero": 1.0, "accum_bytes": 0.0}
+_DEFAULTS = {"accum_from_zero": 1.0, "accum_bytes": 0.0, "zero3_regather_for_remat": 1.0}
 
 
 def _coeff(n: dict, key: str):
@@ -284,7 +284,10 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
                + (1.0 - lora) * per_layer * gathered_param_bytes(n))
     g_layer = (lora * lora_tp + (1.0 - lora) * per_layer) * n["grad_bytes"]
     gather_once = layers * w_layer + extra_params * _weight_bytes(n)
-    gather = (2.0 + w_full) * gather_once
+    # (a fully recomputed block's parameters gathered again for its recomputation, where the
+    # runtime does so: ``zero3_regather_for_remat``)
+    regathers = w_full * _coeff(n, "zero3_regather_for_remat")
+    gather = (2.0 + regathers) * gather_once
     scatter = (layers * g_layer + (1.0 - lora) * extra_params * n["grad_bytes"])
     colls = n["rt_zero3_collectives_per_layer"] * layers
 
@@ -299,7 +302,7 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
             _col(act_bytes, gather, scatter, act_bytes, gather_once), _col(tp, dp, dp, tp, dp),
             _col(tp_per, dp_per, dp_per, tp_per, dp_per),
             _col(tp_nodes, dp_nodes, dp_nodes, tp_nodes, dp_nodes), n,
-            count=_col(1.0, colls * (2.0 + w_full) + 2.0, colls + 1.0, 1.0, colls + 1.0),
+            count=_col(1.0, colls * (2.0 + regathers) + 2.0, colls + 1.0, 1.0, colls + 1.0),
             passes=jnp.asarray([2.0, 1.0, 1.0, 1.0, 1.0])), 5)
 
     # --- tensor parallelism: all-reduces of the block's output, per block ---
