@@ -282,10 +282,10 @@ SCHEMA: dict[str, Coeff] = {
 
 
 # coefficients that are shares (a mixture's weight, or a 0/1 rule): at most 1
-SHARES = frozenset({"expandable_segments", "zero3_regather_for_remat", "selective_saves_dots", "selective_saves_ops", "fsdp_gathers_compute_dtype",
-                    "fsdp_mixed_precision", "zero2_per_group", "overlap_dp_buckets",
-                    "overlap_param_gather", "overlap_tp_fwd_needs_sp",
-                    "autocast_casts", "autocast_weight_cache",
+SHARES = frozenset({"expandable_segments", "zero3_regather_for_remat", "selective_saves_dots",
+                    "selective_saves_ops", "fsdp_gathers_compute_dtype", "fsdp_mixed_precision",
+                    "zero2_per_group", "overlap_dp_buckets", "overlap_param_gather",
+                    "overlap_tp_fwd_needs_sp", "autocast_casts", "autocast_weight_cache",
                     "weight_copy_fraction"})
 
 

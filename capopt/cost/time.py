@@ -142,7 +142,7 @@ def fetch_s(nbytes, dp, n: dict):
 
 # Coefficients of the per-micro-batch costs, and what a profile written before them means:
 # accumulation from a zeroed buffer in the gradient dtype, no kernel overhead.
-_DEFAULTS = {"accum_from_zero": 1.0, "accum_bytes": 0.0, "zero3_regather_for_remat": 1.0}
+_DEFAULTS = {"accum_from_zero": 1.0, "accum_bytes": 0.0}
 
 
 def _coeff(n: dict, key: str):
@@ -429,6 +429,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
                                            dp * _coeff(n, "dp_bucket_elems_per_rank")), 1.0)
     elem_buckets = jnp.maximum(trainable / bucket_elems, 1.0)
     params_out = trainable * n["param_bytes"]
+
     def bucketed(nbytes):
         # (dp_bucket_bytes = 0: no bucketing, one collective for all of it)
         size = n["rt_dp_bucket_bytes"]
