@@ -2,8 +2,10 @@
 own syntax, gives the config's knobs again; what a format cannot carry is refused in one line
 that names the knob; the text is the same every time.
 
-The framework classes themselves (TrainingArguments, Accelerate's ClusterConfig, DeepSpeedConfig)
-are tried only where the framework is installed.
+The frameworks' own loaders (TrainingArguments, Accelerate's ClusterConfig, DeepSpeedConfig,
+torchtitan's ConfigManager, megatron-core's config dataclasses) are tried where the framework is
+installed (the `frameworks` extra installs all five); MaxText needs Python >= 3.12 and is checked
+against its documented keys only.
 """
 
 from __future__ import annotations
@@ -586,3 +588,135 @@ def test_emit_refusal_is_one_line_exit_2(capsys):
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "--emit" in err and "tp" in err and "megatron" in err
+
+
+# torchtitan 0.2.2 is the last release that reads a TOML job file (0.3.0 builds its config in
+# Python); its package __init__ imports the triton kernels of its MoE, which a CPU torch lacks,
+# so the config modules are loaded under a bare package, as `torchtitan.config` alone needs.
+@pytest.fixture
+def torchtitan_config_manager(monkeypatch):
+    import sys
+    import types
+    if not _installed("torchtitan", "tyro"):
+        pytest.skip("torchtitan is not installed")
+    spec = importlib.util.find_spec("torchtitan")
+    bare = types.ModuleType("torchtitan")
+    bare.__path__ = list(spec.submodule_search_locations)
+    for name in [n for n in sys.modules if n == "torchtitan" or n.startswith("torchtitan.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchtitan", bare)
+    from torchtitan.config.manager import ConfigManager
+    return ConfigManager
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CONFIGS if "torchtitan" in EXPRESSES[n]))
+def test_torchtitan_config_manager_takes_the_file(name, tmp_path, torchtitan_config_manager):
+    """torchtitan's own `ConfigManager.parse_args(["--job.config_file", ...])` builds its
+    `JobConfig` from the file (an unknown key there is a ValueError), and the knobs it holds
+    are the config's."""
+    cfg = CONFIGS[name]
+    path = tmp_path / "job.toml"
+    path.write_text(emit("torchtitan", cfg, SC))
+    job = torchtitan_config_manager().parse_args([f"--job.config_file={path}"])
+    par, tr, ac = job.parallelism, job.training, job.activation_checkpoint
+    assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == cfg.dp
+    assert (par.data_parallel_shard_degree > 1) == (cfg.zero_stage >= 2)
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (cfg.tp, cfg.pp)
+    assert tr.local_batch_size == cfg.micro_batch
+    assert tr.global_batch_size == cfg.micro_batch * cfg.grad_accum * cfg.dp
+    assert tr.seq_len == SC.workload.seq_len and tr.max_norm == 1.0
+    assert (tr.mixed_precision_param, tr.dtype) == ("bfloat16", "float32")
+    want = {"none": "none", "full": "full", "selective": "selective"}.get(cfg.remat, "selective")
+    assert ac.mode == want
+    if isinstance(cfg.remat, float):        # every n-th block: n = 1 / fraction
+        assert int(ac.selective_ac_option) == round(1 / cfg.remat)
+
+
+def test_torchtitan_config_manager_refuses_a_key_it_does_not_have(tmp_path,
+                                                                   torchtitan_config_manager):
+    """The check above can fail: a key torchtitan lacks is refused by its own loader."""
+    path = tmp_path / "job.toml"
+    path.write_text(emit("torchtitan", CONFIGS["zero3-full"], SC).replace(
+        "[parallelism]\n", "[parallelism]\nfsdp_degree = 8\n"))
+    with pytest.raises(ValueError, match="fsdp_degree"):
+        torchtitan_config_manager().parse_args([f"--job.config_file={path}"])
+
+
+# Megatron-LM's argument parser (megatron/training/arguments.py) is not on PyPI; megatron-core
+# is, and Megatron-LM builds megatron-core's config dataclasses from the parsed arguments by
+# field name (`core_transformer_config_from_args`, the DDP and optimizer configs in training.py):
+# every flag capopt writes must be one of their fields or one of the three the training loop
+# reads itself, and megatron-core's own checks must pass on the values.
+MEGATRON_LOOP_ARGS = {"micro_batch_size", "global_batch_size", "seq_length"}
+
+
+def _megatron_core():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")         # "Transformer Engine and Apex are not installed"
+        from megatron.core.distributed import DistributedDataParallelConfig
+        from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+        from megatron.core.optimizer import OptimizerConfig
+        from megatron.core.transformer.enums import AttnBackend
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    return (TransformerConfig, DistributedDataParallelConfig, OptimizerConfig,
+            ConstantNumMicroBatchesCalculator, AttnBackend)
+
+
+def _megatron_configs(text: str, devices: int = 8):
+    import dataclasses
+
+    import torch
+    TC, DDP, OPT, Micro, AttnBackend = _megatron_core()
+    argv = megatron_argv(text)
+    written = {a[2:].replace("-", "_") for a in argv if a.startswith("--")}
+    names = {c: {f.name for f in dataclasses.fields(c)} for c in (TC, DDP, OPT)}
+    unknown = written - MEGATRON_LOOP_ARGS - set().union(*names.values())
+    assert not unknown, f"flags megatron-core has no field for: {sorted(unknown)}"
+    a = vars(megatron_parser().parse_args(argv))
+    a["attention_backend"] = AttnBackend[a["attention_backend"]]
+    pick = lambda c: {k: a[k] for k in written & names[c]}          # noqa: E731
+    m = SC.model
+    # params_dtype from --bf16/--fp16 (arguments.py:1194-1206 at d98e8a64) and pipeline_dtype
+    # set to it (argument_utils.py:306), as Megatron-LM does before building the config
+    dtype = torch.bfloat16 if a["bf16"] else torch.half if a["fp16"] else torch.float
+    tc = TC(num_layers=m.num_hidden_layers, hidden_size=m.hidden_size,
+            num_attention_heads=m.num_attention_heads, params_dtype=dtype,
+            pipeline_dtype=dtype, **pick(TC))
+    ddp, opt = DDP(**pick(DDP)), OPT(**pick(OPT))
+    dp = devices // (tc.tensor_model_parallel_size * tc.pipeline_model_parallel_size)
+    micro = Micro(a["global_batch_size"], a["micro_batch_size"], dp, False, rank=1)
+    return tc, ddp, opt, micro, dp
+
+
+@pytest.mark.skipif(not _installed("megatron.core"), reason="megatron-core is not installed")
+@pytest.mark.parametrize("name", sorted(n for n in CONFIGS if "megatron" in EXPRESSES[n]))
+def test_megatron_core_configs_take_the_flags(name):
+    cfg = CONFIGS[name]
+    tc, ddp, opt, micro, dp = _megatron_configs(emit("megatron", cfg, SC))
+    assert (dp, tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size) == \
+        (cfg.dp, cfg.tp, cfg.pp)
+    assert tc.sequence_parallel == cfg.sequence_parallel
+    assert (micro.micro_batch_size, micro.get()) == (cfg.micro_batch, cfg.grad_accum)
+    zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+    stage = (zero[ddp.data_parallel_sharding_strategy] if ddp.use_megatron_fsdp
+             else 1 if ddp.use_distributed_optimizer else 0)
+    assert stage == cfg.zero_stage
+    assert opt.optimizer_cpu_offload == cfg.offload_optimizer
+    assert opt.clip_grad == 1.0 and opt.optimizer == "adam" and tc.bf16
+    assert _remat(cfg) == ("none" if tc.recompute_granularity is None
+                           else "selective" if tc.recompute_granularity == "selective"
+                           else "full" if tc.recompute_method == "uniform"
+                           else ("blocks", tc.recompute_num_layers))
+
+
+@pytest.mark.skipif(not _installed("megatron.core"), reason="megatron-core is not installed")
+def test_megatron_core_refuses_a_flag_or_a_batch_it_cannot_take():
+    """The checks above can fail: a misspelt flag has no field, and a global batch that is not
+    a multiple of micro-batch x dp is refused by megatron-core's own calculator."""
+    text = emit("megatron", CONFIGS["zero1"], SC)
+    with pytest.raises(AssertionError, match="sequence_paralel"):
+        _megatron_configs(text.replace("--use-distributed-optimizer",
+                                       "--use-distributed-optimizer --sequence-paralel"))
+    with pytest.raises(AssertionError, match="not divisible"):
+        _megatron_configs(text.replace("--global-batch-size 256", "--global-batch-size 250"))
