@@ -720,3 +720,34 @@ def test_megatron_core_refuses_a_flag_or_a_batch_it_cannot_take():
                                        "--use-distributed-optimizer --sequence-paralel"))
     with pytest.raises(AssertionError, match="not divisible"):
         _megatron_configs(text.replace("--global-batch-size 256", "--global-batch-size 250"))
+
+
+# MaxText needs Python >= 3.12, so its pydantic `types.py` cannot load the file here. What it
+# does with an override: `key=value` must name a key of configs/base.yml, with a value its
+# readers take. The keys and values below were read from the maxtext 0.2.5 wheel
+# (maxtext/configs/base.yml, line of each key; remat policies from layers/nnx_decoders.py
+# get_remat_policy, attention kernels from base.yml:486, optimizers from base.yml:1100).
+MAXTEXT_BASE_KEYS = {
+    "dtype": 128, "quantization": 137, "weight_dtype": 194, "num_layers_per_pipeline_stage": 409,
+    "num_pipeline_microbatches": 419, "remat_policy": 450, "optimizer_memory_host_offload": 478,
+    "attention": 486, "shard_optimizer_over_data": 799, "opt_type": 1100,
+    "adam_weight_decay": 1121, "per_device_batch_size": 840, "gradient_accumulation_steps": 1098,
+    "max_target_length": 1004, "gradient_clipping_threshold": 1094,
+    "dcn_data_parallelism": 769, "dcn_fsdp_parallelism": 770, "dcn_tensor_parallelism": 776,
+    "dcn_pipeline_parallelism": 778, "dcn_expert_parallelism": 779, "ici_data_parallelism": 782,
+    "ici_fsdp_parallelism": 783, "ici_tensor_parallelism": 789, "ici_pipeline_parallelism": 792,
+    "ici_expert_parallelism": 793}
+MAXTEXT_VALUES = {"remat_policy": {"full", "minimal", "minimal_with_context"},
+                  "attention": {"autoselected", "dot_product", "flash", "cudnn_flash_te"},
+                  "opt_type": {"adamw", "adam_pax", "sgd", "muon"},
+                  "quantization": {"", "fp8", "int8"},
+                  "dtype": {"float32", "bfloat16"}, "weight_dtype": {"float32", "bfloat16"}}
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16", "fp8-mixed", "fp32"])
+@pytest.mark.parametrize("name", sorted(n for n in CONFIGS if "maxtext" in EXPRESSES[n]))
+def test_maxtext_overrides_are_base_yml_keys(name, precision):
+    d = maxtext_overrides(emit("maxtext", CONFIGS[name], _with(SC, precision=precision)))
+    assert set(d) <= set(MAXTEXT_BASE_KEYS), sorted(set(d) - set(MAXTEXT_BASE_KEYS))
+    for key, allowed in MAXTEXT_VALUES.items():
+        assert d.get(key, "") in allowed | {""}, (key, d.get(key))
