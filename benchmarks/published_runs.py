@@ -181,9 +181,20 @@ def torchtitan_runs(doc: dict) -> list[Run]:
         if rep > 1:
             run.unexpressed = "HSDP (shard within a group, replicate across)"
             continue
-        cfg = Config(micro_batch=r["local_batch"], grad_accum=1, dp=dp, tp=tp, pp=pp,
-                     zero_stage=3 if dp > 1 else 0, sequence_parallel=tp > 1,
+        # a pipeline splits the local batch into micro-batches: pipeline_parallel_microbatches,
+        # by default as many as pipeline ranks (pipeline_llama.py / pipelining_utils.py at
+        # 9dec370); an interleaved schedule runs two stages per rank (generate_split_points)
+        micro = pp if pp > 1 else 1
+        if r["local_batch"] % micro:
+            raise KeyError(f"{r['file']}:{r['line']}: local batch {r['local_batch']} is not a "
+                           f"multiple of its {micro} pipeline micro-batches")
+        chunks = 2 if pp > 1 and "interleaved" in (r.get("pp_schedule") or "").lower() else 1
+        cfg = Config(micro_batch=r["local_batch"] // micro, grad_accum=micro, dp=dp, tp=tp,
+                     pp=pp, zero_stage=3 if dp > 1 else 0, sequence_parallel=tp > 1,
                      remat=TITAN_AC[r.get("activation_checkpoint")], flash_attention=True)
+        if pp > 1:
+            run.notes.append(f"{micro} pipeline micro-batches of {cfg.micro_batch}, "
+                             f"{chunks} stage(s) per rank")
         if r.get("compile") and r["file"] not in TITAN_LOSS_COMPILED:
             raise KeyError(f"{r['file']}: say in TITAN_LOSS_COMPILED whether the torchtitan "
                            "its runs used compiles the loss")
@@ -195,6 +206,9 @@ def torchtitan_runs(doc: dict) -> list[Run]:
                       grad_clip=True, loss="fused" if fused else "float32")
         card = load_card(r["model"])
         run.scenario = _scenario(label, card, gpu, r["gpus"], wl, runtime="torchtitan")
+        if chunks > 1:
+            run.scenario = run.scenario.replace(runtime=run.scenario.runtime.with_coeffs(
+                pp_virtual_stages=float(chunks)))
         run.config = cfg
     return out
 

@@ -138,6 +138,16 @@ SCHEMA: dict[str, Coeff] = {
                              "gradients reduce-scattered in its backward pass, overlapped as "
                              "ZeRO-3's; 0: DeepSpeed stage 2 (bucketed reduce-scatter, the "
                              "updated parameters all-gathered after the step)"),
+    "zero_pp_nosync": _c(0, "1: ZeRO-2/3 with pipeline parallelism as PyTorch's pipeline "
+                            "schedules run FSDP: every micro-batch's backward pass skips the "
+                            "reduce-scatter and the reshard, so a stage's parameters stay "
+                            "gathered (in the all-gather's dtype) and its gradients accumulate "
+                            "unsharded (in the gradient dtype) through the step, one all-gather "
+                            "and one reduce-scatter a step; 0: ZeRO-2/3 with pp is refused"),
+    "uneven_stages": _c(0, "1: pipeline stages may hold different numbers of blocks when pp "
+                           "does not divide them (torchtitan's split: the first stage the "
+                           "floor, the middle ones one more while the remainder lasts, the last "
+                           "what is left); 0: pp must divide num_hidden_layers"),
     "zero3_keeps_stored_gathered": _c(0, "1: a block that is not recomputed keeps its gathered "
                                          "(compute-dtype) weights for its backward pass"),
     # --- which buffers are live together (the phase walk, capopt.cost.memory) ---
@@ -284,9 +294,9 @@ SCHEMA: dict[str, Coeff] = {
 # coefficients that are shares (a mixture's weight, or a 0/1 rule): at most 1
 SHARES = frozenset({"expandable_segments", "zero3_regather_for_remat", "selective_saves_dots",
                     "selective_saves_ops", "fsdp_gathers_compute_dtype", "fsdp_mixed_precision",
-                    "zero2_per_group", "overlap_dp_buckets", "overlap_param_gather",
-                    "overlap_tp_fwd_needs_sp", "autocast_casts", "autocast_weight_cache",
-                    "weight_copy_fraction"})
+                    "zero2_per_group", "zero_pp_nosync", "uneven_stages", "overlap_dp_buckets",
+                    "overlap_param_gather", "overlap_tp_fwd_needs_sp", "autocast_casts",
+                    "autocast_weight_cache", "weight_copy_fraction"})
 
 
 def _check_coeff(key: str, value, file: str | None) -> float:

@@ -62,9 +62,15 @@ RULES: tuple[Rule, ...] = (
           lambda c, sc: c["tp"] > sc.per_node,
           lambda cfg, sc: f"tp {cfg.tp} must fit in a node ({sc.per_node} devices)"),
     _rule("config.pp", "pp",
-          lambda c, sc: sc.model.num_hidden_layers % c["pp"] != 0,
-          lambda cfg, sc: f"pp {cfg.pp} must divide num_hidden_layers "
-                          f"{sc.model.num_hidden_layers}"),
+          lambda c, sc: ((sc.model.num_hidden_layers % c["pp"] != 0)
+                         & (sc.runtime.coeff("uneven_stages") == 0))
+          | (c["pp"] > sc.model.num_hidden_layers),
+          lambda cfg, sc: (f"pp {cfg.pp} must divide num_hidden_layers "
+                           f"{sc.model.num_hidden_layers} (the {sc.runtime.name} runtime "
+                           "splits blocks evenly)"
+                           if sc.runtime.coeff("uneven_stages") == 0 else
+                           f"pp {cfg.pp} must not exceed num_hidden_layers "
+                           f"{sc.model.num_hidden_layers}")),
     _rule("config.ep", "ep dp",
           lambda c, sc: (c["ep"] > 1) & ((sc.model.num_local_experts % c["ep"] != 0)
                                          | (c["dp"] % c["ep"] != 0)),
@@ -80,9 +86,12 @@ RULES: tuple[Rule, ...] = (
           lambda cfg, sc: "ZeRO sharding needs dp > 1",
           lambda d: 0),
     _rule("config.zero_stage", "zero_stage pp",
-          lambda c, sc: (c["pp"] > 1) & (c["zero_stage"] >= 2),
-          lambda cfg, sc: "ZeRO-2/3 with pipeline parallelism is not supported by Megatron-LM "
-                          "or DeepSpeed; use stage 0 or 1",
+          lambda c, sc: (c["pp"] > 1) & (c["zero_stage"] >= 2)
+          & (sc.runtime.coeff("zero_pp_nosync") == 0),
+          lambda cfg, sc: f"ZeRO-2/3 with pipeline parallelism is not supported by the "
+                          f"{sc.runtime.name} runtime (Megatron-LM and DeepSpeed refuse it; "
+                          "PyTorch's FSDP under a pipeline schedule, --runtime pytorch-eager "
+                          "or torchtitan, runs it); use stage 0 or 1",
           lambda d: 1),
 )
 

@@ -17,7 +17,7 @@ import pytest
 from capopt._specs import Config
 from capopt._validity import config_problems
 from capopt.cost import Knobs, numbers_pytree
-from capopt.cost.estimate import estimate_numbers
+from capopt.cost.model import estimate_numbers
 from conftest import gpt_like, llama_like, make_scenario
 
 _batched = jax.jit(jax.vmap(estimate_numbers, in_axes=(0, None)))

@@ -12,6 +12,7 @@ import pytest
 
 from capopt.report import render
 from capopt._plan import plan
+from capopt._specs import Config, KnobDomain
 from capopt._validity import config_problems
 from capopt.cost import numbers_pytree
 from capopt.search import Space, build_lattice, optimize
@@ -370,3 +371,81 @@ def test_a_users_optax_transformation_drives_both_solves():
     pps = {lay.config.pp for lay in res.layouts}
     assert DIM in traced                                  # the config solve
     assert {2 * p for p in pps} <= set(traced)            # a layout solve per depth
+
+
+def test_the_runtime_split_is_torchtitans():
+    from capopt.cost.stages import runtime_split
+    # Llama 3.1 405B's 126 blocks on 8 ranks: 15, then 16 while the remainder lasts, the rest
+    assert runtime_split(126, 8).tolist() == [15, 16, 16, 16, 16, 16, 16, 15]
+    # two stages a rank (interleaved): 16 stages, 7 first and last, 8 between; rank r holds
+    # stages r and r + 8
+    assert runtime_split(126, 8, 2).tolist() == [7 + 8] + [8 + 8] * 6 + [8 + 7]
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        pp, chunks = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+        L = int(rng.integers(pp * chunks, 130))
+        split = runtime_split(L, pp, chunks)
+        assert split.sum() == L and len(split) == pp and split.min() >= chunks
+        if L % (pp * chunks) == 0:
+            assert (split == L // pp).all()
+    with pytest.raises(ValueError, match="stages"):
+        runtime_split(6, 4, 2)
+
+
+def test_a_runtime_with_uneven_stages_prices_its_own_split():
+    """pp not dividing the blocks, under a runtime that splits them unevenly: `estimate` is
+    the layout estimate of the runtime's split, its fuller stage pacing the pipeline."""
+    from capopt.cost import estimate
+    from capopt.cost._inputs import knobs_from_config
+    from capopt.cost.stages import layout_estimate, runtime_split
+    m = llama_like(layers=6, hidden=512, heads=8, kv=4)
+    sc = make_scenario(m, runtime="torchtitan", count=8, global_batch=32, seq_len=1024)
+    n = numbers_pytree(sc)
+    cfg = Config(micro_batch=1, grad_accum=16, dp=2, pp=4, zero_stage=1)
+    assert not config_problems(cfg, sc)
+    k = knobs_from_config(cfg)
+    layers = jnp.asarray(runtime_split(6, 4), jnp.float32)
+    assert layers.tolist() == [1, 2, 2, 1]
+    a = estimate(cfg, sc)
+    b = layout_estimate(k, n, layers, layers * k.remat[2])
+    for part in ("memory", "time", "throughput"):
+        for key, v in getattr(a, part).items():
+            np.testing.assert_allclose(float(getattr(b, part)[key]), float(v), rtol=1e-5,
+                                       err_msg=f"{part}.{key}")
+    # a stage of two blocks is slower than the relaxed even share of 1.5: the split costs time
+    relaxed = estimate(cfg, sc.replace(runtime=sc.runtime.with_coeffs(uneven_stages=0.0)))
+    assert float(a.time["step_s"]) > float(relaxed.time["step_s"])
+
+
+def test_the_search_bounds_an_uneven_split_and_reports_it_exactly():
+    """The batch evaluator prices pp not dividing the blocks, under a runtime that splits them
+    unevenly, with the fullest rank's blocks on every stage: never less memory nor a shorter
+    step than the split priced stage by stage. A reported plan carries the split's figures."""
+    from capopt.cost import estimate
+    from capopt.cost.estimate import splits_unevenly
+    from capopt.search._evaluate import evaluate
+    m = llama_like(layers=7, hidden=512, heads=8, kv=4)
+    sc = make_scenario(m, runtime="torchtitan", count=8, global_batch=32, seq_len=1024,
+                       vram_gib=4.0)
+    n = numbers_pytree(sc)
+    lat = build_lattice(sc)
+    rows = [i for i in range(len(lat)) if lat.cols["pp"][i] in (2, 4)]
+    assert rows, "the lattice holds pipeline depths that do not divide 7 blocks"
+    pick = np.random.default_rng(1).choice(rows, size=min(24, len(rows)), replace=False)
+    res = evaluate(lat, n, 0.0, np.asarray(pick))
+    for j, i in enumerate(pick):
+        cfg = lat.config(int(i))
+        assert splits_unevenly(cfg, n)
+        exact = estimate(cfg, sc)
+        # (float32 sums of the same terms in two programs: a few roundings apart)
+        assert res["total_bytes"][j] >= float(exact.memory["total_bytes"]) * (1 - 1e-5)
+        assert res["step_s"][j] >= float(exact.time["step_s"]) * (1 - 1e-5)
+    piped = sc.replace(knobs=sc.knobs + (KnobDomain("pp", (2, 4)),))
+    out = optimize(piped, top_k=5, remedies=False)
+    assert out.candidates and all(splits_unevenly(p.config, n) for p in out.candidates)
+    for p in out.candidates:
+        e = estimate(p.config, piped)
+        np.testing.assert_allclose(float(p.memory["total_bytes"]),
+                                   float(e.memory["total_bytes"]), rtol=1e-5)
+        np.testing.assert_allclose(float(p.throughput["tokens_per_s"]),
+                                   float(e.throughput["tokens_per_s"]), rtol=1e-5)

@@ -74,3 +74,25 @@ def test_mend_repairs_what_its_rules_can_and_leaves_the_held_knob():
         kept = mend(d, sc, keep="zero_stage")
         assert kept["zero_stage"] == d["zero_stage"]
     assert mended > 100
+
+
+def test_pipeline_rules_follow_the_runtime():
+    """FSDP under PyTorch's pipeline schedules (pytorch-eager, torchtitan) runs ZeRO-2/3 with
+    pp and stages of unequal blocks; Megatron-LM and XLA's layout refuse both, naming the
+    runtime; pp above the block count is refused everywhere."""
+    m = llama_like(layers=6, kv=2)
+    zero3_pp = Config(micro_batch=1, grad_accum=8, dp=4, pp=2, zero_stage=3)
+    pp4 = Config(micro_batch=1, grad_accum=16, dp=2, pp=4)         # 4 does not divide 6
+    pp8 = Config(micro_batch=1, grad_accum=32, dp=1, pp=8)         # more stages than blocks
+    for rt in ("pytorch-eager", "torchtitan"):
+        sc = make_scenario(m, runtime=rt, count=8, global_batch=32)
+        assert config_problems(zero3_pp, sc) == [], rt
+        assert config_problems(pp4, sc) == [], rt
+        assert any("must not exceed" in why for _, why in config_problems(pp8, sc)), rt
+    for rt in ("megatron", "xla-gpu"):
+        sc = make_scenario(m, runtime=rt, count=8, global_batch=32)
+        assert [f for f, why in config_problems(zero3_pp, sc)
+                if f"the {rt} runtime" in why and "ZeRO-2/3" in why] == ["config.zero_stage"], rt
+        assert [f for f, why in config_problems(pp4, sc)
+                if "must divide" in why and rt in why] == ["config.pp"], rt
+        assert [f for f, _ in config_problems(pp8, sc)] == ["config.pp"], rt

@@ -2,49 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import jax
+import jax.numpy as jnp
 
 from .._specs import Config, Scenario
-from ._inputs import (Knobs, knobs_from_config, numbers_pytree, runtime_knobs,
-                      runtime_numbers)
-from .memory import memory
-from .time import time_terms
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Per-device memory terms (bytes), time terms (seconds) and throughput figures.
-
-    A pytree of scalars (or of arrays, when evaluated under `vmap`).
-    """
-
-    memory: dict
-    time: dict
-    throughput: dict
-
-    def to_dict(self) -> dict:
-        conv = lambda d: {k: float(v) for k, v in d.items()}  # noqa: E731
-        return {"memory": conv(self.memory), "time": conv(self.time),
-                "throughput": conv(self.throughput)}
-
-    @property
-    def fits(self):
-        return self.memory["total_bytes"] <= self.memory["budget_bytes"]
-
-
-jax.tree_util.register_dataclass(Estimate, data_fields=["memory", "time", "throughput"],
-                                 meta_fields=[])
-
-
-def estimate_numbers(k: Knobs, n: dict) -> Estimate:
-    """The cost model on raw pytrees (traceable; what `jit`, `grad` and `vmap` see)."""
-    k = runtime_knobs(k, n)
-    n = runtime_numbers(k, n)
-    mem = memory(k, n)
-    time, thr = time_terms(k, n, mem)
-    return Estimate(memory=mem, time=time, throughput=thr)
+from ._inputs import DTYPE, Knobs, knobs_from_config, numbers_pytree
+from .model import Estimate, estimate_numbers
+from .stages import layout_estimate, runtime_split
 
 
 _estimate_jit = None
@@ -64,11 +28,39 @@ def _compiled_estimate():
     return _estimate_jit
 
 
+_layout_jitted = None
+
+
+def _layout_jit():
+    global _layout_jitted
+    if _layout_jitted is None:
+        _layout_jitted = jax.jit(layout_estimate)
+    return _layout_jitted
+
+
+def splits_unevenly(config, n: dict) -> bool:
+    """Whether ``config`` (a `Config`) runs stages of unequal blocks in a scenario of numbers
+    ``n``: a runtime that splits them (``uneven_stages``) and a pipeline depth that does not
+    divide them."""
+    L = int(round(float(n["L"])))
+    return (isinstance(config, Config) and 1 < config.pp <= L and L % config.pp != 0
+            and float(n["rt_uneven_stages"]) > 0.5)
+
+
 def estimate(config: Config | Knobs, scenario: Scenario | dict, *, jit: bool = True) -> Estimate:
     """Memory and time of ``config`` (a `Config` or relaxed `Knobs`) in ``scenario``."""
     n = numbers_pytree(scenario)
     k = (knobs_from_config(config, float(n["L"])) if isinstance(config, Config) else config)
+    if splits_unevenly(config, n):
+        # stages of unequal blocks: each stage priced with its own blocks as the runtime
+        # splits them, the slowest pacing the pipeline (`capopt.cost.stages`); elsewhere
+        # L / pp blocks a stage, the relaxation of an even split
+        chunks = max(int(round(float(n["rt_pp_virtual_stages"]))), 1)
+        L = int(round(float(n["L"])))
+        layers = jnp.asarray(runtime_split(L, config.pp, chunks), DTYPE)
+        return (_layout_jit() if jit else layout_estimate)(
+            k, n, layers, layers * k.remat[2])
     return (_compiled_estimate() if jit else estimate_numbers)(k, n)
 
 
-__all__ = ["Estimate", "estimate", "estimate_numbers"]
+__all__ = ["estimate", "splits_unevenly"]

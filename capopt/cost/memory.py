@@ -62,6 +62,26 @@ def indivisible(count, degree):
     return (1.0 - t) * one(lo) + t * one(lo + 1.0)
 
 
+def stage_blocks(k: Knobs, n):
+    """Blocks on the fullest pipeline rank: L / pp, or, where the runtime splits blocks
+    unevenly (``uneven_stages``) and pp does not divide them, the most a rank of that split
+    holds: ceil(L / pp) with one stage a rank (exactly: `capopt.cost.stages.runtime_split`),
+    at most v * ceil(L / (pp v)) with v stages a rank (a bound). One number for every stage,
+    so the end stages' embedding and head are priced beside the fullest rank's blocks: a
+    bound on the split's memory and step time, never below them; `capopt.cost.estimate`
+    prices a real config's split stage by stage. Linear between integer pp (continuous in a
+    relaxed one)."""
+    L = n["L"]
+    v = jnp.maximum(n["rt_pp_virtual_stages"], 1.0)
+
+    def extra(d):            # blocks above L / d on the fullest rank, at an integer d
+        fullest = jnp.minimum(v * jnp.ceil(L / (d * v)), L)
+        return jnp.where(jnp.mod(L, d) != 0, fullest - L / d, 0.0)
+    lo = jnp.maximum(jnp.floor(k.pp), 1.0)
+    t = jnp.clip(k.pp - lo, 0.0, 1.0)
+    return L / k.pp + n["rt_uneven_stages"] * ((1.0 - t) * extra(lo) + t * extra(lo + 1.0))
+
+
 def compute_weight_bytes(n):
     """Bytes per parameter of a weight in the compute dtype (its cast; the parameter itself
     where no cast is made)."""
@@ -125,6 +145,27 @@ def zero_shard(frac, total, expert, k: Knobs):
     return (total - expert) * shard(frac, k.dp) + expert * shard(frac, edp)
 
 
+def zero_shares(k: Knobs, n):
+    """(f_opt, f_grad, f_param, z2_kept): the shares of the config whose optimizer state,
+    gradients and parameters are split over the data-parallel group, and the share whose
+    parameters are kept as ZeRO-2 keeps them (whole, beside their shards, ``zero2_keeps_shards``).
+
+    Under a pipeline schedule that skips every micro-batch's reduce-scatter and reshard
+    (``zero_pp_nosync``, pp >= 2: PyTorch's FSDP in torch.distributed.pipelining) ZeRO-3's
+    parameters stay gathered as ZeRO-2's do and ZeRO-2/3's gradients stay unsharded through
+    the step; only the optimizer state (and the parameters' own shards) stay split."""
+    z = k.zero
+    ns = pp_nosync(k, n)
+    return (z[..., 1] + z[..., 2] + z[..., 3], (1.0 - ns) * (z[..., 2] + z[..., 3]),
+            (1.0 - ns) * z[..., 3], z[..., 2] + ns * z[..., 3])
+
+
+def pp_nosync(k: Knobs, n):
+    """1 where ZeRO-2/3 runs under a pipeline schedule without per-micro-batch sync (see
+    `zero_shares`), 0 elsewhere."""
+    return n["rt_zero_pp_nosync"] * step_at_least(k.pp, 2.0)
+
+
 def stage_params(k: Knobs, n):
     """Parameters held by one device of the first and of the last pipeline stage.
 
@@ -176,8 +217,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     per_layer, _, _, _ = stage_params(k, n)
     kv_rep, vocab_rep = tp_replication(k, n)
     vocab_share = vocab_rep + (1.0 - vocab_rep) / k.tp
-    z = k.zero
-    f_opt, f_grad, f_param = z[1] + z[2] + z[3], z[2] + z[3], z[3]
+    f_opt, f_grad, f_param, z2_kept = zero_shares(k, n)
     dp = k.dp
     # ZeRO splits state over the data-parallel group; expert tensors, already split over ep,
     # only over the expert-data-parallel group (dp / ep), as DeepSpeed-MoE does.
@@ -198,7 +238,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"]) * layers
     # (ZeRO-2 as FSDP2 runs it keeps each group's unsharded copy, ``zero2_keeps_shards``: in
     # the dtype its all-gather carries, `gathered_param_bytes`)
-    z2_copy = n["rt_zero2_keeps_shards"] * z[2]
+    z2_copy = n["rt_zero2_keeps_shards"] * z2_kept
     full_params_bytes = zero_shard(f_param, dense_params, expert_params, k) * (
         (1.0 - z2_copy) * n["param_bytes"] + z2_copy * gathered_param_bytes(n))
     lora_params_bytes = (base_wrapped * n["base_bytes"] + base_scales
@@ -441,7 +481,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     # group's unsharded copy, gathered for its forward pass, is kept to its backward pass
     # beside them (counted as the parameters above): the shards are the extra, until the
     # backward pass reshards every group
-    z2_shards = (n["rt_zero2_keeps_shards"] * z[2] * (1 - lora)
+    z2_shards = (n["rt_zero2_keeps_shards"] * z2_kept * (1 - lora)
                  * zero_shard(1.0, dense_params, expert_params, k) * n["param_bytes"])
     comm = {
         "loss": comm_bytes - fsdp * (gathered + regather * root_gathered) + z2_shards,
@@ -514,7 +554,7 @@ def end_stage_memory(k: Knobs, n) -> dict:
     the two stages share is computed once."""
     first, last = end_stage_args(k, n)
     args = {key: jnp.stack(jnp.broadcast_arrays(first[key], last[key])) for key in first}
-    layers = n["L"] / k.pp
+    layers = stage_blocks(k, n)
     return jax.vmap(lambda a: stage_memory(k, n, layers=layers, **a))(args)
 
 
@@ -534,5 +574,6 @@ def memory(k: Knobs, n) -> dict:
 
 __all__ = ["PHASES", "compute_weight_bytes", "end_stage_args", "end_stage_memory",
            "expert_layer_params", "gathered_param_bytes", "indivisible", "largest_module",
-           "loss_copies", "lora_per_device", "memory", "shard", "stage_memory", "stage_params",
-           "step_at_least", "tp_replication", "zero_shard"]
+           "loss_copies", "lora_per_device", "memory", "pp_nosync", "shard", "stage_blocks",
+           "stage_memory", "stage_params", "step_at_least", "tp_replication", "zero_shard",
+           "zero_shares"]

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._inputs import Knobs, runtime_knobs, runtime_numbers
-from .estimate import Estimate, estimate_numbers
+from .model import Estimate, estimate_numbers
 from .flops import compute_times, step_tokens
 from .memory import stage_memory, stage_params
 from .time import memory_bound_times, stage_extras, stage_time
@@ -46,6 +46,26 @@ def even_layout(k: Knobs, n: dict, p: int):
     """(layers, recompute) of the main model's even split with the config's recomputation."""
     layers = jnp.full((p,), n["L"] / p)
     return layers, layers * k.remat[2]
+
+
+def runtime_split(num_layers: int, pp: int, chunks: int = 1) -> np.ndarray:
+    """Blocks per pipeline rank when ``pp`` does not divide them, as torchtitan splits them
+    (``generate_split_points``, torchtitan/parallelisms/pipelining_utils.py at 9dec370):
+    ``pp * chunks`` stages, the first ``L // stages`` blocks, each middle one a block more
+    while ``L % stages`` lasts, the last what is left; rank ``r`` runs stages ``r, r + pp,
+    ...`` (the "loop" style of ``stage_ids_this_rank``)."""
+    stages = pp * chunks
+    if not 1 <= stages <= num_layers:
+        raise ValueError(f"{stages} pipeline stages for {num_layers} blocks")
+    base, extra = divmod(num_layers, stages)
+    sizes = [base]
+    for _ in range(stages - 2):
+        more = 1 if extra > 0 else 0
+        extra -= more
+        sizes.append(base + more)
+    if stages > 1:
+        sizes.append(num_layers - sum(sizes))
+    return np.asarray(sizes, dtype=np.float64).reshape(chunks, pp).sum(axis=0)
 
 
 def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
@@ -78,11 +98,18 @@ def _pace(k: Knobs, n: dict, p: int):
     return k.grad_accum + (p - 1.0) / n["rt_pp_virtual_stages"]
 
 
+def even_numbers(n: dict) -> dict:
+    """The scenario's numbers priced as an even split, L / pp blocks a stage (the runtime's
+    ``uneven_stages`` bound of `capopt.cost.memory.stage_blocks` off): what a layout's own
+    stage terms are measured against."""
+    return {**n, "rt_uneven_stages": 0.0 * n["rt_uneven_stages"]}
+
+
 def per_step_rest(k: Knobs, n: dict, p: int):
     """(once-per-step seconds outside the pipeline, input seconds) from the even split."""
     el, er = even_layout(k, n, p)
     t_even = jnp.max(stage_terms(k, n, el, er)["t_mb"])
-    return rest_from_terms(estimate_numbers(k, n).time, t_even, k, n, p)
+    return rest_from_terms(estimate_numbers(k, even_numbers(n)).time, t_even, k, n, p)
 
 
 def rest_from_terms(t: dict, t_even_mb, k: Knobs, n: dict, p: int):
@@ -125,7 +152,7 @@ def layout_tokens_per_s(k: Knobs, n: dict, step):
 def layout_estimate(k: Knobs, n: dict, layers, recompute) -> Estimate:
     """An `Estimate` of one layout (see `assemble_estimate`)."""
     p = layers.shape[0]
-    even = estimate_numbers(k, n)
+    even = estimate_numbers(k, even_numbers(n))
     rest, inp = per_step_rest(k, n, p)
     step, mem, t, terms = layout_step(k, n, layers, recompute, rest, inp, breakdown=True)
     return assemble_estimate(even, n, step, t, terms)
@@ -160,5 +187,6 @@ def assemble_estimate(even: Estimate, n: dict, step, t_mb, terms: dict) -> Estim
     return Estimate(memory=memory, time=time, throughput=thr)
 
 
-__all__ = ["assemble_estimate", "even_layout", "layout_estimate", "layout_step", "layout_tokens_per_s", "per_step_rest",
-           "stage_remat", "stage_terms"]
+__all__ = ["assemble_estimate", "even_layout", "even_numbers", "layout_estimate",
+           "layout_step", "layout_tokens_per_s", "per_step_rest", "runtime_split", "stage_remat",
+           "stage_terms"]

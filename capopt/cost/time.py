@@ -63,7 +63,8 @@ from ._inputs import Knobs
 from .activations import mlp_width
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import (expert_layer_params, gathered_param_bytes, lora_per_device, loss_copies,
-                     shard, stage_params, step_at_least, zero_shard)
+                     pp_nosync, shard, stage_blocks, stage_params, step_at_least, zero_shard,
+                     zero_shares)
 
 # The kinds of communication priced (their names and the step's terms, `STEP_TERMS`, are in
 # `capopt._terms`): exposed communication by kind adds up to the step; hidden communication,
@@ -186,7 +187,7 @@ def stage_grad_elems(k: Knobs, n: dict, layers, extra_params):
     stage's trainable parameters, split over the data-parallel group under ZeRO-2/3 (experts
     over dp / ep), as `memory` counts the gradient buffers."""
     per_layer, _, _, _ = stage_params(k, n)
-    f_grad = k.zero[2] + k.zero[3]
+    _, f_grad, _, _ = zero_shares(k, n)
     lora = n["lora"]
     dense = layers * per_layer + extra_params
     trainable = lora * layers * lora_per_device(n, k.tp)[0] + (1.0 - lora) * dense
@@ -327,13 +328,16 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     moe_exposed, moe_hidden = layers * moe_exp, layers * moe_hid
 
     # --- ZeRO-3 time: the framework's own fetch path, in series with the gathers it stages ---
+    # (none of it per micro-batch under a pipeline schedule without per-micro-batch sync,
+    # ``zero_pp_nosync``: once a step instead, in `time_terms`)
+    per_mb = 1.0 - pp_nosync(k, n)
     gather_s = gather_coll + fetch_s(gather, dp, n)
-    z3 = k.zero[3] * (gather_s + scatter_coll)
+    z3 = per_mb * k.zero[3] * (gather_s + scatter_coll)
     # --- ZeRO-2 as FSDP's SHARD_GRAD_OP (``zero2_per_group``): each group gathered once per
     #     micro-batch for its forward pass (the unsharded copy kept to its backward pass, a
     #     recomputed block's too) and its gradients reduce-scattered as it is differentiated,
     #     one collective each per group, prefetched and overlapped as ZeRO-3's ---
-    z3 = z3 + _coeff(n, "zero2_per_group") * k.zero[2] * (
+    z3 = z3 + per_mb * _coeff(n, "zero2_per_group") * k.zero[2] * (
         gather2_coll + fetch_s(gather_once, dp, n) + scatter_coll)
 
     # --- pipeline: send activations forward and gradients back, once per model chunk ---
@@ -382,7 +386,7 @@ def end_stages(k: Knobs, n: dict, c: dict, mb: dict) -> dict:
     stages share (everything but their embedding / head terms) is computed once."""
     first, last = end_stage_extras(k, n, c, mb)
     extras = {key: jnp.stack(jnp.broadcast_arrays(first[key], last[key])) for key in first}
-    layers = n["L"] / k.pp
+    layers = stage_blocks(k, n)
     return jax.vmap(lambda e: stage_time(k, n, layers=layers, c=c, mb=mb, **e))(extras)
 
 
@@ -404,7 +408,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     """
     c = compute_times(k, n)
     mb = memory_bound_times(k, n)
-    layers = n["L"] / k.pp
+    layers = stage_blocks(k, n)
     both = end_stages(k, n, c, mb)
     take_first = both["total"][0] >= both["total"][1]
     st = {key: jnp.where(take_first, v[0], v[1]) for key, v in both.items()}
@@ -471,11 +475,24 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     regather, regather_hidden = comm.overlap((z[1] + z2_buckets) * gathered, fwd_window,
                                              frac_pg)
 
+    # ZeRO-2/3 under a pipeline schedule without per-micro-batch sync (``zero_pp_nosync``):
+    # each group gathered once, in the first micro-batch's forward pass (prefetched behind it
+    # as ZeRO-3's gathers are, ``overlap_zero``), and the unsharded gradients reduce-scattered
+    # once, after the stage's last backward pass, where nothing is left to hide it (the
+    # schedule's REDUCE_GRAD action and the wait that ends it, torch/distributed/pipelining/
+    # stage.py perform_reduce_grad, v2.13)
+    ns = pp_nosync(k, n) * (z[2] + z[3])
+    ns_gather, ns_scatter = _unstack(comm.ring_collectives_s(
+        _col(trainable * _weight_bytes(n), grads), dp, dp_per, dp_nodes, n,
+        count=_col(layers + 1.0, layers + 1.0), passes=jnp.asarray([1.0, 1.0])), 2)
+    ns_gather_exposed, ns_gather_hidden = comm.overlap(ns * ns_gather, st["fwd"],
+                                                       n["rt_overlap_zero"])
     comm_s = {"dp": dp_exposed,
-              "zero": m * st["zero"] + rs_exposed + regather,
+              "zero": (m * st["zero"] + rs_exposed + regather + ns_gather_exposed
+                       + ns * ns_scatter),
               "tp": m * st["tp"], "pp": m * st["pp"], "moe": m * st["moe"]}
     comm_exposed = sum(comm_s.values())
-    comm_hidden = m * st["hidden"] + dp_hidden + rs_hidden + regather_hidden
+    comm_hidden = m * st["hidden"] + dp_hidden + rs_hidden + regather_hidden + ns_gather_hidden
 
     # --- optimizer update and offload ---
     f_opt = z[1] + z[2] + z[3]

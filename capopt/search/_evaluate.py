@@ -11,7 +11,7 @@ import numpy as np
 from .._jaxcache import compile_options
 from .._specs import Config
 from ..cost._inputs import Knobs, knobs_from_config
-from ..cost.estimate import Estimate, estimate_numbers
+from ..cost.model import Estimate, estimate_numbers
 from .._compiled import Compiled
 from ._space import Lattice
 

@@ -18,7 +18,10 @@ from .._scenario import load_scenario
 from .._specs import Scenario
 from .._units import GiB
 from ..cost import numbers_pytree
-from ..cost.estimate import Estimate
+from ..cost.estimate import estimate as cost_estimate
+from ..cost.estimate import splits_unevenly
+from ..cost.model import Estimate
+from ..cost.stages import even_numbers
 from ._evaluate import CHUNKS, compiled_sizes, cost_mode, evaluate, objective_from
 from ._evaluate import estimates as _estimates
 from ._space import COLUMNS, Lattice, Space, build_lattice, factorizations
@@ -33,12 +36,17 @@ CONFIRM_INFEASIBLE_BELOW = 2_000_000
 
 
 def estimate(config, sc: Scenario) -> Estimate:
-    """The `Estimate` of one config as the search reports it (the batch evaluator's figures)."""
+    """The `Estimate` of one config as the search reports it (see `estimates`)."""
     return estimates([config], sc)[0]
 
 
 def estimates(configs: list, sc: Scenario) -> list[Estimate]:
-    return _estimates(configs, numbers_pytree(sc))
+    """The batch evaluator's figures of each config, the ones it was ranked by; a config whose
+    runtime splits its stages unevenly (`splits_unevenly`), which the evaluator bounds with
+    its fullest rank on every stage, priced stage by stage (`capopt.cost.estimate`)."""
+    n = numbers_pytree(sc)
+    return [cost_estimate(c, sc) if splits_unevenly(c, n) else e
+            for c, e in zip(configs, _estimates(configs, n))]
 
 
 def _warm(space: Space, n, mode, x0, bounds) -> None:
@@ -358,7 +366,11 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
     if relaxed is not None and best_obj is not None:
         shadow.update(relaxed)
     configs = [lat.config(i) for i in order]
-    plans = [Plan(sc, c, e) for c, e in zip(configs, _estimates(configs, n))]
+    plans = [Plan(sc, c, e) for c, e in zip(configs, estimates(configs, sc))]
+    if any(splits_unevenly(c, n) for c in configs):
+        # ranked by the bound, reported by the split: the exact figures can only be better
+        # (less memory, a shorter step), and may reorder the plans
+        plans.sort(key=plan_objective, reverse=True)
     layouts = []
     if sc.pipeline_layers == "auto" or sc.stage_recompute == "auto":
         t1 = time.perf_counter()
@@ -370,7 +382,8 @@ def optimize(scenario: Scenario | str | dict | None = None, *, top_k: int = 5,
         if (lay is not None and lay.fits and lay.tokens_per_s >= _min_rate(sc) and (
                 not plans or lay.tokens_per_s > plans[0].throughput["tokens_per_s"])):
             from .stages import layout_plan
-            plans = ([layout_plan(sc, lay, estimate(lay.config, sc))]
+            even = _estimates([lay.config], even_numbers(n))[0]
+            plans = ([layout_plan(sc, lay, even)]
                      + plans[:max(top_k - 1, 0)])
         timings["stage_layout_s"] = time.perf_counter() - t1
         solve_s = time.perf_counter() - t0

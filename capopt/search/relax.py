@@ -26,7 +26,7 @@ import optax
 from .._jaxcache import compile_options
 from .._specs import Scenario
 from ..cost._inputs import DTYPE, Knobs
-from ..cost.estimate import estimate_numbers
+from ..cost.model import estimate_numbers
 from .._compiled import Compiled
 from ._evaluate import cost_mode, objective_value
 from .penalty import memory_penalty, multiplier, penalty_solve

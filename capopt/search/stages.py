@@ -26,7 +26,7 @@ from .._jaxcache import compile_options
 from .._plan import Plan
 from .._specs import Config, Scenario
 from ..cost._inputs import DTYPE, Knobs, knobs_from_config, numbers_pytree
-from ..cost.stages import (assemble_estimate, layout_step, layout_tokens_per_s,
+from ..cost.stages import (assemble_estimate, even_numbers, layout_step, layout_tokens_per_s,
                            rest_from_terms)
 from .._compiled import Compiled
 from .penalty import memory_penalty, penalty_solve
@@ -180,7 +180,7 @@ class LayoutProblem:
         """`per_step_rest` from the programs the search has compiled anyway: the batch
         evaluator's time terms of the even split and the layout evaluator's stage times."""
         from ._evaluate import estimates
-        t = estimates([self.config], self.n)[0].time
+        t = estimates([self.config], even_numbers(self.n))[0].time
         p = self.p
         layers = np.full(p, self.L / p, np.float32)
         zero = jnp.zeros((), DTYPE)
