@@ -17,7 +17,7 @@ Every row becomes a scenario and a pinned config in capopt's terms (the card reb
 document's sizes and checked against its parameter count where it gives one; the GPU; the
 parallel layout; precision; activation checkpointing) and is predicted with the ``pytorch``
 runtime profile as it ships. The rows check the model; nothing is fitted to them. A row whose
-setup capopt cannot express (context parallelism, a framework knob it has no word for) is
+setup capopt cannot express (HSDP, a framework knob it has no word for) is
 listed with the reason instead of a prediction, and a row predicted not to fit its GPU is
 counted as such. Prints a table per source and writes ``benchmarks/results/published_runs.json``.
 """
@@ -175,9 +175,6 @@ def torchtitan_runs(doc: dict) -> list[Run]:
             run.notes.append(f"float8 {recipe.strip()} scaling: priced as tensorwise fp8-mixed")
         if r.get("async_tp"):
             run.notes.append("async TP: modelled as the profile's tensor-parallel overlap")
-        if cp > 1:
-            run.unexpressed = "context parallelism"
-            continue
         if rep > 1:
             run.unexpressed = "HSDP (shard within a group, replicate across)"
             continue
@@ -189,9 +186,14 @@ def torchtitan_runs(doc: dict) -> list[Run]:
             raise KeyError(f"{r['file']}:{r['line']}: local batch {r['local_batch']} is not a "
                            f"multiple of its {micro} pipeline micro-batches")
         chunks = 2 if pp > 1 and "interleaved" in (r.get("pp_schedule") or "").lower() else 1
-        cfg = Config(micro_batch=r["local_batch"] // micro, grad_accum=micro, dp=dp, tp=tp,
-                     pp=pp, zero_stage=3 if dp > 1 else 0, sequence_parallel=tp > 1,
-                     remat=TITAN_AC[r.get("activation_checkpoint")], flash_attention=True)
+        # context parallelism: FSDP2 shards over dp_shard x cp (ParallelDims' fsdp mesh),
+        # capopt's dp; the batch is split over the dp_shard replicas
+        cfg = Config(micro_batch=r["local_batch"] // micro, grad_accum=micro, dp=dp * cp,
+                     tp=tp, pp=pp, cp=cp, zero_stage=3 if dp * cp > 1 else 0,
+                     sequence_parallel=tp > 1, remat=TITAN_AC[r.get("activation_checkpoint")],
+                     flash_attention=True)
+        if cp > 1:
+            run.notes.append(f"context parallelism {cp}: FSDP over dp_shard x cp = {dp * cp}")
         if pp > 1:
             run.notes.append(f"{micro} pipeline micro-batches of {cfg.micro_batch}, "
                              f"{chunks} stage(s) per rank")

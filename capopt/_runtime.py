@@ -148,6 +148,12 @@ SCHEMA: dict[str, Coeff] = {
                            "does not divide them (torchtitan's split: the first stage the "
                            "floor, the middle ones one more while the remainder lasts, the last "
                            "what is left); 0: pp must divide num_hidden_layers"),
+    "context_parallel": _c(0, "1: context parallelism (cp > 1) as PyTorch's ring attention runs "
+                              "it (torch.distributed.tensor.experimental context_parallel, "
+                              "torchtitan's context_parallel_degree) or Megatron-Core's "
+                              "--context-parallel-size: each rank holds 1/cp of every "
+                              "sequence, keys and values are exchanged in the attention, the "
+                              "state is sharded over dp x cp; 0: cp > 1 is refused"),
     "zero3_keeps_stored_gathered": _c(0, "1: a block that is not recomputed keeps its gathered "
                                          "(compute-dtype) weights for its backward pass"),
     # --- which buffers are live together (the phase walk, capopt.cost.memory) ---
@@ -294,7 +300,8 @@ SCHEMA: dict[str, Coeff] = {
 # coefficients that are shares (a mixture's weight, or a 0/1 rule): at most 1
 SHARES = frozenset({"expandable_segments", "zero3_regather_for_remat", "selective_saves_dots",
                     "selective_saves_ops", "fsdp_gathers_compute_dtype", "fsdp_mixed_precision",
-                    "zero2_per_group", "zero_pp_nosync", "uneven_stages", "overlap_dp_buckets",
+                    "zero2_per_group", "zero_pp_nosync", "uneven_stages", "context_parallel",
+                    "overlap_dp_buckets",
                     "overlap_param_gather", "overlap_tp_fwd_needs_sp", "autocast_casts",
                     "autocast_weight_cache", "weight_copy_fraction"})
 

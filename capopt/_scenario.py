@@ -485,13 +485,18 @@ def pinned_config(sc: Scenario, **knobs) -> Config:
     values.setdefault("sequence_parallel", False)
     values.setdefault("remat", "none")
     dp = values["dp"]
-    per_replica = sc.workload.global_batch // dp if sc.workload.global_batch % dp == 0 else None
+    replicas = max(dp // values.get("cp", 1), 1)   # context-parallel ranks share sequences
+    per_replica = (sc.workload.global_batch // replicas
+                   if sc.workload.global_batch % replicas == 0 else None)
     if "micro_batch" not in values and "grad_accum" not in values:
         missing = "config.micro_batch"
         raise CapoptError("plan needs micro_batch or grad_accum pinned (or use optimize)",
                           file=sc.path, field=missing, allowed="a positive integer")
     if per_replica is None:
-        raise CapoptError(f"global_batch {sc.workload.global_batch} is not divisible by dp {dp}",
+        raise CapoptError(f"global_batch {sc.workload.global_batch} is not divisible by "
+                          f"{replicas} data-parallel replicas (dp {dp}, cp "
+                          f"{values.get('cp', 1)})" if replicas != dp else
+                          f"global_batch {sc.workload.global_batch} is not divisible by dp {dp}",
                           file=sc.path, field="config.dp")
     if "micro_batch" not in values:
         ga = values["grad_accum"]

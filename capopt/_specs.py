@@ -129,6 +129,8 @@ KNOBS: dict[str, KnobSpec] = {k.name: k for k in [
     KnobSpec("tp", "int", "auto", "tensor-parallel degree"),
     KnobSpec("pp", "int", "auto", "pipeline-parallel degree"),
     KnobSpec("ep", "int", 1, "expert-parallel degree (MoE; divides dp)"),
+    KnobSpec("cp", "int", 1, "context-parallel degree: each sequence split over cp ranks of "
+             "the data-parallel group, attention exchanging keys and values (divides dp)"),
     KnobSpec("sequence_parallel", "bool", "auto", "shard norms/dropout over tp"),
     KnobSpec("remat", "remat", "auto",
              "activation checkpointing: none | selective | full, or the fraction of layers "
@@ -175,9 +177,14 @@ class Config:
     remat: str | float = "none"
     offload_optimizer: bool = False
     flash_attention: bool = True
+    # context parallelism: a sub-group of dp, as torchtitan's ``fsdp`` mesh (dp_shard x cp)
+    # and Megatron-Core's data-parallel-with-context group shard the state over dp x cp while
+    # the batch is split over dp alone; here ``dp`` counts the whole group, so the batch is
+    # split over ``dp / cp`` replicas (`replicas`)
+    cp: int = 1
 
     def __post_init__(self):
-        for name in ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep"):
+        for name in ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise CapoptError(f"must be a positive integer, got {v!r}", field=f"config.{name}")
@@ -200,6 +207,12 @@ class Config:
     @property
     def devices(self) -> int:
         return self.dp * self.tp * self.pp
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas the batch is split over: ``dp / cp`` (context-parallel
+        ranks share their sequences)."""
+        return max(self.dp // self.cp, 1)
 
     def remat_weights(self, layers: float | None = None) -> tuple[float, float, float]:
         """Shares of a stage's ``layers`` blocks under (none, selective, full)

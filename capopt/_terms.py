@@ -16,7 +16,8 @@ MEMORY_TERMS = tuple(term for term, _ in MEMORY_LABELS)
 
 # (kind, label) of each collective the time model prices
 COMM_LABELS = (("dp", "data-parallel gradients"), ("zero", "ZeRO collectives"),
-               ("tp", "tensor-parallel"), ("pp", "pipeline sends"), ("moe", "MoE all-to-all"))
+               ("tp", "tensor-parallel"), ("pp", "pipeline sends"), ("moe", "MoE all-to-all"),
+               ("cp", "context-parallel keys / values"))
 COMM_KINDS = tuple(kind for kind, _ in COMM_LABELS)
 
 # the terms whose sum (less what overlaps) is the step

@@ -44,11 +44,16 @@ RULES: tuple[Rule, ...] = (
           lambda c, sc: c["dp"] * c["tp"] * c["pp"] != sc.count,
           lambda cfg, sc: f"dp*tp*pp = {cfg.dp}*{cfg.tp}*{cfg.pp} = {cfg.devices} must equal "
                           f"hardware.count {sc.count}"),
-    _rule("config.micro_batch", "micro_batch grad_accum dp",
-          lambda c, sc: c["micro_batch"] * c["grad_accum"] * c["dp"] != sc.workload.global_batch,
-          lambda cfg, sc: f"micro_batch*grad_accum*dp = {cfg.micro_batch}*{cfg.grad_accum}*"
-                          f"{cfg.dp} must equal training.global_batch "
-                          f"{sc.workload.global_batch}"),
+    _rule("config.micro_batch", "micro_batch grad_accum dp cp",
+          lambda c, sc: (c["micro_batch"] * c["grad_accum"] * c["dp"]
+                         != sc.workload.global_batch * c["cp"]),
+          lambda cfg, sc: (f"micro_batch*grad_accum*dp = {cfg.micro_batch}*{cfg.grad_accum}*"
+                           f"{cfg.dp} must equal training.global_batch "
+                           f"{sc.workload.global_batch}" if cfg.cp == 1 else
+                           f"micro_batch*grad_accum*dp/cp = {cfg.micro_batch}*{cfg.grad_accum}*"
+                           f"{cfg.dp}/{cfg.cp} must equal training.global_batch "
+                           f"{sc.workload.global_batch} (context-parallel ranks share their "
+                           "sequences)")),
     _rule("config.tp", "tp",
           lambda c, sc: _attention(sc) & (sc.model.num_attention_heads % c["tp"] != 0),
           lambda cfg, sc: f"tp {cfg.tp} must divide num_attention_heads "
@@ -77,6 +82,23 @@ RULES: tuple[Rule, ...] = (
           lambda cfg, sc: f"ep {cfg.ep} must divide num_local_experts "
                           f"{sc.model.num_local_experts} and dp {cfg.dp}",
           lambda d: math.gcd(d["ep"], d["dp"])),
+    _rule("config.cp", "cp dp",
+          lambda c, sc: (c["cp"] > 1) & (c["dp"] % c["cp"] != 0),
+          lambda cfg, sc: f"cp {cfg.cp} must divide dp {cfg.dp} (dp counts the context-"
+                          "parallel ranks: the group the state is sharded over)",
+          lambda d: math.gcd(d["cp"], d["dp"])),
+    _rule("config.cp", "cp",
+          lambda c, sc: (c["cp"] > 1) & (sc.runtime.coeff("context_parallel") == 0),
+          lambda cfg, sc: f"context parallelism is not supported by the {sc.runtime.name} "
+                          "runtime (--runtime torchtitan, pytorch-eager or megatron runs it)",
+          lambda d: 1),
+    _rule("config.cp", "cp",
+          lambda c, sc: (c["cp"] > 1) & ((sc.model.family != "decoder")
+                                         | (sc.workload.seq_len % (2 * c["cp"]) != 0)),
+          lambda cfg, sc: (f"cp {cfg.cp} needs a decoder whose seq_len divides into 2 x cp "
+                           f"chunks (the causal load balancer's head and tail; seq_len "
+                           f"{sc.workload.seq_len}, family {sc.model.family})"),
+          lambda d: 1),
     _rule("config.sequence_parallel", "sequence_parallel tp",
           lambda c, sc: (c["sequence_parallel"] != 0) & (c["tp"] == 1),
           lambda cfg, sc: "sequence parallelism needs tp > 1",
@@ -96,7 +118,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 # the knobs of a config as integer columns (booleans as 0/1)
-_INT_KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "zero_stage",
+_INT_KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "zero_stage",
               "sequence_parallel")
 
 
@@ -117,8 +139,9 @@ def broken(cols: Columns, sc: Scenario, known: set[str] | frozenset | None = Non
 def mend(knobs: dict, sc: Scenario, keep: str | None = None) -> dict:
     """``knobs`` (a `Config.to_dict()`) with every rule that has a repair mended, in the
     table's order, except the rules on ``keep`` (the knob a what-if holds): sequence
-    parallelism off without tp, ZeRO off without dp, ZeRO-1 with pp, ep down to what divides
-    dp. The rest (the device count, the batch) is the caller's to balance."""
+    parallelism off without tp, ZeRO off without dp, ZeRO-1 with pp, ep and cp down to what
+    divides dp, cp off where the runtime or the model cannot run it. The rest (the device
+    count, the batch) is the caller's to balance."""
     d = dict(knobs)
     for rule in RULES:
         knob = rule.field.split(".", 1)[1]

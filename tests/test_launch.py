@@ -39,6 +39,8 @@ CONFIGS = {
                           sequence_parallel=True, remat="selective"),
     "fraction": Config(micro_batch=2, grad_accum=16, dp=8, zero_stage=3, remat=0.25),
     "offload": Config(micro_batch=2, grad_accum=16, dp=8, zero_stage=2, offload_optimizer=True),
+    # context parallelism: 2 ranks share each sequence, the batch over dp / cp = 4 replicas
+    "cp-zero3": Config(micro_batch=2, grad_accum=32, dp=8, cp=2, zero_stage=3, remat="full"),
 }
 # which formats carry which config (the rest must refuse it)
 EXPRESSES = {
@@ -51,6 +53,7 @@ EXPRESSES = {
     "tp-sp-zero3": {"megatron", "torchtitan"},
     "fraction": {"megatron", "torchtitan", "hf-trainer"},
     "offload": {"deepspeed", "megatron", "accelerate", "hf-trainer"},
+    "cp-zero3": {"megatron", "torchtitan"},
 }
 
 
@@ -67,7 +70,7 @@ def expected(c: Config) -> dict:
     return {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "dp": c.dp, "tp": c.tp,
             "pp": c.pp, "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel,
             "remat": _remat(c), "offload_optimizer": c.offload_optimizer, "grad_clip": True,
-            "precision": "bf16-mixed"}
+            "precision": "bf16-mixed", "cp": c.cp}
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,7 +92,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
     for name in ("tensor-model-parallel-size", "pipeline-model-parallel-size", "micro-batch-size",
                  "global-batch-size", "seq-length", "expert-model-parallel-size",
-                 "recompute-num-layers"):
+                 "context-parallel-size", "recompute-num-layers"):
         p.add_argument(f"--{name}", type=int, default=1 if "parallel" in name else None)
     for name in ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16",
                  "fp16", "optimizer-cpu-offload", "overlap-grad-reduce", "overlap-param-gather",
@@ -116,8 +119,10 @@ def megatron_argv(text: str) -> list[str]:
 
 def read_megatron(text: str) -> dict:
     a = megatron_parser().parse_args(megatron_argv(text))
-    devices = 8
-    dp = devices // (a.tensor_model_parallel_size * a.pipeline_model_parallel_size)
+    devices, cp = 8, a.context_parallel_size
+    # Megatron's data-parallel size leaves the context-parallel ranks out; capopt's dp counts
+    # them (the group the distributed optimizer shards over)
+    dp = devices // (a.tensor_model_parallel_size * a.pipeline_model_parallel_size * cp)
     zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
     stage = (zero[a.data_parallel_sharding_strategy] if a.use_megatron_fsdp
              else 1 if a.use_distributed_optimizer else 0)
@@ -133,7 +138,8 @@ def read_megatron(text: str) -> dict:
         remat = ("full" if a.recompute_num_layers == per_stage
                  else ("blocks", a.recompute_num_layers))
     return {"micro_batch": a.micro_batch_size,
-            "grad_accum": a.global_batch_size // (a.micro_batch_size * dp), "dp": dp,
+            "grad_accum": a.global_batch_size // (a.micro_batch_size * dp), "dp": dp * cp,
+            "cp": cp,
             "tp": a.tensor_model_parallel_size, "pp": a.pipeline_model_parallel_size,
             "zero_stage": stage, "sequence_parallel": a.sequence_parallel, "remat": remat,
             "offload_optimizer": a.optimizer_cpu_offload, "grad_clip": a.clip_grad == 1.0,
@@ -143,8 +149,10 @@ def read_megatron(text: str) -> dict:
 def read_torchtitan(text: str) -> dict:
     d = tomllib.loads(text)
     par, tr, ac = d["parallelism"], d["training"], d["activation_checkpoint"]
-    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
-    if par["data_parallel_shard_degree"] == 1:
+    replicas = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    cp = par.get("context_parallel_degree", 1)
+    dp = replicas * cp                  # FSDP2 shards over dp_shard x cp (ParallelDims' fsdp)
+    if par["data_parallel_shard_degree"] * cp == 1:
         stage = 0
     else:
         stage = 2 if par.get("fsdp_reshard_after_forward") == "never" else 3
@@ -155,8 +163,8 @@ def read_torchtitan(text: str) -> dict:
         remat = "selective" if opt == "op" else ("blocks", (LAYERS // pp) // int(opt))
     else:
         remat = ac["mode"]
-    return {"micro_batch": micro, "grad_accum": tr["global_batch_size"] // (micro * dp),
-            "dp": dp, "tp": par["tensor_parallel_degree"], "pp": pp, "zero_stage": stage,
+    return {"micro_batch": micro, "grad_accum": tr["global_batch_size"] // (micro * replicas),
+            "dp": dp, "cp": cp, "tp": par["tensor_parallel_degree"], "pp": pp, "zero_stage": stage,
             # torchtitan's TP shards norms over the sequence: SP whenever tp > 1
             "sequence_parallel": par["tensor_parallel_degree"] > 1, "remat": remat,
             "offload_optimizer": False, "grad_clip": tr["max_norm"] == 1.0,
@@ -284,7 +292,9 @@ def test_each_knob_reads_back(fmt, name):
         assert err.value.field == "--emit" and "\n" not in str(err.value)
         return
     text = emit(fmt, cfg, SC)
-    assert READERS[fmt](text) == expected(cfg)
+    got = READERS[fmt](text)
+    got.setdefault("cp", 1)             # formats with no context-parallel degree: 1
+    assert got == expected(cfg)
     assert text == emit(fmt, cfg, SC)                        # deterministic
     assert text.endswith("\n")
 
@@ -619,11 +629,14 @@ def test_torchtitan_config_manager_takes_the_file(name, tmp_path, torchtitan_con
     path.write_text(emit("torchtitan", cfg, SC))
     job = torchtitan_config_manager().parse_args([f"--job.config_file={path}"])
     par, tr, ac = job.parallelism, job.training, job.activation_checkpoint
-    assert par.data_parallel_replicate_degree * par.data_parallel_shard_degree == cfg.dp
-    assert (par.data_parallel_shard_degree > 1) == (cfg.zero_stage >= 2)
+    assert (par.data_parallel_replicate_degree * par.data_parallel_shard_degree
+            * par.context_parallel_degree) == cfg.dp
+    assert par.context_parallel_degree == cfg.cp
+    assert (par.data_parallel_shard_degree * par.context_parallel_degree > 1) == \
+        (cfg.zero_stage >= 2)
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (cfg.tp, cfg.pp)
     assert tr.local_batch_size == cfg.micro_batch
-    assert tr.global_batch_size == cfg.micro_batch * cfg.grad_accum * cfg.dp
+    assert tr.global_batch_size == cfg.micro_batch * cfg.grad_accum * cfg.replicas
     assert tr.seq_len == SC.workload.seq_len and tr.max_norm == 1.0
     assert (tr.mixed_precision_param, tr.dtype) == ("bfloat16", "float32")
     want = {"none": "none", "full": "full", "selective": "selective"}.get(cfg.remat, "selective")
@@ -684,7 +697,8 @@ def _megatron_configs(text: str, devices: int = 8):
             num_attention_heads=m.num_attention_heads, params_dtype=dtype,
             pipeline_dtype=dtype, **pick(TC))
     ddp, opt = DDP(**pick(DDP)), OPT(**pick(OPT))
-    dp = devices // (tc.tensor_model_parallel_size * tc.pipeline_model_parallel_size)
+    dp = devices // (tc.tensor_model_parallel_size * tc.pipeline_model_parallel_size
+                     * tc.context_parallel_size)
     micro = Micro(a["global_batch_size"], a["micro_batch_size"], dp, False, rank=1)
     return tc, ddp, opt, micro, dp
 
@@ -694,8 +708,10 @@ def _megatron_configs(text: str, devices: int = 8):
 def test_megatron_core_configs_take_the_flags(name):
     cfg = CONFIGS[name]
     tc, ddp, opt, micro, dp = _megatron_configs(emit("megatron", cfg, SC))
-    assert (dp, tc.tensor_model_parallel_size, tc.pipeline_model_parallel_size) == \
-        (cfg.dp, cfg.tp, cfg.pp)
+    # (Megatron's data-parallel size leaves the context-parallel ranks out)
+    assert (dp * tc.context_parallel_size, tc.tensor_model_parallel_size,
+            tc.pipeline_model_parallel_size, tc.context_parallel_size) == \
+        (cfg.dp, cfg.tp, cfg.pp, cfg.cp)
     assert tc.sequence_parallel == cfg.sequence_parallel
     assert (micro.micro_batch_size, micro.get()) == (cfg.micro_batch, cfg.grad_accum)
     zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}

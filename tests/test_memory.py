@@ -727,3 +727,65 @@ def test_fsdp_under_a_pipeline_schedule_keeps_its_stage_gathered_and_its_grads_u
     assert zero_comm(16, n) == pytest.approx(zero_comm(8, n), rel=0.05)
     assert zero_comm(16, off) > 1.8 * zero_comm(8, off)
     assert t3["step_s"] < t3_off["step_s"]
+
+
+def test_context_parallelism_at_the_same_tokens_per_rank_adds_only_the_rings_buffers_and_traffic():
+    """Context parallelism (torch's ring attention, torchtitan's context_parallel_degree)
+    splits each sequence over cp ranks of the data-parallel group: cp = 2 with micro-batch 2
+    holds, on each rank, the tokens of cp = 1 with micro-batch 1 (2 x s/2), whose queries
+    attend to as many keys in all (2 x s/2 x s = s x s), at the same global batch (dp / cp
+    replicas). The state is sharded over the same dp ranks. So the two price the same
+    parameters, gradients, optimizer state, logits, FLOPs and ZeRO traffic; cp adds the
+    ring's backward buffers (the gathered keys and values of the whole sequence, float32
+    accumulators of dq, dk, dv and their per-step partials, dk, dv in flight) and the
+    exchange of keys and values (``comm_cp_s``), and nothing else."""
+    from capopt._validity import config_problems
+    from capopt.cost import estimate_numbers
+    from capopt.cost.activations import context_parallel_transient
+    m = llama_like(layers=4, hidden=512, heads=8, kv=4)
+    sc = make_scenario(m, runtime="torchtitan", count=8, seq_len=4096, global_batch=8)
+    n = numbers_pytree(sc)
+
+    def run(cfg):
+        out = estimate_numbers(knobs_from_config(cfg), n)
+        return ({k: float(v) for k, v in out.memory.items()},
+                {k: float(v) for k, v in out.time.items()},
+                {k: float(v) for k, v in out.throughput.items()})
+
+    base = Config(micro_batch=1, grad_accum=1, dp=8, zero_stage=3, remat="none")
+    ring = base.replace(micro_batch=2, cp=2)
+    assert not config_problems(ring, sc) and not config_problems(base, sc)
+    (m1, t1, r1), (m2, t2, r2) = run(base), run(ring)
+    for term in ("params_bytes", "grads_all_bytes", "optimizer_bytes"):
+        assert m2[term] == pytest.approx(m1[term], rel=1e-6), term
+    # the ring's buffers, by hand: 4096 tokens a rank; keys and values 4 heads x 64 wide
+    # each, queries 8 x 64; bf16 compute (2 bytes), float32 accumulators
+    kv, q = 2 * 4 * 64, 8 * 64
+    by_hand = 4096 * (2 * kv * 2 + 2 * 4 * (q + kv) + 2 * 4 * kv)
+    k2 = knobs_from_config(ring)
+    assert float(context_parallel_transient(k2, n, 4096.0)) == pytest.approx(by_hand)
+    # (the peak may move to the phase the ring's buffers are live in: it grows by at most
+    # them; the terms are each phase's, so the totals are compared)
+    grew = m2["total_bytes"] - m1["total_bytes"]
+    assert 0.0 < grew <= by_hand * (1 + 1e-6)
+    # time: the same compute, the same ZeRO traffic, and the exchange on top
+    assert t2["compute_s"] == pytest.approx(t1["compute_s"], rel=1e-5)
+    assert t1["comm_cp_s"] == 0.0 and t2["comm_cp_s"] + t2["comm_hidden_s"] > t1["comm_hidden_s"]
+    assert t2["comm_zero_s"] == pytest.approx(t1["comm_zero_s"], rel=1e-5)
+    assert t2["step_s"] >= t1["step_s"]
+    assert r2["tokens_per_s"] * t2["step_s"] == pytest.approx(r1["tokens_per_s"] * t1["step_s"])
+
+
+def test_context_parallelism_splits_a_long_sequence_that_does_not_fit_whole():
+    """At a sequence one rank cannot hold, cp divides the activations (their
+    token-proportional part) by about cp; the parameters and optimizer state do not move."""
+    m = llama_like(layers=4, hidden=512, heads=8, kv=4)
+    sc = make_scenario(m, runtime="torchtitan", count=8, seq_len=65536, global_batch=4)
+    one = estimate(Config(micro_batch=1, grad_accum=1, dp=8, cp=2, zero_stage=3), sc).memory
+    four = estimate(Config(micro_batch=1, grad_accum=1, dp=8, cp=8, zero_stage=3),
+                    make_scenario(m, runtime="torchtitan", count=8, seq_len=65536,
+                                  global_batch=1)).memory
+    assert four["params_bytes"] == pytest.approx(one["params_bytes"])
+    assert four["optimizer_bytes"] == pytest.approx(one["optimizer_bytes"])
+    # a quarter of the tokens a rank (the ring's gathered keys and values stay whole)
+    assert 0.2 < four["activations_bytes"] / one["activations_bytes"] < 0.4

@@ -449,3 +449,26 @@ def test_the_search_bounds_an_uneven_split_and_reports_it_exactly():
                                    float(e.memory["total_bytes"]), rtol=1e-5)
         np.testing.assert_allclose(float(p.throughput["tokens_per_s"]),
                                    float(e.throughput["tokens_per_s"]), rtol=1e-5)
+
+
+def test_auto_searches_the_context_parallel_degree_where_a_whole_sequence_does_not_fit():
+    """A 65536-token sequence whose activations fit no rank whole (tp and pp held at 1): with
+    ``cp = "auto"`` the search splits it over context-parallel ranks, the exhaustive reference
+    and the relaxed solve with its rounding alike; pinned to 1 nothing fits."""
+    m = llama_like(layers=4, hidden=512, heads=8, kv=4)
+
+    def sc(cp):
+        return make_scenario(m, runtime="torchtitan", count=8, seq_len=65536, global_batch=8,
+                             vram_gib=2.0, knobs={"tp": (1,), "pp": (1,), "cp": cp})
+
+    auto = sc(None)
+    exhaustive = optimize(auto, method="exhaustive", remedies=False)
+    relaxed = optimize(auto, method="gradient", exhaustive_below=0, remedies=False)
+    for res in (exhaustive, relaxed):
+        best = res.best
+        assert best is not None and best.config.cp > 1 and best.fits
+        assert not config_problems(best.config, auto)
+        # the batch is split over dp / cp replicas
+        assert best.config.micro_batch * best.config.grad_accum * best.config.replicas == 8
+    assert relaxed.best.config == exhaustive.best.config
+    assert optimize(sc((1,)), method="exhaustive", remedies=False).best is None

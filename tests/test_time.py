@@ -29,14 +29,14 @@ F32 = 1e-5
 
 
 def py_knobs(*, mb=2, ga=3, dp=4, tp=1, pp=1, ep=1, zero=0, remat=(1.0, 0.0, 0.0), sp=0.0,
-             offload=0.0, flash=0.0) -> Knobs:
+             offload=0.0, flash=0.0, cp=1) -> Knobs:
     """Knobs as Python floats, so the FLOP counts are exact integer arithmetic (float64)."""
     z = [0.0] * 4
     z[zero] = 1.0
     f = float
     return Knobs(micro_batch=f(mb), grad_accum=f(ga), dp=f(dp), tp=f(tp), pp=f(pp), ep=f(ep),
                  zero=tuple(z), remat=tuple(map(f, remat)), sp=f(sp), offload=f(offload),
-                 flash=f(flash))
+                 flash=f(flash), cp=f(cp))
 
 
 def est(cfg: Config, sc) -> dict:
@@ -296,7 +296,7 @@ def test_shared_overlap_has_finite_gradients_where_nothing_communicates():
 # Time terms
 # ---------------------------------------------------------------------------------------------
 TIME_KEYS = {"compute_s", "memory_bound_s", "comm_dp_s", "comm_zero_s", "comm_tp_s",
-             "comm_pp_s", "comm_moe_s", "comm_exposed_s", "comm_hidden_s", "bubble_s",
+             "comm_pp_s", "comm_moe_s", "comm_cp_s", "comm_exposed_s", "comm_hidden_s", "bubble_s",
              "optimizer_s", "offload_s", "input_s", "step_s", "grad_accum_s", "launch_s"}
 THROUGHPUT_KEYS = {"tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu", "hfu",
                    "model_flops", "hardware_flops", "tflops_per_device", "time_to_train_s",
@@ -311,7 +311,7 @@ def test_terms_are_named_and_add_up():
     e = est(cfg, sc)
     t, thr = e["time"], e["throughput"]
     assert set(t) == TIME_KEYS and set(thr) == THROUGHPUT_KEYS
-    kinds = sum(t[f"comm_{k}_s"] for k in ("dp", "zero", "tp", "pp", "moe"))
+    kinds = sum(t[f"comm_{k}_s"] for k in ("dp", "zero", "tp", "pp", "moe", "cp"))
     assert t["comm_exposed_s"] == pytest.approx(kinds, rel=F32)
     parts = (t["compute_s"] + t["memory_bound_s"] + t["comm_exposed_s"] + t["bubble_s"]
              + t["optimizer_s"] + t["offload_s"])
@@ -543,7 +543,8 @@ def knobs(draw, relaxed=False):
                  zero=jnp.asarray(weights(4), jnp.float32),
                  remat=jnp.asarray(weights(3), jnp.float32),
                  sp=jnp.float32(frac()), offload=jnp.float32(frac()),
-                 flash=jnp.float32(frac()))
+                 flash=jnp.float32(frac()),
+                 cp=jnp.float32(num(draw(st.sampled_from([1, 2, 4])))))
 
 
 SCENARIOS = {
@@ -564,7 +565,7 @@ def test_every_time_term_is_finite_and_no_exposure_is_negative(k, which):
     for key, v in e.time.items():
         assert np.isfinite(float(v)), key
         assert float(v) >= 0.0, key
-    for kind in ("dp", "zero", "tp", "pp", "moe"):
+    for kind in ("dp", "zero", "tp", "pp", "moe", "cp"):
         assert float(e.time[f"comm_{kind}_s"]) >= 0.0
     for key, v in e.throughput.items():
         assert np.isfinite(float(v)), key
@@ -613,7 +614,7 @@ def test_zero3_fetch_cost_is_smooth_in_the_relaxed_knobs():
               tp=jnp.float32(1.4), pp=jnp.float32(1.0), ep=jnp.float32(1.0),
               zero=jnp.asarray([0.1, 0.1, 0.1, 0.7], jnp.float32),
               remat=jnp.asarray([0.2, 0.3, 0.5], jnp.float32), sp=jnp.float32(0.0),
-              offload=jnp.float32(0.0), flash=jnp.float32(0.0))
+              offload=jnp.float32(0.0), flash=jnp.float32(0.0), cp=jnp.float32(1.0))
     g = jax.grad(lambda kk: estimate_numbers(kk, n).time["comm_zero_s"])(k)
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(g))
     assert float(g.grad_accum) > 0.0 and float(g.zero[3]) > 0.0
@@ -716,7 +717,7 @@ def test_accumulation_and_launch_are_smooth_at_relaxed_points():
               tp=jnp.float32(1.0), pp=jnp.float32(1.0), ep=jnp.float32(1.0),
               zero=jnp.asarray([1.0, 0.0, 0.0, 0.0], jnp.float32),
               remat=jnp.asarray([0.6, 0.2, 0.2], jnp.float32), sp=jnp.float32(0.0),
-              offload=jnp.float32(0.0), flash=jnp.float32(0.7))
+              offload=jnp.float32(0.0), flash=jnp.float32(0.7), cp=jnp.float32(1.0))
     for key in ("grad_accum_s", "launch_s", "step_s"):
         g = jax.grad(lambda kk: estimate_numbers(kk, n).time[key])(k)
         assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(g)), key
@@ -1059,7 +1060,7 @@ def test_time_terms_take_the_slower_end_stage_per_micro_batch():
         expected = lambda st: {  # noqa: E731
             "compute_s": m * st["compute"], "memory_bound_s": m * st["memory"],
             "grad_accum_s": m * st["accum"], "comm_tp_s": m * st["tp"],
-            "comm_pp_s": m * st["pp"], "comm_moe_s": m * st["moe"],
+            "comm_pp_s": m * st["pp"], "comm_moe_s": m * st["moe"], "comm_cp_s": m * st["cp"],
             "bubble_s": max(float(k.pp) - 1.0, 0.0) / v * st["total"]}
         ok = [all(math.isclose(float(t[key]), float(val), rel_tol=F32, abs_tol=1e-12)
                   for key, val in expected(st).items()) for st in picks]

@@ -11,14 +11,16 @@ from capopt._validity import RULES, broken, config_problems
 from capopt.search._space import build_lattice
 from conftest import llama_like, make_scenario
 
-KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "zero_stage", "sequence_parallel")
+KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "zero_stage",
+         "sequence_parallel")
 
 
 def _random_configs(rng: random.Random, n: int) -> list[Config]:
     return [Config(micro_batch=rng.choice([1, 2, 3, 4, 8]), grad_accum=rng.choice([1, 2, 4, 16]),
                    dp=rng.choice([1, 2, 3, 4, 8]), tp=rng.choice([1, 2, 3, 4, 8, 16]),
                    pp=rng.choice([1, 2, 3, 4]), ep=rng.choice([1, 2, 4, 8]),
-                   zero_stage=rng.choice([0, 1, 2, 3]), sequence_parallel=rng.random() < 0.5)
+                   zero_stage=rng.choice([0, 1, 2, 3]), sequence_parallel=rng.random() < 0.5,
+                   cp=rng.choice([1, 1, 2, 4, 64]))
             for _ in range(n)]
 
 
@@ -26,7 +28,9 @@ def test_the_table_over_columns_agrees_with_it_config_by_config():
     rng = random.Random(0)
     for sc in (make_scenario(llama_like(layers=4, kv=2), count=8, global_batch=32),
                make_scenario(llama_like(layers=6, num_local_experts=4, num_experts_per_tok=2),
-                             count=16, global_batch=64)):
+                             count=16, global_batch=64),
+               make_scenario(llama_like(layers=4, kv=2), runtime="torchtitan", count=8,
+                             seq_len=96, global_batch=32)):
         cfgs = _random_configs(rng, 2000)
         cols = {k: np.asarray([int(getattr(c, k)) for c in cfgs]) for k in KNOBS}
         mask = broken(cols, sc)
@@ -37,13 +41,18 @@ def test_the_table_over_columns_agrees_with_it_config_by_config():
 
 def test_every_rule_is_broken_by_some_config_and_only_reads_what_it_says():
     rng = random.Random(1)
-    sc = make_scenario(llama_like(layers=6, kv=2, num_local_experts=4, num_experts_per_tok=2),
-                       count=16, global_batch=64)
     cfgs = _random_configs(rng, 4000)
     cols = {k: np.asarray([int(getattr(c, k)) for c in cfgs]) for k in KNOBS}
+    # a runtime without context parallelism breaks its rule; one with it, at a sequence that
+    # 2 x cp does not divide, the load balancer's
+    scenarios = (make_scenario(llama_like(layers=6, kv=2, num_local_experts=4,
+                                          num_experts_per_tok=2), count=16, global_batch=64),
+                 make_scenario(llama_like(layers=6, kv=2), runtime="torchtitan", count=16,
+                               seq_len=96, global_batch=64))
     for rule in RULES:
-        hit = np.asarray(rule.broken({k: cols[k] for k in rule.reads}, sc))
-        assert hit.any(), rule.why(cfgs[0], sc)
+        hit = [np.asarray(rule.broken({k: cols[k] for k in rule.reads}, sc)).any()
+               for sc in scenarios]
+        assert any(hit), rule.why(cfgs[0], scenarios[0])
 
 
 def test_the_lattice_obeys_every_rule():

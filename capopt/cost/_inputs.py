@@ -32,6 +32,7 @@ class Knobs:
     zero:  weights over ZeRO stages (0, 1, 2, 3), shape (..., 4)
     remat: fraction of layers under (none, selective, full) recomputation, shape (..., 3)
     sp, offload, flash: in [0, 1]
+    cp: the context-parallel degree, a sub-group of dp (`capopt._specs.Config.cp`)
     """
 
     micro_batch: jax.Array
@@ -45,6 +46,7 @@ class Knobs:
     sp: jax.Array
     offload: jax.Array
     flash: jax.Array
+    cp: jax.Array
 
     def replace(self, **changes) -> "Knobs":
         return dataclasses.replace(self, **changes)
@@ -61,15 +63,33 @@ def runtime_knobs(k: Knobs, n: dict) -> Knobs:
     return k.replace(flash=k.flash * n["flash_ok"])
 
 
+def rank_sequences(k: Knobs):
+    """Sequences' worth of tokens one rank computes per micro-batch: ``micro_batch / cp``.
+
+    Context-parallel ranks share each micro-batch's sequences, a rank holding 1/cp of every
+    one, so every token-proportional term (activations, GEMMs, logits, the step's sequences)
+    counts ``micro_batch / cp`` sequences; the rank's queries still attend to the whole
+    sequence (``s`` keys, as the attention terms count them). What the exchange of keys and
+    values adds is `capopt.cost.activations.context_parallel_transient` (memory) and the
+    ring's traffic in `capopt.cost.time` (time)."""
+    return k.micro_batch / k.cp
+
+
 def runtime_numbers(k: Knobs, n: dict) -> dict:
     """The numbers as the runtime's rules apply at these knobs: a runtime that mixes precision
     by FSDP's parameter dtype (``fsdp_mixed_precision``) uses no autocast under ZeRO-2/3 (its
     weight of the two stages), and autocast as its profile says below them."""
     fsdp = n["rt_fsdp_mixed_precision"] * (k.zero[..., 2] + k.zero[..., 3])
     keep = 1.0 - fsdp
+    # the attention kernel's share of the peak over its sequence (``flash_half_seq``, below):
+    # under context parallelism each kernel call sees s / cp keys
+    half = n["flash_half_seq"]
+    s_cp = n["s"] / k.cp
+    flash_eff = n["rt_flash_eff"] * (s_cp / (s_cp + half)) * ((n["s"] + half) / n["s"])
     return {**n, "rt_autocast_casts": n["rt_autocast_casts"] * keep,
             "rt_autocast_weight_cache": n["rt_autocast_weight_cache"] * keep,
-            "rt_weight_copy_fraction": n["rt_weight_copy_fraction"] * keep}
+            "rt_weight_copy_fraction": n["rt_weight_copy_fraction"] * keep,
+            "rt_flash_eff": flash_eff}
 
 
 def knobs_from_config(cfg: Config, layers: float | None = None) -> Knobs:
@@ -82,7 +102,7 @@ def knobs_from_config(cfg: Config, layers: float | None = None) -> Knobs:
         micro_batch=f(cfg.micro_batch), grad_accum=f(cfg.grad_accum), dp=f(cfg.dp),
         tp=f(cfg.tp), pp=f(cfg.pp), ep=f(cfg.ep), zero=jnp.asarray(zero),
         remat=jnp.asarray(cfg.remat_weights(layers), DTYPE), sp=f(cfg.sequence_parallel),
-        offload=f(cfg.offload_optimizer), flash=f(cfg.flash_attention))
+        offload=f(cfg.offload_optimizer), flash=f(cfg.flash_attention), cp=f(cfg.cp))
 
 
 def stack_knobs(configs: list[Config], layers: float | None = None) -> Knobs:
@@ -428,9 +448,11 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     # names one (``flash_eff_sm90``): a kernel written for Ampere reaches a smaller share of
     # Hopper's peak, and less of it on shorter sequences (``flash_half_seq_sm90``: the share
     # is flash_eff_sm90 x s / (s + flash_half_seq_sm90))
+    n["flash_half_seq"] = 0.0
     if c.get("flash_eff_sm90", 0.0) > 0.0 and (hw.compute_capability or "").startswith("9."):
         half = float(c.get("flash_half_seq_sm90", 0.0))
         n["rt_flash_eff"] = float(c["flash_eff_sm90"]) * s / (s + half)
+        n["flash_half_seq"] = half
     # A fused cross-entropy (``loss = "fused"``) takes the place of the profile's loss rules
     # (`capopt.cost.memory.loss_copies`; torch.compile's partitioner saves the loss's input
     # and recomputes the softmax in the backward kernel:

@@ -232,8 +232,29 @@ def backward_transient(k: Knobs, n: dict, tokens):
     released = (n["rt_score_grad_after_release"] * (1.0 - fl) * tokens
                 * (mlp_saved + post_softmax) / k.tp)
     scores = jnp.maximum(scores - released, 0.0)
-    return tf * jnp.maximum(scores, mlp) + stream
+    ring = context_parallel_transient(k, n, tokens)
+    return tf * jnp.maximum(scores + ring, mlp) + stream
 
 
-__all__ = ["autocast_mixed", "backward_transient", "block_inventory", "mlp_width", "saved_bytes",
-           "shard", "split_over", "stream_bytes"]
+def context_parallel_transient(k: Knobs, n: dict, tokens):
+    """Bytes ring attention holds during a block's attention backward under context
+    parallelism (``cp`` >= 2; 0 otherwise), for this rank's ``tokens``, as PyTorch's
+    ``_templated_ring_attention_backward`` allocates them
+    (torch/distributed/tensor/experimental/_context_parallel/_attention.py, v2.13): the
+    keys and values all-gathered from every rank of the group (``cp x tokens`` of each, in
+    the compute dtype, one flat buffer), the float32 accumulators of dq, dk and dv and each
+    ring step's float32 partials of the three (``convert_to_f32``), and dk, dv in flight
+    round the ring (the all-to-all's send and receive buffers, float32). The forward pass's
+    buffers (the same gathered keys and values, a float32 output) are a subset of these.
+    Heads are split over tp."""
+    ab = n["act_bytes"]
+    cp = k.cp
+    active = jnp.clip(cp - 1.0, 0.0, 1.0)
+    kv = n["k_w"] + n["v_w"]
+    qkv = n["q_w"] + kv
+    per_token = cp * kv * ab + 2.0 * 4.0 * qkv + 2.0 * 4.0 * kv
+    return active * tokens * per_token / k.tp
+
+
+__all__ = ["autocast_mixed", "backward_transient", "block_inventory", "context_parallel_transient",
+           "mlp_width", "saved_bytes", "shard", "split_over", "stream_bytes"]

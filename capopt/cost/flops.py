@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ._inputs import Knobs
+from ._inputs import Knobs, rank_sequences
 from .activations import split_over
 
 # ---------------------------------------------------------------------------------------------
@@ -82,8 +82,9 @@ def _capacity(n: dict):
 
 
 def step_tokens(k: Knobs, n: dict):
-    """Sequences and tokens one optimizer step processes: micro_batch x grad_accum x dp."""
-    seqs = k.micro_batch * k.grad_accum * k.dp
+    """Sequences and tokens one optimizer step processes: micro_batch x grad_accum x dp / cp
+    (`rank_sequences`)."""
+    seqs = rank_sequences(k) * k.grad_accum * k.dp
     return seqs, seqs * n["s"]
 
 
@@ -178,11 +179,13 @@ def compute_times(k: Knobs, n: dict) -> dict:
     (the forward pass) and ``layer_bwd`` (the backward phase, recomputation included);
     ``layer_dw`` (the weight-gradient GEMMs, which tensor-parallel communication can hide
     behind); ``first`` (input matmuls on the first stage) and ``last`` (head matmuls on the last
-    stage), and their forward passes ``first_fwd`` and ``last_fwd``.
+    stage), and their forward passes ``first_fwd`` and ``last_fwd``; ``attn_s`` and
+    ``attn_bwd_s`` (the attention core's forward and backward, which context parallelism's
+    exchange hides behind).
     """
     b = block_flops(n)
     tp, s, h, f, hd = k.tp, n["s"], n["h"], n["f"], n["hd"]
-    tokens = k.micro_batch * s
+    tokens = rank_sequences(k) * s
     frozen = n["lora"]
     w_sel, w_full = k.remat[1], k.remat[2]
     cap = _capacity(n)
@@ -193,7 +196,7 @@ def compute_times(k: Knobs, n: dict) -> dict:
     dx, dw = 1.0, 1.0 - frozen                    # input and weight gradients
     weight_mult = fwd_pass + dx + dw
 
-    seqs = k.micro_batch
+    seqs = rank_sequences(k)
     # the attention's projections: split over tp, and (latent attention's q_a, kv_a)
     # replicated; K = h (latent attention's q and kv_b read the narrower latents)
     qkv_rep = 2.0 * n["W_qkv_rep"]
@@ -257,7 +260,9 @@ def compute_times(k: Knobs, n: dict) -> dict:
             "layer_dw": weights_s * dw, "first": first, "last": last,
             "first_fwd": seqs * embed_s, "last_fwd": last / head_mult,
             "gemm_flops": tokens * jnp.sum(weight_rows), "gemm_s": weights_s,
-            "attn_flops": attn_flops, "attn_s": attn_fwd_s}
+            "attn_flops": attn_flops, "attn_s": attn_fwd_s,
+            "attn_bwd_s": ((1.0 - k.flash) * attn_matmul_s * (2.0 + w_sel)
+                           + k.flash * attn_flash_s * (2.0 + 0.5))}
 
 
 __all__ = ["block_flops", "compute_times", "gemm_dim", "hardware_flops", "matmul_efficiency",

@@ -42,7 +42,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ._inputs import Knobs
+from ._inputs import Knobs, rank_sequences
 from .activations import backward_transient, saved_bytes, shard, split_over, stream_bytes
 
 PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
@@ -302,7 +302,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     flat = multi_dp * n["rt_grad_combine_copy"] * jnp.minimum(unsharded_all, combine)
 
     # --- activations of one micro-batch ---
-    tokens = k.micro_batch * n["s"]
+    tokens = rank_sequences(k) * n["s"]
     a_none, a_sel, a_full = saved_bytes(k, n, tokens)
     w_none, w_sel, w_full = k.remat[0], k.remat[1], k.remat[2]
     per_block = w_none * a_none + w_sel * a_sel + w_full * a_full
@@ -348,7 +348,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
                 + (act_copies + pad) * n["act_bytes"])
     split = jnp.maximum(vocab_split, n["logit_tp"] * k.sp * n["rt_logits_follow_sp"])
     logit_div = split * k.tp + (1.0 - split)
-    logits_bytes = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * per_elem / logit_div
+    logits_bytes = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] * per_elem / logit_div
     # the final norm's input and output (the head's input) at the loss
     # (under autocast: the norm's input in the stream's dtype, the head's cast of its output)
     head_acts = (logits_mb * tokens * (stream_bytes(n) + n["act_bytes"]) * n["h"] * rep_div
@@ -459,7 +459,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
         "regather": at_head,
     }
     # (at the forward pass's end: the head's output, one compute-dtype copy)
-    logits_fwd = logits_mb * k.micro_batch * n["logit_elems_per_seq"] * n["act_bytes"] / logit_div
+    logits_fwd = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] * n["act_bytes"] / logit_div
     logits = {"loss": logits_bytes, "top": 0.0 * logits_bytes, "rebuild": 0.0 * logits_bytes,
               "bottom": 0.0 * logits_bytes, "update": 0.0 * logits_bytes,
               "forward": logits_fwd, "regather": logits_fwd}

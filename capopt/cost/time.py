@@ -59,7 +59,7 @@ import jax.numpy as jnp
 
 from .._terms import COMM_KINDS, STEP_TERMS
 from . import comm
-from ._inputs import Knobs
+from ._inputs import Knobs, rank_sequences
 from .activations import mlp_width
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import (expert_layer_params, gathered_param_bytes, lora_per_device, loss_copies,
@@ -87,7 +87,7 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     scores, or with ``selective_saves_dots`` or ``selective_saves_ops`` every non-matmul op).
     """
     tp, s, h, ab = k.tp, n["s"], n["h"], n["act_bytes"]
-    tokens = k.micro_batch * s
+    tokens = rank_sequences(k) * s
     tf = 1.0 - n["mlp"]
     q, kv = n["q_w"], n["k_w"]
     w_sel, w_full = k.remat[1], k.remat[2]
@@ -116,7 +116,7 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     logit_div = n["logit_tp"] * tp + (1.0 - n["logit_tp"])
     fp32_copies, act_copies, _, _ = loss_copies(n)
     per_logit = ab * act_copies + 4.0 * fp32_copies
-    logits = 2.0 * k.micro_batch * n["logit_elems_per_seq"] / logit_div * per_logit
+    logits = 2.0 * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div * per_logit
     final_norm = tf * 2.0 * tokens * h * rep * ab * passes
     last = (logits + final_norm) / rate
     first = n["embed_vocab"] * 2.0 * tokens * h * ab * passes / rate   # lookup and its gradient
@@ -258,7 +258,7 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     arrays of extras (e.g. under `jax.vmap`).
     """
     tp, dp, ab = k.tp, k.dp, n["act_bytes"]
-    tokens = k.micro_batch * n["s"]
+    tokens = rank_sequences(k) * n["s"]
     per_node = n["per_node"]
     w_full = k.remat[2]
     act_bytes = tokens * n["h"] * ab
@@ -327,6 +327,22 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     moe_exp, moe_hid = comm.overlap(a2a, c["layer"], n["rt_overlap_moe"])
     moe_exposed, moe_hidden = layers * moe_exp, layers * moe_hid
 
+    # --- context parallelism: ring attention's keys and values (`rank_sequences`;
+    #     torch/distributed/tensor/experimental/_context_parallel/_attention.py, v2.13). The
+    #     forward pass all-gathers every rank's keys and values once per block (again when the
+    #     block is recomputed), issued before the rank's own chunk is computed and waited on
+    #     after it; the backward pass gathers them again and passes the float32 dk, dv round
+    #     the ring, cp - 1 steps each behind the next chunk's attention backward. ---
+    cp_per, cp_nodes = comm.group_layout(k.cp, tp, per_node)
+    kv_bytes = k.cp * tokens * (n["k_w"] + n["v_w"]) / tp * ab     # the gathered buffer
+    kv_gather, dkv_ring = _unstack(comm.ring_collectives_s(
+        _col(kv_bytes, kv_bytes * 4.0 / ab), k.cp, cp_per, cp_nodes, n,
+        passes=jnp.asarray([1.0, 1.0])), 2)
+    cp_fwd_exp, cp_fwd_hid = comm.overlap((1.0 + w_full) * kv_gather, c["attn_s"] / k.cp, 1.0)
+    cp_bwd_exp, cp_bwd_hid = comm.overlap(kv_gather + dkv_ring, c["attn_bwd_s"], 1.0)
+    cp_exposed = layers * (cp_fwd_exp + cp_bwd_exp)
+    cp_hidden = layers * (cp_fwd_hid + cp_bwd_hid)
+
     # --- ZeRO-3 time: the framework's own fetch path, in series with the gathers it stages ---
     # (none of it per micro-batch under a pipeline schedule without per-micro-batch sync,
     # ``zero_pp_nosync``: once a step instead, in `time_terms`)
@@ -351,8 +367,9 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     (zero_exposed, zero_hidden), (pp_exposed, pp_hidden) = comm.overlap_shared(
         [z3, pp], busy, [n["rt_overlap_zero"], n["rt_overlap_pp"]])
 
-    exposed = {"tp": tp_exposed, "moe": moe_exposed, "zero": zero_exposed, "pp": pp_exposed}
-    hidden = tp_hidden + moe_hidden + zero_hidden + pp_hidden
+    exposed = {"tp": tp_exposed, "moe": moe_exposed, "zero": zero_exposed, "pp": pp_exposed,
+               "cp": cp_exposed}
+    hidden = tp_hidden + moe_hidden + zero_hidden + pp_hidden + cp_hidden
     total = busy + sum(exposed.values())
     return {"compute": compute, "memory": memory, "hidden": hidden, "total": total,
             "bwd": layers * c["layer_bwd"], "fwd": layers * c["layer_fwd"] + extra_fwd,
@@ -490,7 +507,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     comm_s = {"dp": dp_exposed,
               "zero": (m * st["zero"] + rs_exposed + regather + ns_gather_exposed
                        + ns * ns_scatter),
-              "tp": m * st["tp"], "pp": m * st["pp"], "moe": m * st["moe"]}
+              "tp": m * st["tp"], "pp": m * st["pp"], "moe": m * st["moe"], "cp": m * st["cp"]}
     comm_exposed = sum(comm_s.values())
     comm_hidden = m * st["hidden"] + dp_hidden + rs_hidden + regather_hidden + ns_gather_hidden
 

@@ -81,7 +81,16 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
                              "file ([compile] components = [\"loss\"]) and llm-foundry's "
                              "(loss_fn: fused_crossentropy) only; "
                              f"{fmt}'s own fused losses keep other buffers, not priced here")
+    if config.cp > 1 and fmt not in _CONTEXT_PARALLEL:
+        raise _Unexpressible("config.cp", config.cp, "context parallelism as capopt prices "
+                             "it (ring attention, the state sharded over dp x cp) is "
+                             "torchtitan's context_parallel_degree and Megatron's "
+                             "--context-parallel-size")
     return _EMITTERS[fmt](config, scenario)
+
+
+# the formats that write a context-parallel degree (``config.cp``)
+_CONTEXT_PARALLEL = ("torchtitan", "megatron")
 
 
 def _show(value) -> str:
@@ -94,7 +103,7 @@ def _show(value) -> str:
 # Shared readings of a config
 # --------------------------------------------------------------------------------------------
 def _global_batch(c: Config) -> int:
-    return c.micro_batch * c.grad_accum * c.dp
+    return c.micro_batch * c.grad_accum * c.replicas
 
 
 def _stage_layers(c: Config, sc: Scenario) -> int:
@@ -292,6 +301,10 @@ def _megatron_args(c: Config, sc: Scenario) -> list[str]:
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
     if c.ep > 1:
         args.append(f"--expert-model-parallel-size {c.ep}")
+    if c.cp > 1:
+        # Megatron's data-parallel size is world / (tp x pp x cp); its distributed optimizer
+        # shards over data x context parallel ranks (parallel_state.py), capopt's dp
+        args.append(f"--context-parallel-size {c.cp}")
     if c.sequence_parallel:
         args.append("--sequence-parallel")
     # Megatron derives accumulation: global / (micro x data-parallel size)
@@ -389,11 +402,17 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
     if w.precision in ("fp16-mixed", "fp8-mixed"):
         raise _Unexpressible("training.precision", w.precision, "torchtitan's training dtypes "
                              "are bfloat16 and float32 (fp8 is a model converter)")
+    if c.cp > 1 and c.zero_stage not in (2, 3):
+        raise _Unexpressible("config.zero_stage", c.zero_stage, "torchtitan shards the state "
+                             "over the context-parallel ranks with FSDP2 whenever cp > 1 "
+                             "(ParallelDims: fsdp = dp_shard x cp)")
+    # FSDP2 shards over dp_shard x cp (torchtitan/distributed/parallel_dims.py): capopt's dp
+    # counts both, so the shard degree written is dp / cp
     shard = c.dp if c.zero_stage in (2, 3) else 1
     parallelism = {"data_parallel_replicate_degree": c.dp // shard,
-                   "data_parallel_shard_degree": shard,
+                   "data_parallel_shard_degree": shard // c.cp,
                    "tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
-                   "expert_parallel_degree": c.ep}
+                   "context_parallel_degree": c.cp, "expert_parallel_degree": c.ep}
     if c.zero_stage == 2:
         # FSDP2 keeping parameters gathered from forward to backward: ZeRO-2's live set
         parallelism["fsdp_reshard_after_forward"] = "never"

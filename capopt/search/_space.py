@@ -18,7 +18,7 @@ from .._validity import broken
 from ..cost._inputs import DTYPE, Knobs
 
 COLUMNS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "zero_stage",
-           "sequence_parallel", "remat", "offload_optimizer", "flash_attention")
+           "sequence_parallel", "remat", "offload_optimizer", "flash_attention", "cp")
 REMAT_CODES = {"none": 0, "selective": 1, "full": 2}
 
 
@@ -72,7 +72,7 @@ def no_layout_reason(sc: Scenario) -> str | None:
     space = Space(sc)
     why = []
     for dp, tp, pp in facts:
-        if space.micro_batches(dp):
+        if any(space.micro_batches(dp, cp) for cp in space.context_degrees(dp)):
             return None
         b = sc.workload.global_batch
         why.append(f"dp {dp} (tp {tp}, pp {pp}): " + (
@@ -109,7 +109,7 @@ class Lattice:
                      dp=f(c["dp"]), tp=f(c["tp"]), pp=f(c["pp"]), ep=f(c["ep"]),
                      zero=jnp.asarray(zero), remat=jnp.asarray(rw),
                      sp=f(c["sequence_parallel"]), offload=f(c["offload_optimizer"]),
-                     flash=f(c["flash_attention"]))
+                     flash=f(c["flash_attention"]), cp=f(c["cp"]))
 
     def config(self, row: int) -> Config:
         c = {k: v[row] for k, v in self.cols.items()}
@@ -119,7 +119,7 @@ class Lattice:
                       sequence_parallel=bool(c["sequence_parallel"]),
                       remat=self.remat_table[int(c["remat"])],
                       offload_optimizer=bool(c["offload_optimizer"]),
-                      flash_attention=bool(c["flash_attention"]))
+                      flash_attention=bool(c["flash_attention"]), cp=int(c["cp"]))
 
     def key(self, row: int) -> tuple:
         return tuple(int(self.cols[k][row]) for k in COLUMNS)
@@ -153,14 +153,28 @@ class Space:
         self._mb = sc.knob("micro_batch").values
         self._ga = sc.knob("grad_accum").values
         self._ep = sc.knob("ep").values
+        self._cp = sc.knob("cp").values
         self._experts = m.num_local_experts if m.is_moe else 1
 
-    def micro_batches(self, dp: int) -> list[int]:
-        if self.batch % dp:
+    def per_replica(self, dp: int, cp: int = 1) -> int | None:
+        """Sequences per data-parallel replica and step, ``global_batch / (dp / cp)`` (None
+        where they do not divide)."""
+        if dp % cp or self.batch % (dp // cp):
+            return None
+        return self.batch // (dp // cp)
+
+    def micro_batches(self, dp: int, cp: int = 1) -> list[int]:
+        per = self.per_replica(dp, cp)
+        if per is None:
             return []
-        per = self.batch // dp
         return [d for d in divisors(per) if (self._mb is None or d in self._mb)
                 and (self._ga is None or per // d in self._ga)]
+
+    def context_degrees(self, dp: int) -> list[int]:
+        """Context-parallel degrees next to ``dp``: the scenario's, that divide dp and that
+        the runtime and the model allow (`capopt._validity`)."""
+        cand = [c for c in divisors(dp) if self._cp is None or c in self._cp]
+        return self._keep(cand, "cp", dp=dp)
 
     def expert_degrees(self, dp: int) -> list[int]:
         if self._experts == 1:
@@ -184,45 +198,50 @@ class Space:
         return [v for v, ok in zip(values, _allowed(self.sc, cols)) if ok]
 
     def choices(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
-                offloads=None, flashes=None) -> list[list]:
-        """Allowed values of the inner knobs for one (dp, tp, pp), in `COLUMNS` order less
-        grad_accum / dp / tp / pp, each restricted to the given subset (None: all)."""
+                offloads=None, flashes=None, cp: int = 1) -> list[list]:
+        """Allowed values of the inner knobs for one (dp, tp, pp) and context-parallel
+        degree ``cp``, in `COLUMNS` order less grad_accum / dp / tp / pp / cp, each
+        restricted to the given subset (None: all)."""
         dp, tp, pp = fact
         pick = lambda allowed, want: [v for v in allowed if want is None or v in want]  # noqa
-        return [pick(self.micro_batches(dp), mbs), pick(self.expert_degrees(dp), eps),
+        return [pick(self.micro_batches(dp, cp), mbs), pick(self.expert_degrees(dp), eps),
                 pick(self.zero_stages(dp, pp), zeros),
                 [int(v) for v in pick(self.seq_parallel(tp), sps)],
                 pick(range(len(self.remat_table)), remats),
                 [int(v) for v in pick(self.offloads, offloads)],
                 [int(v) for v in pick(self.flashes, flashes)]]
 
-    def block(self, fact, *subsets, **named) -> np.ndarray:
+    def block(self, fact, *subsets, cps=None, **named) -> np.ndarray:
         """Rows for one (dp, tp, pp) as an int array (rows x `COLUMNS`): every combination
-        of the allowed inner values. The one enumeration `rows_for` and `build_lattice`
-        share."""
+        of the allowed inner values, for each allowed context-parallel degree (restricted to
+        ``cps``). The one enumeration `rows_for` and `build_lattice` share."""
         dp, tp, pp = fact
-        ch = self.choices(fact, *subsets, **named)
-        if not all(ch):
-            return np.zeros((0, len(COLUMNS)), np.int64)
-        grid = np.array(np.meshgrid(*ch, indexing="ij")).reshape(len(ch), -1)
-        k = grid.shape[1]
-        per = self.batch // dp
-        full = lambda v: np.full(k, v)  # noqa: E731
-        return np.stack([grid[0], per // grid[0], full(dp), full(tp), full(pp), grid[1],
-                         grid[2], grid[3], grid[4], grid[5], grid[6]], 1).astype(np.int64)
+        out = []
+        for cp in self.context_degrees(dp):
+            if cps is not None and cp not in cps:
+                continue
+            ch = self.choices(fact, *subsets, cp=cp, **named)
+            if not all(ch):
+                continue
+            grid = np.array(np.meshgrid(*ch, indexing="ij")).reshape(len(ch), -1)
+            k = grid.shape[1]
+            per = self.per_replica(dp, cp)
+            full = lambda v: np.full(k, v)  # noqa: E731
+            out.append(np.stack([grid[0], per // grid[0], full(dp), full(tp), full(pp),
+                                 grid[1], grid[2], grid[3], grid[4], grid[5], grid[6],
+                                 full(cp)], 1).astype(np.int64))
+        return np.concatenate(out) if out else np.zeros((0, len(COLUMNS)), np.int64)
 
     def rows_for(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
-                 offloads=None, flashes=None) -> list[tuple]:
+                 offloads=None, flashes=None, cps=None) -> list[tuple]:
         """Real rows for one (dp, tp, pp), restricted to the given subsets of values."""
-        if self.batch % fact[0]:
-            return []
-        arr = self.block(fact, mbs, eps, zeros, sps, remats, offloads, flashes)
+        arr = self.block(fact, mbs, eps, zeros, sps, remats, offloads, flashes, cps=cps)
         return [tuple(r) for r in arr.tolist()]
 
     def size(self) -> int:
         """How many real configs the scenario allows (without building them)."""
-        return sum(math.prod(len(c) for c in self.choices(f)) for f in self.facts
-                   if self.batch % f[0] == 0)
+        return sum(math.prod(len(c) for c in self.choices(f, cp=cp)) for f in self.facts
+                   for cp in self.context_degrees(f[0]))
 
     def lattice(self, rows: list[tuple] | np.ndarray) -> "Lattice":
         arr = np.asarray(rows, np.int64).reshape(-1, len(COLUMNS))
@@ -233,6 +252,6 @@ class Space:
 def build_lattice(sc: Scenario) -> Lattice:
     """All real configs of a scenario as columns (vectorised over the inner knobs)."""
     sp = Space(sc)
-    blocks = [sp.block(f) for f in sp.facts if sp.batch % f[0] == 0]
+    blocks = [sp.block(f) for f in sp.facts]
     arr = (np.concatenate(blocks) if blocks else np.zeros((0, len(COLUMNS)), np.int64))
     return sp.lattice(arr)

@@ -54,7 +54,7 @@ def held_config(sc: Scenario, base, knob: str, value):
     """``base`` with ``knob`` set to ``value``, the rest rebalanced so the devices and the
     global batch still add up, and knobs the new value rules out mended by the rules' own
     repairs (`capopt._validity.mend`: sequence parallelism without tp, ZeRO without dp,
-    ZeRO-2/3 with pp, ep that does not divide dp). Returns (scenario, config or
+    ZeRO-2/3 with pp, ep or cp that does not divide dp). Returns (scenario, config or
     None when no such config is real, the knobs that had to change)."""
     cfg = base.config if isinstance(base, Plan) else base
     if not isinstance(cfg, Config):
@@ -67,11 +67,12 @@ def held_config(sc: Scenario, base, knob: str, value):
         d["dp"] = max(n_dev // (d["tp"] * d["pp"]), 1)
     elif knob == "dp":
         d["tp"] = max(n_dev // (d["dp"] * d["pp"]), 1)
-    if knob == "grad_accum":
-        d["micro_batch"] = max(batch // (d["dp"] * d["grad_accum"]), 1)
-    else:
-        d["grad_accum"] = max(batch // (d["dp"] * d["micro_batch"]), 1)
     d = mend(d, sc2, keep=knob)
+    replicas = max(d["dp"] // d.get("cp", 1), 1)       # context-parallel ranks share sequences
+    if knob == "grad_accum":
+        d["micro_batch"] = max(batch // (replicas * d["grad_accum"]), 1)
+    else:
+        d["grad_accum"] = max(batch // (replicas * d["micro_batch"]), 1)
     changed = [k for k in d if k != knob and d[k] != old[k]
                and k not in ("dp", "tp", "grad_accum", "micro_batch")]
     try:

@@ -128,22 +128,28 @@ def discretise(space: Space, cont: dict[str, np.ndarray]) -> list[tuple]:
             if d > near + 2.0:
                 continue
             dp, tp, pp = fact
-            mbs = _nearest(space.micro_batches(dp), cont["micro_batch"][i], 1.0)
             eps = _nearest(space.expert_degrees(dp), cont["ep"][i], 1.0)
             zeros = _top(cont["zero"][i], space.zero_stages(dp, pp))
             remats = _remat_candidates(space, cont["remat"][i])
             sps = _bool_candidates(space.seq_parallel(tp), cont["sp"][i])
             offs = _bool_candidates(space.offloads, cont["offload"][i])
             flashes = _bool_candidates(space.flashes, cont["flash"][i])
-            for r in space.rows_for(fact, mbs, eps, zeros, sps, remats, offs, flashes):
-                rows[r] = None
+            # the relaxation holds cp at its smallest allowed degree (`scenario_bounds`);
+            # every allowed degree is tried here, at the micro-batch that keeps a rank's
+            # tokens (micro_batch / cp) where the relaxed point put them
+            for cp in space.context_degrees(dp):
+                mbs = _nearest(space.micro_batches(dp, cp),
+                               cont["micro_batch"][i] * cp / cont["cp"][i], 1.0)
+                for r in space.rows_for(fact, mbs, eps, zeros, sps, remats, offs, flashes,
+                                        cps=[cp]):
+                    rows[r] = None
     return list(rows)
 
 
 def neighbours(space: Space, row: tuple) -> list[tuple]:
     """Configs one move away: another factorisation, the next micro-batch, any other value of
-    one categorical knob."""
-    mb, ga, dp, tp, pp, ep, z, s, r, o, f = row
+    one categorical knob, another context-parallel degree (at the same tokens per rank)."""
+    mb, ga, dp, tp, pp, ep, z, s, r, o, f, cp = row
     out: list[tuple] = []
     here = np.log2([dp, tp, pp])
     dists = (np.abs(np.log2(np.asarray(space.facts, np.float64)) - here).sum(1).tolist()
@@ -154,19 +160,31 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
         # Keep the tokens per device about the same: the micro-batch scales with dp. The
         # ZeRO stage moves with the layout (a wider data-parallel group shards more, so the
         # best stage often changes with it).
-        mbs = _nearest(space.micro_batches(fact[0]), mb * dp / fact[0], 1.0)
+        cps = [cp] if cp in space.context_degrees(fact[0]) else None
+        mbs = _nearest(space.micro_batches(fact[0], cp if cps else 1), mb * dp / fact[0], 1.0)
         out += space.rows_for(fact, mbs, [ep] if ep in space.expert_degrees(fact[0]) else None,
                               None,
                               [bool(s)] if bool(s) in space.seq_parallel(fact[1]) else None,
-                              [r], [bool(o)], [bool(f)])
+                              [r], [bool(o)], [bool(f)], cps=cps)
+    c = [cp]
     # Micro-batch and ZeRO stage trade memory for speed together: move them jointly.
-    out += space.rows_for((dp, tp, pp), None, [ep], None, [bool(s)], [r], [bool(o)], [bool(f)])
-    out += space.rows_for((dp, tp, pp), [mb], None, [z], [bool(s)], [r], [bool(o)], [bool(f)])
-    out += space.rows_for((dp, tp, pp), [mb], [ep], None, [bool(s)], [r], [bool(o)], [bool(f)])
-    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], None, [r], [bool(o)], [bool(f)])
-    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], None, [bool(o)], [bool(f)])
-    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], [r], None, [bool(f)])
-    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], [r], [bool(o)], None)
+    out += space.rows_for((dp, tp, pp), None, [ep], None, [bool(s)], [r], [bool(o)], [bool(f)],
+                          cps=c)
+    out += space.rows_for((dp, tp, pp), [mb], None, [z], [bool(s)], [r], [bool(o)], [bool(f)],
+                          cps=c)
+    out += space.rows_for((dp, tp, pp), [mb], [ep], None, [bool(s)], [r], [bool(o)], [bool(f)],
+                          cps=c)
+    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], None, [r], [bool(o)], [bool(f)], cps=c)
+    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], None, [bool(o)], [bool(f)],
+                          cps=c)
+    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], [r], None, [bool(f)], cps=c)
+    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], [r], [bool(o)], None, cps=c)
+    for other in space.context_degrees(dp):
+        if other != cp:
+            out += space.rows_for((dp, tp, pp), _nearest(space.micro_batches(dp, other),
+                                                         mb * other / cp, 1.0),
+                                  [ep], None, [bool(s)], [r], [bool(o)], [bool(f)],
+                                  cps=[other])
     return [x for x in dict.fromkeys(out) if x != row]
 
 

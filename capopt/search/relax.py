@@ -7,6 +7,9 @@ Decision variables (one vector per start):
   [5:9]   ZeRO stage logits (softmax mixture)
   [9:12]  remat logits over (none, selective, full): fractions of layers
   [12:15] sequence parallel, optimizer offload, flash attention (sigmoids)
+The context-parallel degree is held at its smallest allowed value (``log2_cp``; the batch is
+split over dp / cp replicas): the rounding tries every allowed degree around the relaxed point
+at the same tokens per rank (`capopt.search.optimize.discretise`).
 Disallowed categorical values are masked out; pinned values become tight bounds. The memory
 constraint enters as a penalty whose weight grows over the solve (annealing); the
 objective is -log(tokens/s) (or -log tokens per dollar). Everything runs inside one `jit`,
@@ -43,6 +46,7 @@ class Bounds(NamedTuple):
     lo: jax.Array            # (3,) log2 lower bounds of dp, tp, pp
     hi: jax.Array            # (3,)
     log2_batch: jax.Array    # log2 global batch
+    log2_cp: jax.Array       # log2 of the context-parallel degree the relaxation holds
     mb_lo: jax.Array         # log2 bounds of the micro-batch
     mb_hi: jax.Array
     ep_cap: jax.Array        # log2 of the largest expert-parallel degree
@@ -61,6 +65,8 @@ def scenario_bounds(sc: Scenario) -> Bounds:
     mb_lo = np.log2(min(mb_dom)) if mb_dom else 0.0
     mb_hi = np.log2(max(mb_dom)) if mb_dom else np.log2(B)
     m = sc.model
+    cp_dom = sc.knob("cp").values
+    log2_cp = np.log2(min(cp_dom)) if cp_dom else 0.0
     ep_dom = sc.knob("ep").values
     ep_cap = np.log2(max(ep_dom) if ep_dom else (m.num_local_experts if m.is_moe else 1))
     zeros = domain(sc, "zero_stage", [0, 1, 2, 3])
@@ -78,6 +84,7 @@ def scenario_bounds(sc: Scenario) -> Bounds:
     f = lambda x: jnp.asarray(x, DTYPE)  # noqa: E731
     return Bounds(
         log2_n=f(np.log2(sc.count)), lo=f(logs.min(0)), hi=f(logs.max(0)), log2_batch=f(np.log2(B)),
+        log2_cp=f(log2_cp),
         mb_lo=f(mb_lo), mb_hi=f(mb_hi), ep_cap=f(ep_cap),
         zero_mask=f([0.0 if z in zeros else NEG for z in range(4)]), remat_mask=f(remat_mask),
         bool_lo=f([x[0] for x in b]), bool_hi=f([x[1] for x in b]),
@@ -88,16 +95,18 @@ def decode(x: jax.Array, b: Bounds) -> Knobs:
     """Variables -> relaxed knobs (continuous degrees, mixtures)."""
     shares = jax.nn.softmax(x[0:3]) * b.log2_n
     dp, tp, pp = 2.0 ** shares[0], 2.0 ** shares[1], 2.0 ** shares[2]
-    mb_hi = jnp.minimum(b.mb_hi, b.log2_batch - shares[0])
+    per_replica = b.log2_batch + b.log2_cp - shares[0]      # log2 of B / (dp / cp)
+    mb_hi = jnp.minimum(b.mb_hi, per_replica)
     log_mb = b.mb_lo + jax.nn.sigmoid(x[3]) * jnp.maximum(mb_hi - b.mb_lo, 0.0)
     mb = 2.0 ** log_mb
-    ga = 2.0 ** (b.log2_batch - shares[0] - log_mb)
+    ga = 2.0 ** (per_replica - log_mb)
     ep = 2.0 ** (jax.nn.sigmoid(x[4]) * jnp.minimum(b.ep_cap, shares[0]))
     zero = jax.nn.softmax(x[5:9] + b.zero_mask)
     remat = jax.nn.softmax(x[9:12] + b.remat_mask)
     bools = b.bool_lo + (b.bool_hi - b.bool_lo) * jax.nn.sigmoid(x[12:15])
     return Knobs(micro_batch=mb, grad_accum=jnp.maximum(ga, 1.0), dp=dp, tp=tp, pp=pp, ep=ep,
-                 zero=zero, remat=remat, sp=bools[0], offload=bools[1], flash=bools[2])
+                 zero=zero, remat=remat, sp=bools[0], offload=bools[1], flash=bools[2],
+                 cp=2.0 ** b.log2_cp)
 
 
 def _loss_terms(x, n, b: Bounds, mu):
@@ -109,7 +118,7 @@ def _loss_terms(x, n, b: Bounds, mu):
     over = est.memory["total_bytes"] / n["usable_bytes"] - 1.0
     shares = jnp.log2(jnp.stack([k.dp, k.tp, k.pp]))
     box = jnp.sum(jax.nn.relu(b.lo - shares) ** 2 + jax.nn.relu(shares - b.hi) ** 2)
-    ga_short = jax.nn.relu(-(b.log2_batch - shares[0] - jnp.log2(k.micro_batch)))
+    ga_short = jax.nn.relu(-(b.log2_batch + b.log2_cp - shares[0] - jnp.log2(k.micro_batch)))
     penalty = memory_penalty(over, mu) + 10.0 * (box + ga_short ** 2)
     return -jnp.log(jnp.maximum(obj, 1e-30)) + penalty, (over, obj)
 

@@ -187,6 +187,9 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
                           "validation step")
     if config.offload_optimizer:
         raise Unsupported("optimizer offload is not implemented by the validation step")
+    if config.cp > 1:
+        raise Unsupported("context parallelism (cp > 1) is not implemented by the validation "
+                          "step")
     if config.ep > 1 and not scenario.model.is_moe:
         raise Unsupported("ep > 1 needs an MoE model")
     if scenario.workload.loss != "float32":
