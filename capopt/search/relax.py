@@ -7,9 +7,8 @@ Decision variables (one vector per start):
   [5:9]   ZeRO stage logits (softmax mixture)
   [9:12]  remat logits over (none, selective, full): fractions of layers
   [12:15] sequence parallel, optimizer offload, flash attention (sigmoids)
-The context-parallel degree is held at its smallest allowed value (``log2_cp``; the batch is
-split over dp / cp replicas): the rounding tries every allowed degree around the relaxed point
-at the same tokens per rank (`capopt.search.optimize.discretise`).
+  [15]    context parallelism: log2(cp) between its bounds, at most log2(dp); the batch is
+          split over dp / cp replicas (a scenario without it: cp = 1, the variable inert)
 Disallowed categorical values are masked out; pinned values become tight bounds. The memory
 constraint enters as a penalty whose weight grows over the solve (annealing); the
 objective is -log(tokens/s) (or -log tokens per dollar). Everything runs inside one `jit`,
@@ -28,6 +27,7 @@ import optax
 
 from .._jaxcache import compile_options
 from .._specs import Scenario
+from .._validity import broken
 from ..cost._inputs import DTYPE, Knobs
 from ..cost.model import estimate_numbers
 from .._compiled import Compiled
@@ -35,7 +35,10 @@ from ._evaluate import cost_mode, objective_value
 from .penalty import memory_penalty, multiplier, penalty_solve
 from ._space import domain, factorizations
 
-DIM = 15
+DIM = 16
+# the variables a scenario without context parallelism uses: its starting points are drawn
+# as before the context-parallel variable existed, so its solve is unchanged
+_BASE_DIM = 15
 NEG = -1e4
 
 
@@ -46,7 +49,8 @@ class Bounds(NamedTuple):
     lo: jax.Array            # (3,) log2 lower bounds of dp, tp, pp
     hi: jax.Array            # (3,)
     log2_batch: jax.Array    # log2 global batch
-    log2_cp: jax.Array       # log2 of the context-parallel degree the relaxation holds
+    cp_lo: jax.Array         # log2 bounds of the context-parallel degree
+    cp_hi: jax.Array
     mb_lo: jax.Array         # log2 bounds of the micro-batch
     mb_hi: jax.Array
     ep_cap: jax.Array        # log2 of the largest expert-parallel degree
@@ -57,6 +61,19 @@ class Bounds(NamedTuple):
     mode_cost: jax.Array
 
 
+def context_bounds(sc: Scenario) -> tuple[float, float]:
+    """log2 bounds of the context-parallel degree: the scenario's list, or under ``"auto"``
+    the powers of two the runtime and the model allow (`capopt._validity`: a runtime that
+    runs it, a decoder whose sequence splits into 2 x cp chunks), up to the device count."""
+    dom = sc.knob("cp").values
+    if dom is not None:
+        return float(np.log2(min(dom))), float(np.log2(max(dom)))
+    cands = [c for c in (2 ** i for i in range(int(np.log2(sc.count)) + 1))
+             if not broken({"cp": np.asarray([c]), "dp": np.asarray([c])}, sc,
+                           known={"cp", "dp"}).any()]
+    return 0.0, float(np.log2(max(cands))) if cands else 0.0
+
+
 def scenario_bounds(sc: Scenario) -> Bounds:
     facts = factorizations(sc) or [(sc.count, 1, 1)]
     logs = np.log2(np.asarray(facts, np.float64))
@@ -65,8 +82,7 @@ def scenario_bounds(sc: Scenario) -> Bounds:
     mb_lo = np.log2(min(mb_dom)) if mb_dom else 0.0
     mb_hi = np.log2(max(mb_dom)) if mb_dom else np.log2(B)
     m = sc.model
-    cp_dom = sc.knob("cp").values
-    log2_cp = np.log2(min(cp_dom)) if cp_dom else 0.0
+    cp_lo, cp_hi = context_bounds(sc)
     ep_dom = sc.knob("ep").values
     ep_cap = np.log2(max(ep_dom) if ep_dom else (m.num_local_experts if m.is_moe else 1))
     zeros = domain(sc, "zero_stage", [0, 1, 2, 3])
@@ -84,7 +100,7 @@ def scenario_bounds(sc: Scenario) -> Bounds:
     f = lambda x: jnp.asarray(x, DTYPE)  # noqa: E731
     return Bounds(
         log2_n=f(np.log2(sc.count)), lo=f(logs.min(0)), hi=f(logs.max(0)), log2_batch=f(np.log2(B)),
-        log2_cp=f(log2_cp),
+        cp_lo=f(cp_lo), cp_hi=f(cp_hi),
         mb_lo=f(mb_lo), mb_hi=f(mb_hi), ep_cap=f(ep_cap),
         zero_mask=f([0.0 if z in zeros else NEG for z in range(4)]), remat_mask=f(remat_mask),
         bool_lo=f([x[0] for x in b]), bool_hi=f([x[1] for x in b]),
@@ -95,7 +111,9 @@ def decode(x: jax.Array, b: Bounds) -> Knobs:
     """Variables -> relaxed knobs (continuous degrees, mixtures)."""
     shares = jax.nn.softmax(x[0:3]) * b.log2_n
     dp, tp, pp = 2.0 ** shares[0], 2.0 ** shares[1], 2.0 ** shares[2]
-    per_replica = b.log2_batch + b.log2_cp - shares[0]      # log2 of B / (dp / cp)
+    log_cp = b.cp_lo + jax.nn.sigmoid(x[15]) * jnp.maximum(
+        jnp.minimum(b.cp_hi, shares[0]) - b.cp_lo, 0.0)
+    per_replica = b.log2_batch + log_cp - shares[0]         # log2 of B / (dp / cp)
     mb_hi = jnp.minimum(b.mb_hi, per_replica)
     log_mb = b.mb_lo + jax.nn.sigmoid(x[3]) * jnp.maximum(mb_hi - b.mb_lo, 0.0)
     mb = 2.0 ** log_mb
@@ -106,7 +124,7 @@ def decode(x: jax.Array, b: Bounds) -> Knobs:
     bools = b.bool_lo + (b.bool_hi - b.bool_lo) * jax.nn.sigmoid(x[12:15])
     return Knobs(micro_batch=mb, grad_accum=jnp.maximum(ga, 1.0), dp=dp, tp=tp, pp=pp, ep=ep,
                  zero=zero, remat=remat, sp=bools[0], offload=bools[1], flash=bools[2],
-                 cp=2.0 ** b.log2_cp)
+                 cp=2.0 ** log_cp)
 
 
 def _loss_terms(x, n, b: Bounds, mu):
@@ -118,7 +136,8 @@ def _loss_terms(x, n, b: Bounds, mu):
     over = est.memory["total_bytes"] / n["usable_bytes"] - 1.0
     shares = jnp.log2(jnp.stack([k.dp, k.tp, k.pp]))
     box = jnp.sum(jax.nn.relu(b.lo - shares) ** 2 + jax.nn.relu(shares - b.hi) ** 2)
-    ga_short = jax.nn.relu(-(b.log2_batch + b.log2_cp - shares[0] - jnp.log2(k.micro_batch)))
+    ga_short = jax.nn.relu(-(b.log2_batch + jnp.log2(k.cp) - shares[0]
+                             - jnp.log2(k.micro_batch)))
     penalty = memory_penalty(over, mu) + 10.0 * (box + ga_short ** 2)
     return -jnp.log(jnp.maximum(obj, 1e-30)) + penalty, (over, obj)
 
@@ -166,8 +185,10 @@ def initial_points(starts: int, seed: int) -> np.ndarray:
     """``starts`` starting points, normal with scale 1.5 around the centre of the box (a
     uniform share of the devices to each axis, even mixtures): deterministic in ``seed``.
     Drawn with numpy: a jitted draw costs a compilation in a cold process."""
-    return (np.random.default_rng(seed).standard_normal((starts, DIM)) * 1.5).astype(
-        np.float32)
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((starts, _BASE_DIM))
+    extra = rng.standard_normal((starts, DIM - _BASE_DIM))
+    return (np.concatenate([base, extra], 1) * 1.5).astype(np.float32)
 
 
 def _decode_batch(x, b: Bounds):
