@@ -190,7 +190,7 @@ def measure(groups, path, *, tier: str, jobs: int) -> list[tuple[Scenario, dict]
                 done[(r.get("scenario"), json.dumps(r["config"], sort_keys=True))] = r
     out = []
     for sc, cfgs in groups:
-        key = lambda c: (sc.name, json.dumps(c.to_dict(), sort_keys=True))  # noqa: E731
+        key = lambda c: (sc.name, json.dumps(c.key_dict(), sort_keys=True))  # noqa: E731
         todo = [c for c in cfgs if key(c) not in done]
         if todo:
             rep = validate(sc, tier=tier, configs=todo, out=path, jobs=jobs, progress=True)

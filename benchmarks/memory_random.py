@@ -83,7 +83,7 @@ def measurement_key(case: Case) -> str:
     from capopt.validation.models import CHUNKED_REVISION, MOE_REVISION
     sc = case.scenario
     parts = (sc.model, sc.workload, sc.hardware.name, sc.count,
-             json.dumps(case.config.to_dict(), sort_keys=True))
+             json.dumps(case.config.key_dict(), sort_keys=True))
     if case.config.flash_attention and CHUNKED_REVISION > 1:
         # compiled with the chunked stand-in for a flash kernel: which revision of it
         # (revision 1, the first, left the keys as they were)

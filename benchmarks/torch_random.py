@@ -50,7 +50,7 @@ PARTS = ("params_bytes", "optimizer_bytes", "grads_bytes", "rest_bytes")
 def measurement_key(case: Case) -> str:
     from capopt.validation.torch_models import TORCH_TIER_REVISION
     sc = case.scenario
-    parts = ("torch", sc.model, sc.workload, json.dumps(case.config.to_dict(), sort_keys=True))
+    parts = ("torch", sc.model, sc.workload, json.dumps(case.config.key_dict(), sort_keys=True))
     if sc.runtime.name != "pytorch-eager":
         # the runtime changes the step the tier runs (torchtitan: FSDP2's mixed precision
         # under ZeRO-2/3, its per-op selective checkpointing)

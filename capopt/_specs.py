@@ -225,6 +225,17 @@ class Config:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def key_dict(self) -> dict:
+        """`to_dict` less the knobs added after stored measurement keys were first written,
+        where they hold their default (``cp`` = 1): a key built from it names the same config
+        it always did."""
+        return {k: v for k, v in self.to_dict().items() if not (k in _LATER_KNOBS
+                                                                   and v == _LATER_KNOBS[k])}
+
+
+# knobs added to `Config` after measurement keys were stored, with their defaults
+_LATER_KNOBS = {"cp": 1}
+
 
 @dataclass(frozen=True)
 class KnobDomain:

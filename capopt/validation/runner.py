@@ -61,7 +61,7 @@ def scenario_fingerprint(sc: Scenario) -> str:
 
 
 def result_key(tier: str, sc: Scenario, config: Config) -> str:
-    return f"{tier}|{scenario_fingerprint(sc)}|{json.dumps(config.to_dict(), sort_keys=True)}"
+    return f"{tier}|{scenario_fingerprint(sc)}|{json.dumps(config.key_dict(), sort_keys=True)}"
 
 
 def input_bytes(sc: Scenario, config: Config) -> int:
