@@ -485,6 +485,10 @@ def pinned_config(sc: Scenario, **knobs) -> Config:
     values.setdefault("sequence_parallel", False)
     values.setdefault("remat", "none")
     dp = values["dp"]
+    if dp % values.get("cp", 1):
+        raise CapoptError(f"cp {values['cp']} must divide dp {dp} (dp counts the context-"
+                          "parallel ranks)", file=sc.path, field="config.cp",
+                          allowed=f"a divisor of {dp}")
     replicas = max(dp // values.get("cp", 1), 1)   # context-parallel ranks share sequences
     per_replica = (sc.workload.global_batch // replicas
                    if sc.workload.global_batch % replicas == 0 else None)

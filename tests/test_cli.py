@@ -160,6 +160,12 @@ BAD = [  # (description, text or None, argv extra, words the one line must conta
     ("budget nothing fits", GOOD.replace("[config]", "[budget]\nvram_gib = 0.01\n[config]"),
      [], ["s.toml", "budget", "nothing fits"]),
     ("missing file", None, [], ["nope.toml", "allowed"]),
+    ("context parallelism the runtime cannot run", GOOD.replace("pp = 1", "pp = 1\ncp = 2"),
+     [], ["s.toml", "config.cp", "xla-gpu", "torchtitan"]),
+    ("context parallelism not dividing dp",
+     GOOD.replace("pp = 1", "pp = 1\ncp = 3").replace("seq_len = 128",
+                                                      'seq_len = 128\nruntime = "torchtitan"'),
+     [], ["s.toml", "config.cp", "divide dp 2"]),
 ]
 
 
