@@ -237,15 +237,19 @@ def compute_times(k: Knobs, n: dict) -> dict:
     # the attention core runs at its own dtype's peak (fp8 recipes leave it in 16 bits)
     attn_matmul_s = attn_matmul_s * n["matmul_peak"] / n["attn_peak"]
     attn_flash_s = attn_flops / (n["rt_flash_eff"] * n["attn_peak"])
-    attn_s = ((1.0 - k.flash) * attn_matmul_s * (fwd_pass + 2.0 + w_sel)
-              + k.flash * attn_flash_s * (fwd_pass + 2.0 + 0.5))
+    # the attention core's forward pass, and its backward: materialised, two passes' worth of
+    # matmuls (and the scores again under selective recomputation); flash, 2.5 forward passes
+    attn_fwd_s = (1.0 - k.flash) * attn_matmul_s + k.flash * attn_flash_s
+    attn_bwd_s = ((1.0 - k.flash) * attn_matmul_s * (2.0 + w_sel)
+                  + k.flash * attn_flash_s * (2.0 + 0.5))
+    attn_s = fwd_pass * attn_fwd_s + attn_bwd_s
     # per-op selective checkpointing runs the matmuls it did not save again (their share of
     # the block's weight GEMM FLOPs, at the block's average GEMM rate)
     weight_w = _weight_flops(b) / 2.0 + b["lora"] / 2.0
     ops_share = n["ops_recompute_w"] / jnp.maximum(weight_w, 1.0)
     recompute_ops = w_sel * n["rt_selective_saves_ops"] * ops_share * (weights_s + lora_s)
     layer = weights_s * weight_mult + lora_s * (fwd_pass + 2.0) + attn_s + recompute_ops
-    layer_fwd = weights_s + lora_s + (1.0 - k.flash) * attn_matmul_s + k.flash * attn_flash_s
+    layer_fwd = weights_s + lora_s + attn_fwd_s
     # the backward phase: gradients plus whatever is recomputed for them
     layer_bwd = layer - layer_fwd
 
@@ -255,14 +259,12 @@ def compute_times(k: Knobs, n: dict) -> dict:
     # the rates these assume, for the report: the block's weight GEMMs and its attention
     # core (forward), FLOPs and seconds on this device
     weight_rows = cols[0][:9]
-    attn_fwd_s = (1.0 - k.flash) * attn_matmul_s + k.flash * attn_flash_s
     return {"layer": layer, "layer_fwd": layer_fwd, "layer_bwd": layer_bwd,
             "layer_dw": weights_s * dw, "first": first, "last": last,
             "first_fwd": seqs * embed_s, "last_fwd": last / head_mult,
             "gemm_flops": tokens * jnp.sum(weight_rows), "gemm_s": weights_s,
             "attn_flops": attn_flops, "attn_s": attn_fwd_s,
-            "attn_bwd_s": ((1.0 - k.flash) * attn_matmul_s * (2.0 + w_sel)
-                           + k.flash * attn_flash_s * (2.0 + 0.5))}
+            "attn_bwd_s": attn_bwd_s}
 
 
 __all__ = ["block_flops", "compute_times", "gemm_dim", "hardware_flops", "matmul_efficiency",
