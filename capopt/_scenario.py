@@ -15,7 +15,7 @@ from ._hardware import get_hardware
 from ._io import check_depth, parse_toml, path_exists, read_text
 from ._runtime import get_profile
 from ._specs import (KNOBS, REMAT_POLICIES, STAGE_KNOBS, Budget, Config, KnobDomain, LoRA,
-                     Scenario, Workload)
+                     Scenario, Workload, data_replicas)
 from ._units import GiB
 
 DEFAULT_SCENARIO = "llama3-8b-8xh100"
@@ -489,7 +489,7 @@ def pinned_config(sc: Scenario, **knobs) -> Config:
         raise CapoptError(f"cp {values['cp']} must divide dp {dp} (dp counts the context-"
                           "parallel ranks)", file=sc.path, field="config.cp",
                           allowed=f"a divisor of {dp}")
-    replicas = max(dp // values.get("cp", 1), 1)   # context-parallel ranks share sequences
+    replicas = data_replicas(dp, values.get("cp", 1))
     per_replica = (sc.workload.global_batch // replicas
                    if sc.workload.global_batch % replicas == 0 else None)
     if "micro_batch" not in values and "grad_accum" not in values:

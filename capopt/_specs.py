@@ -162,6 +162,12 @@ def remat_weights(remat, layers: float | None = None) -> tuple[float, float, flo
     return (1.0 - full, 0.0, full)
 
 
+def data_replicas(dp: int, cp: int = 1) -> int:
+    """Data-parallel replicas the batch is split over: ``dp / cp`` (context-parallel ranks
+    share their sequences; ``dp`` counts them)."""
+    return max(dp // cp, 1)
+
+
 @dataclass(frozen=True)
 class Config:
     """One concrete choice of every knob."""
@@ -210,9 +216,8 @@ class Config:
 
     @property
     def replicas(self) -> int:
-        """Data-parallel replicas the batch is split over: ``dp / cp`` (context-parallel
-        ranks share their sequences)."""
-        return max(self.dp // self.cp, 1)
+        """Data-parallel replicas the batch is split over (`data_replicas`)."""
+        return data_replicas(self.dp, self.cp)
 
     def remat_weights(self, layers: float | None = None) -> tuple[float, float, float]:
         """Shares of a stage's ``layers`` blocks under (none, selective, full)

@@ -15,7 +15,7 @@ import numpy as np
 
 from .._plan import Plan
 from .._scenario import load_scenario
-from .._specs import KNOBS, Config, KnobDomain, Scenario
+from .._specs import KNOBS, Config, KnobDomain, Scenario, data_replicas
 from .._units import GiB
 from .._validity import config_problems, mend
 from ..cost import estimate, numbers_pytree
@@ -68,7 +68,7 @@ def held_config(sc: Scenario, base, knob: str, value):
     elif knob == "dp":
         d["tp"] = max(n_dev // (d["dp"] * d["pp"]), 1)
     d = mend(d, sc2, keep=knob)
-    replicas = max(d["dp"] // d.get("cp", 1), 1)       # context-parallel ranks share sequences
+    replicas = data_replicas(d["dp"], d.get("cp", 1))
     if knob == "grad_accum":
         d["micro_batch"] = max(batch // (replicas * d["grad_accum"]), 1)
     else:

@@ -134,9 +134,8 @@ def discretise(space: Space, cont: dict[str, np.ndarray]) -> list[tuple]:
             sps = _bool_candidates(space.seq_parallel(tp), cont["sp"][i])
             offs = _bool_candidates(space.offloads, cont["offload"][i])
             flashes = _bool_candidates(space.flashes, cont["flash"][i])
-            # the relaxation holds cp at its smallest allowed degree (`scenario_bounds`);
-            # every allowed degree is tried here, at the micro-batch that keeps a rank's
-            # tokens (micro_batch / cp) where the relaxed point put them
+            # every allowed context-parallel degree, each at the micro-batch that keeps a
+            # rank's tokens (micro_batch / cp) where the relaxed point put them
             for cp in space.context_degrees(dp):
                 mbs = _nearest(space.micro_batches(dp, cp),
                                cont["micro_batch"][i] * cp / cont["cp"][i], 1.0)
@@ -166,19 +165,16 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
                               None,
                               [bool(s)] if bool(s) in space.seq_parallel(fact[1]) else None,
                               [r], [bool(o)], [bool(f)], cps=cps)
-    c = [cp]
+    def here(*subsets):                        # this layout and context-parallel degree
+        return space.rows_for((dp, tp, pp), *subsets, cps=[cp])
     # Micro-batch and ZeRO stage trade memory for speed together: move them jointly.
-    out += space.rows_for((dp, tp, pp), None, [ep], None, [bool(s)], [r], [bool(o)], [bool(f)],
-                          cps=c)
-    out += space.rows_for((dp, tp, pp), [mb], None, [z], [bool(s)], [r], [bool(o)], [bool(f)],
-                          cps=c)
-    out += space.rows_for((dp, tp, pp), [mb], [ep], None, [bool(s)], [r], [bool(o)], [bool(f)],
-                          cps=c)
-    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], None, [r], [bool(o)], [bool(f)], cps=c)
-    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], None, [bool(o)], [bool(f)],
-                          cps=c)
-    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], [r], None, [bool(f)], cps=c)
-    out += space.rows_for((dp, tp, pp), [mb], [ep], [z], [bool(s)], [r], [bool(o)], None, cps=c)
+    out += here(None, [ep], None, [bool(s)], [r], [bool(o)], [bool(f)])
+    out += here([mb], None, [z], [bool(s)], [r], [bool(o)], [bool(f)])
+    out += here([mb], [ep], None, [bool(s)], [r], [bool(o)], [bool(f)])
+    out += here([mb], [ep], [z], None, [r], [bool(o)], [bool(f)])
+    out += here([mb], [ep], [z], [bool(s)], None, [bool(o)], [bool(f)])
+    out += here([mb], [ep], [z], [bool(s)], [r], None, [bool(f)])
+    out += here([mb], [ep], [z], [bool(s)], [r], [bool(o)], None)
     for other in space.context_degrees(dp):
         if other != cp:
             out += space.rows_for((dp, tp, pp), _nearest(space.micro_batches(dp, other),
