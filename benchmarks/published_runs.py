@@ -189,7 +189,7 @@ def torchtitan_runs(doc: dict) -> list[Run]:
         # context parallelism: FSDP2 shards over dp_shard x cp (ParallelDims' fsdp mesh),
         # capopt's dp; the batch is split over the dp_shard replicas
         cfg = Config(micro_batch=r["local_batch"] // micro, grad_accum=micro, dp=dp * cp,
-                     tp=tp, pp=pp, cp=cp, zero_stage=3 if dp * cp > 1 else 0,
+                     tp=tp, pp=pp, cp=cp, vpp=chunks, zero_stage=3 if dp * cp > 1 else 0,
                      sequence_parallel=tp > 1, remat=TITAN_AC[r.get("activation_checkpoint")],
                      flash_attention=True)
         if cp > 1:
@@ -208,9 +208,6 @@ def torchtitan_runs(doc: dict) -> list[Run]:
                       grad_clip=True, loss="fused" if fused else "float32")
         card = load_card(r["model"])
         run.scenario = _scenario(label, card, gpu, r["gpus"], wl, runtime="torchtitan")
-        if chunks > 1:
-            run.scenario = run.scenario.replace(runtime=run.scenario.runtime.with_coeffs(
-                pp_virtual_stages=float(chunks)))
         run.config = cfg
     return out
 

@@ -154,6 +154,11 @@ SCHEMA: dict[str, Coeff] = {
                               "--context-parallel-size: each rank holds 1/cp of every "
                               "sequence, keys and values are exchanged in the attention, the "
                               "state is sharded over dp x cp; 0: cp > 1 is refused"),
+    "interleaved_pipeline": _c(0, "1: interleaved 1F1B (vpp > 1 virtual stages a pipeline "
+                                  "rank, each a chunk of L / (pp x vpp) blocks) as torch's "
+                                  "ScheduleInterleaved1F1B or Megatron-Core's "
+                                  "--num-virtual-stages-per-pipeline-rank run it; 0: vpp > 1 "
+                                  "is refused"),
     "zero3_keeps_stored_gathered": _c(0, "1: a block that is not recomputed keeps its gathered "
                                          "(compute-dtype) weights for its backward pass"),
     # --- which buffers are live together (the phase walk, capopt.cost.memory) ---
@@ -282,7 +287,6 @@ SCHEMA: dict[str, Coeff] = {
     "overlap_pp": _c(0, "share of pipeline sends hidden"),
     "overlap_moe": _c(0, "share of MoE all-to-all hidden"),
     "overlap_offload": _c(0, "share of host transfers hidden"),
-    "pp_virtual_stages": _c(1, "model chunks per pipeline device (1: plain 1F1B)"),
     "pp_scatter_gather": _c(0, "1: inter-stage sends carry a tp-th of the activation"),
     # --- time: kernel launches ---
     "kernel_launch_s": _c(0, "host time to issue one kernel, s"),

@@ -131,6 +131,8 @@ KNOBS: dict[str, KnobSpec] = {k.name: k for k in [
     KnobSpec("ep", "int", 1, "expert-parallel degree (MoE; divides dp)"),
     KnobSpec("cp", "int", 1, "context-parallel degree: each sequence split over cp ranks of "
              "the data-parallel group, attention exchanging keys and values (divides dp)"),
+    KnobSpec("vpp", "int", 1, "virtual pipeline stages per pipeline rank (interleaved 1F1B): "
+             "each rank runs vpp chunks of its blocks; 1 = plain 1F1B"),
     KnobSpec("sequence_parallel", "bool", "auto", "shard norms/dropout over tp"),
     KnobSpec("remat", "remat", "auto",
              "activation checkpointing: none | selective | full, or the fraction of layers "
@@ -188,9 +190,12 @@ class Config:
     # the batch is split over dp alone; here ``dp`` counts the whole group, so the batch is
     # split over ``dp / cp`` replicas (`replicas`)
     cp: int = 1
+    # interleaved 1F1B: each pipeline rank runs ``vpp`` model chunks of L / (pp x vpp) blocks
+    # (Narayanan et al. 2021; Megatron's virtual pipeline size, torch's ScheduleInterleaved1F1B)
+    vpp: int = 1
 
     def __post_init__(self):
-        for name in ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp"):
+        for name in ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "vpp"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise CapoptError(f"must be a positive integer, got {v!r}", field=f"config.{name}")
@@ -232,14 +237,14 @@ class Config:
 
     def key_dict(self) -> dict:
         """`to_dict` less the knobs added after stored measurement keys were first written,
-        where they hold their default (``cp`` = 1): a key built from it names the same config
+        where they hold their default (``cp`` = ``vpp`` = 1): a key built from it names the same config
         it always did."""
         return {k: v for k, v in self.to_dict().items() if not (k in _LATER_KNOBS
                                                                    and v == _LATER_KNOBS[k])}
 
 
 # knobs added to `Config` after measurement keys were stored, with their defaults
-_LATER_KNOBS = {"cp": 1}
+_LATER_KNOBS = {"cp": 1, "vpp": 1}
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,38 @@ RULES: tuple[Rule, ...] = (
                            f"chunks (the causal load balancer's head and tail; seq_len "
                            f"{sc.workload.seq_len}, family {sc.model.family})"),
           lambda d: 1),
+    _rule("config.vpp", "vpp pp",
+          lambda c, sc: (c["vpp"] > 1) & (c["pp"] == 1),
+          lambda cfg, sc: f"vpp {cfg.vpp} needs pipeline parallelism (pp > 1)",
+          lambda d: 1),
+    _rule("config.vpp", "vpp",
+          lambda c, sc: (c["vpp"] > 1) & (sc.runtime.coeff("interleaved_pipeline") == 0),
+          lambda cfg, sc: f"interleaved pipeline stages (vpp > 1) are not supported by the "
+                          f"{sc.runtime.name} runtime (--runtime torchtitan, pytorch-eager or "
+                          "megatron runs them)",
+          lambda d: 1),
+    _rule("config.vpp", "vpp pp",
+          lambda c, sc: (c["vpp"] > 1) & (
+              ((sc.model.num_hidden_layers % (c["pp"] * c["vpp"]) != 0)
+               & (sc.runtime.coeff("uneven_stages") == 0))
+              | (c["pp"] * c["vpp"] > sc.model.num_hidden_layers)),
+          lambda cfg, sc: (f"pp x vpp = {cfg.pp}*{cfg.vpp} must divide num_hidden_layers "
+                           f"{sc.model.num_hidden_layers} (the {sc.runtime.name} runtime "
+                           "splits blocks evenly over the virtual stages)"
+                           if sc.runtime.coeff("uneven_stages") == 0 else
+                           f"pp x vpp = {cfg.pp}*{cfg.vpp} must not exceed num_hidden_layers "
+                           f"{sc.model.num_hidden_layers}"),
+          lambda d: 1),
+    # Megatron-Core's interleaved schedule runs micro-batches in groups of pp (its
+    # microbatch_group_size_per_vp_stage defaults to pp) and refuses a remainder below pp;
+    # torch's ScheduleInterleaved1F1B needs n_microbatches a multiple of max(1, m // pp):
+    # a multiple of pp satisfies both
+    _rule("config.vpp", "vpp pp grad_accum",
+          lambda c, sc: (c["vpp"] > 1) & (c["grad_accum"] % c["pp"] != 0),
+          lambda cfg, sc: f"vpp {cfg.vpp} needs grad_accum (micro-batches a step) a multiple "
+                          f"of pp {cfg.pp}, got {cfg.grad_accum} (the interleaved schedule "
+                          "runs micro-batches in groups of pp)",
+          lambda d: 1),
     _rule("config.sequence_parallel", "sequence_parallel tp",
           lambda c, sc: (c["sequence_parallel"] != 0) & (c["tp"] == 1),
           lambda cfg, sc: "sequence parallelism needs tp > 1",
@@ -118,7 +150,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 # the knobs of a config as integer columns (booleans as 0/1)
-_INT_KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "zero_stage",
+_INT_KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "vpp", "zero_stage",
               "sequence_parallel")
 
 

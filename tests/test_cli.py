@@ -166,6 +166,18 @@ BAD = [  # (description, text or None, argv extra, words the one line must conta
      GOOD.replace("pp = 1", "pp = 1\ncp = 3").replace("seq_len = 128",
                                                       'seq_len = 128\nruntime = "torchtitan"'),
      [], ["s.toml", "config.cp", "divide dp 2"]),
+    ("interleaving the runtime cannot run",
+     GOOD.replace("dp = 2", "dp = 1").replace("pp = 1", "pp = 2\nvpp = 2"),
+     [], ["s.toml", "config.vpp", "xla-gpu", "megatron"]),
+    ("interleaving without a pipeline",
+     GOOD.replace("pp = 1", "pp = 1\nvpp = 2").replace("seq_len = 128",
+                                                       'seq_len = 128\nruntime = "megatron"'),
+     [], ["s.toml", "config.vpp", "pp > 1"]),
+    ("interleaving with micro-batches not a multiple of pp",
+     GOOD.replace("dp = 2", "dp = 1").replace("micro_batch = 2", "micro_batch = 8")
+     .replace("pp = 1", "pp = 2\nvpp = 2").replace("tiny-gpt", "gpt2-124m")
+     .replace("seq_len = 128", 'seq_len = 128\nruntime = "megatron"'),
+     [], ["s.toml", "config.vpp", "multiple of pp 2"]),
 ]
 
 

@@ -41,6 +41,11 @@ CONFIGS = {
     "offload": Config(micro_batch=2, grad_accum=16, dp=8, zero_stage=2, offload_optimizer=True),
     # context parallelism: 2 ranks share each sequence, the batch over dp / cp = 4 replicas
     "cp-zero3": Config(micro_batch=2, grad_accum=32, dp=8, cp=2, zero_stage=3, remat="full"),
+    # interleaved 1F1B: two chunks of 32 / (2 x 2) = 8 blocks a pipeline rank
+    "pp-vpp": Config(micro_batch=1, grad_accum=64, dp=2, tp=2, pp=2, vpp=2, zero_stage=1,
+                     sequence_parallel=True, remat="selective"),
+    "pp-vpp-fsdp": Config(micro_batch=1, grad_accum=64, dp=4, pp=2, vpp=2, zero_stage=3,
+                          remat="full"),
 }
 # which formats carry which config (the rest must refuse it)
 EXPRESSES = {
@@ -54,6 +59,8 @@ EXPRESSES = {
     "fraction": {"megatron", "torchtitan", "hf-trainer"},
     "offload": {"deepspeed", "megatron", "accelerate", "hf-trainer"},
     "cp-zero3": {"megatron", "torchtitan"},
+    "pp-vpp": {"megatron"},
+    "pp-vpp-fsdp": {"torchtitan"},
 }
 
 
@@ -70,7 +77,7 @@ def expected(c: Config) -> dict:
     return {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "dp": c.dp, "tp": c.tp,
             "pp": c.pp, "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel,
             "remat": _remat(c), "offload_optimizer": c.offload_optimizer, "grad_clip": True,
-            "precision": "bf16-mixed", "cp": c.cp}
+            "precision": "bf16-mixed", "cp": c.cp, "vpp": c.vpp}
 
 
 # --------------------------------------------------------------------------------------------
@@ -92,8 +99,9 @@ def megatron_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
     for name in ("tensor-model-parallel-size", "pipeline-model-parallel-size", "micro-batch-size",
                  "global-batch-size", "seq-length", "expert-model-parallel-size",
-                 "context-parallel-size", "recompute-num-layers"):
-        p.add_argument(f"--{name}", type=int, default=1 if "parallel" in name else None)
+                 "context-parallel-size", "recompute-num-layers",
+                 "num-virtual-stages-per-pipeline-rank"):
+        p.add_argument(f"--{name}", type=int, default=1 if "parallel-size" in name else None)
     for name in ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16",
                  "fp16", "optimizer-cpu-offload", "overlap-grad-reduce", "overlap-param-gather",
                  "tp-comm-overlap"):
@@ -139,7 +147,7 @@ def read_megatron(text: str) -> dict:
                  else ("blocks", a.recompute_num_layers))
     return {"micro_batch": a.micro_batch_size,
             "grad_accum": a.global_batch_size // (a.micro_batch_size * dp), "dp": dp * cp,
-            "cp": cp,
+            "cp": cp, "vpp": a.num_virtual_stages_per_pipeline_rank or 1,
             "tp": a.tensor_model_parallel_size, "pp": a.pipeline_model_parallel_size,
             "zero_stage": stage, "sequence_parallel": a.sequence_parallel, "remat": remat,
             "offload_optimizer": a.optimizer_cpu_offload, "grad_clip": a.clip_grad == 1.0,
@@ -157,6 +165,11 @@ def read_torchtitan(text: str) -> dict:
     else:
         stage = 2 if par.get("fsdp_reshard_after_forward") == "never" else 3
     pp = par["pipeline_parallel_degree"]
+    vpp = 1
+    if par.get("pipeline_parallel_schedule", "1F1B") == "Interleaved1F1B":
+        assert par["pipeline_parallel_first_stage_less_layers"] == 0
+        assert par["pipeline_parallel_last_stage_less_layers"] == 0
+        vpp = LAYERS // (pp * par["pipeline_parallel_layers_per_stage"])
     micro = par.get("pipeline_parallel_microbatch_size", tr["local_batch_size"])
     if ac["mode"] == "selective":
         opt = ac["selective_ac_option"]
@@ -164,7 +177,8 @@ def read_torchtitan(text: str) -> dict:
     else:
         remat = ac["mode"]
     return {"micro_batch": micro, "grad_accum": tr["global_batch_size"] // (micro * replicas),
-            "dp": dp, "cp": cp, "tp": par["tensor_parallel_degree"], "pp": pp, "zero_stage": stage,
+            "dp": dp, "cp": cp, "vpp": vpp, "tp": par["tensor_parallel_degree"], "pp": pp,
+            "zero_stage": stage,
             # torchtitan's TP shards norms over the sequence: SP whenever tp > 1
             "sequence_parallel": par["tensor_parallel_degree"] > 1, "remat": remat,
             "offload_optimizer": False, "grad_clip": tr["max_norm"] == 1.0,
@@ -294,6 +308,7 @@ def test_each_knob_reads_back(fmt, name):
     text = emit(fmt, cfg, SC)
     got = READERS[fmt](text)
     got.setdefault("cp", 1)             # formats with no context-parallel degree: 1
+    got.setdefault("vpp", 1)            # nor virtual pipeline stages
     assert got == expected(cfg)
     assert text == emit(fmt, cfg, SC)                        # deterministic
     assert text.endswith("\n")
@@ -635,7 +650,18 @@ def test_torchtitan_config_manager_takes_the_file(name, tmp_path, torchtitan_con
     assert (par.data_parallel_shard_degree * par.context_parallel_degree > 1) == \
         (cfg.zero_stage >= 2)
     assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (cfg.tp, cfg.pp)
-    assert tr.local_batch_size == cfg.micro_batch
+    # interleaved: torchtitan 0.2.2's pipeline_llm makes ceil((L + first_less + last_less) /
+    # layers_per_stage) stages, pp x vpp of them
+    if cfg.vpp > 1:
+        assert par.pipeline_parallel_schedule == "Interleaved1F1B"
+        stages = -(-(LAYERS + par.pipeline_parallel_first_stage_less_layers
+                     + par.pipeline_parallel_last_stage_less_layers)
+                   // par.pipeline_parallel_layers_per_stage)
+        assert stages == cfg.pp * cfg.vpp
+    else:
+        assert par.pipeline_parallel_schedule == "1F1B"
+    # with pp the local batch is one step's pipeline micro-batches together
+    assert tr.local_batch_size == cfg.micro_batch * (cfg.grad_accum if cfg.pp > 1 else 1)
     assert tr.global_batch_size == cfg.micro_batch * cfg.grad_accum * cfg.replicas
     assert tr.seq_len == SC.workload.seq_len and tr.max_norm == 1.0
     assert (tr.mixed_precision_param, tr.dtype) == ("bfloat16", "float32")
@@ -661,6 +687,9 @@ def test_torchtitan_config_manager_refuses_a_key_it_does_not_have(tmp_path,
 # every flag capopt writes must be one of their fields or one of the three the training loop
 # reads itself, and megatron-core's own checks must pass on the values.
 MEGATRON_LOOP_ARGS = {"micro_batch_size", "global_batch_size", "seq_length"}
+# flags Megatron-LM's validate_args turns into a megatron-core field (arguments.py: the virtual
+# pipeline size is --num-virtual-stages-per-pipeline-rank, None where it is 1)
+MEGATRON_DERIVED = {"num_virtual_stages_per_pipeline_rank": "virtual_pipeline_model_parallel_size"}
 
 
 def _megatron_core():
@@ -684,9 +713,13 @@ def _megatron_configs(text: str, devices: int = 8):
     argv = megatron_argv(text)
     written = {a[2:].replace("-", "_") for a in argv if a.startswith("--")}
     names = {c: {f.name for f in dataclasses.fields(c)} for c in (TC, DDP, OPT)}
-    unknown = written - MEGATRON_LOOP_ARGS - set().union(*names.values())
+    unknown = written - MEGATRON_LOOP_ARGS - set(MEGATRON_DERIVED) - set().union(*names.values())
     assert not unknown, f"flags megatron-core has no field for: {sorted(unknown)}"
     a = vars(megatron_parser().parse_args(argv))
+    for flag, core in MEGATRON_DERIVED.items():
+        if flag in written:
+            a[core] = a[flag] if a[flag] != 1 else None
+            written = (written - {flag}) | {core}
     a["attention_backend"] = AttnBackend[a["attention_backend"]]
     pick = lambda c: {k: a[k] for k in written & names[c]}          # noqa: E731
     m = SC.model
@@ -712,6 +745,7 @@ def test_megatron_core_configs_take_the_flags(name):
     assert (dp * tc.context_parallel_size, tc.tensor_model_parallel_size,
             tc.pipeline_model_parallel_size, tc.context_parallel_size) == \
         (cfg.dp, cfg.tp, cfg.pp, cfg.cp)
+    assert (tc.virtual_pipeline_model_parallel_size or 1) == cfg.vpp
     assert tc.sequence_parallel == cfg.sequence_parallel
     assert (micro.micro_batch_size, micro.get()) == (cfg.micro_batch, cfg.grad_accum)
     zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}

@@ -789,3 +789,44 @@ def test_context_parallelism_splits_a_long_sequence_that_does_not_fit_whole():
     assert four["optimizer_bytes"] == pytest.approx(one["optimizer_bytes"])
     # a quarter of the tokens a rank (the ring's gathered keys and values stay whole)
     assert 0.2 < four["activations_bytes"] / one["activations_bytes"] < 0.4
+
+
+def test_interleaving_holds_the_warmup_chunks_and_changes_nothing_else():
+    """Interleaved 1F1B with v chunks a rank: rank 0 warms up with (v - 1) p + 2 (p - 1)
+    chunk forwards (Megatron-Core's and torch's schedules) and holds one more, (v p + p - 1) / v
+    micro-batches of its blocks where 1F1B holds p: at p = 4, v = 2, 5.5 against 4, i.e. 1.5
+    micro-batches more, which is 1.5 times what one more micro-batch in flight adds under 1F1B
+    (m = 4 against m = 3). The last rank, one micro-batch under 1F1B, holds (v - 1) p + 1 chunks:
+    2.5. Weights, gradients and optimizer state do not move; the point-to-point traffic doubles
+    and the bubble halves."""
+    m = llama_like(layers=8, kv=2)
+
+    def est_at(ga, vpp=1):
+        sc = make_scenario(m, runtime="megatron", count=8, global_batch=2 * ga)
+        return estimate(Config(micro_batch=1, grad_accum=ga, dp=2, pp=4, vpp=vpp), sc).to_dict()
+
+    plain, inter = est_at(16), est_at(16, vpp=2)
+    one_more = (est_at(4)["memory"]["first_stage_bytes"]
+                - est_at(3)["memory"]["first_stage_bytes"])
+    assert one_more > 0
+    grown = inter["memory"]["first_stage_bytes"] - plain["memory"]["first_stage_bytes"]
+    assert grown == pytest.approx(1.5 * one_more, rel=1e-5)
+    assert inter["memory"]["last_stage_bytes"] > plain["memory"]["last_stage_bytes"]
+    for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "weight_copy_bytes"):
+        assert inter["memory"][key] == plain["memory"][key], key
+    assert inter["time"]["comm_pp_s"] == pytest.approx(2 * plain["time"]["comm_pp_s"], rel=1e-6)
+    assert inter["time"]["compute_s"] == plain["time"]["compute_s"]
+    t_mb = plain["time"]["bubble_s"] / 3.0
+    assert inter["time"]["bubble_s"] < plain["time"]["bubble_s"]
+    assert inter["time"]["bubble_s"] == pytest.approx(1.5 * t_mb, rel=0.05)  # t_mb grows by the sends
+
+
+def test_interleaving_at_few_micro_batches_holds_them_all():
+    """With m = p micro-batches the warmup reaches every chunk forward (m v of them) before the
+    first backward: the same m micro-batches in flight as 1F1B on rank 0."""
+    m = llama_like(layers=8, kv=2)
+    sc = make_scenario(m, runtime="megatron", count=8, global_batch=8)
+    plain = estimate(Config(micro_batch=1, grad_accum=4, dp=2, pp=4), sc).to_dict()["memory"]
+    inter = estimate(Config(micro_batch=1, grad_accum=4, dp=2, pp=4, vpp=2), sc).to_dict()
+    assert inter["memory"]["first_stage_bytes"] == pytest.approx(plain["first_stage_bytes"],
+                                                                 rel=1e-6)

@@ -73,7 +73,7 @@ def _stack(configs) -> Knobs:
                  tp=f("tp"), pp=f("pp"), ep=f("ep"), zero=zero,
                  remat=np.asarray([c.remat_weights() for c in configs], np.float32),
                  sp=f("sequence_parallel"), offload=f("offload_optimizer"),
-                 flash=f("flash_attention"), cp=f("cp"))
+                 flash=f("flash_attention"), cp=f("cp"), vpp=f("vpp"))
 
 
 def _totals(sc, configs) -> dict:

@@ -472,3 +472,29 @@ def test_auto_searches_the_context_parallel_degree_where_a_whole_sequence_does_n
         assert best.config.micro_batch * best.config.grad_accum * best.config.replicas == 8
     assert relaxed.best.config == exhaustive.best.config
     assert optimize(sc((1,)), method="exhaustive", remedies=False).best is None
+
+
+def test_auto_searches_the_virtual_pipeline_stages_where_the_bubble_is_large():
+    """Four pipeline ranks and a batch of a few micro-batches: the 1F1B bubble is a large share
+    of the step, and interleaving divides it by vpp. With ``vpp = "auto"`` the exhaustive
+    reference and the relaxed solve with its rounding both interleave (the relaxation holds
+    vpp at 1; rounding and local search move it) and agree; pinned to 1 the best is slower."""
+    m = llama_like(layers=16, hidden=2048, heads=16, kv=8)
+
+    def sc(vpp):
+        return make_scenario(m, runtime="megatron", count=4, seq_len=2048, global_batch=8,
+                             knobs={"pp": (4,), "vpp": vpp})
+
+    auto = sc(None)
+    exhaustive = optimize(auto, method="exhaustive", remedies=False)
+    relaxed = optimize(auto, method="gradient", exhaustive_below=0, remedies=False)
+    for res in (exhaustive, relaxed):
+        best = res.best
+        assert best is not None and best.config.vpp > 1 and best.fits
+        assert not config_problems(best.config, auto)
+        assert best.config.grad_accum % best.config.pp == 0
+    assert relaxed.best.config == exhaustive.best.config
+    plain = optimize(sc((1,)), method="exhaustive", remedies=False).best
+    assert plain.config.vpp == 1
+    assert (plain.throughput["tokens_per_s"]
+            < exhaustive.best.throughput["tokens_per_s"])

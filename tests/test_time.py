@@ -354,7 +354,7 @@ def test_interleaving_divides_the_bubble():
     sc = make_scenario(gpt_like(layers=8), count=4, global_batch=8)
     cfg = Config(micro_batch=1, grad_accum=8, dp=1, pp=4)
     plain = est(cfg, sc)["time"]
-    inter = est(cfg, sc.replace(runtime=sc.runtime.with_coeffs(pp_virtual_stages=2.0)))["time"]
+    inter = est(cfg.replace(vpp=2), sc)["time"]
     # same per-micro-batch work plus twice the point-to-point traffic
     t_mb_plain = plain["bubble_s"] / 3.0
     t_mb_inter = inter["bubble_s"] / 1.5
@@ -1052,7 +1052,7 @@ def test_time_terms_take_the_slower_end_stage_per_micro_batch():
     # on a tie); where the two totals agree to float32 rounding either breakdown is right
     for which, k in _end_stage_cases():
         _, first, last, t = _stages_jit(k, NUMBERS[which])
-        m, v = float(k.grad_accum), float(NUMBERS[which]["rt_pp_virtual_stages"])
+        m, v = float(k.grad_accum), float(k.vpp)
         f_tot, l_tot = float(first["total"]), float(last["total"])
         picks = [first if f_tot >= l_tot else last]
         if math.isclose(f_tot, l_tot, rel_tol=F32):

@@ -11,7 +11,7 @@ from capopt._validity import RULES, broken, config_problems
 from capopt.search._space import build_lattice
 from conftest import llama_like, make_scenario
 
-KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "zero_stage",
+KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "vpp", "zero_stage",
          "sequence_parallel")
 
 
@@ -20,7 +20,7 @@ def _random_configs(rng: random.Random, n: int) -> list[Config]:
                    dp=rng.choice([1, 2, 3, 4, 8]), tp=rng.choice([1, 2, 3, 4, 8, 16]),
                    pp=rng.choice([1, 2, 3, 4]), ep=rng.choice([1, 2, 4, 8]),
                    zero_stage=rng.choice([0, 1, 2, 3]), sequence_parallel=rng.random() < 0.5,
-                   cp=rng.choice([1, 1, 2, 4, 64]))
+                   cp=rng.choice([1, 1, 2, 4, 64]), vpp=rng.choice([1, 1, 2, 3, 4]))
             for _ in range(n)]
 
 
@@ -43,8 +43,8 @@ def test_every_rule_is_broken_by_some_config_and_only_reads_what_it_says():
     rng = random.Random(1)
     cfgs = _random_configs(rng, 4000)
     cols = {k: np.asarray([int(getattr(c, k)) for c in cfgs]) for k in KNOBS}
-    # a runtime without context parallelism breaks its rule; one with it, at a sequence that
-    # 2 x cp does not divide, the load balancer's
+    # a runtime without context parallelism (or interleaving) breaks its rule; one with it,
+    # at a sequence that 2 x cp does not divide, the load balancer's
     scenarios = (make_scenario(llama_like(layers=6, kv=2, num_local_experts=4,
                                           num_experts_per_tok=2), count=16, global_batch=64),
                  make_scenario(llama_like(layers=6, kv=2), runtime="torchtitan", count=16,
@@ -60,6 +60,13 @@ def test_the_lattice_obeys_every_rule():
                        count=16, global_batch=64)
     lat = build_lattice(sc)
     assert len(lat) > 100
+    assert not broken({k: lat.cols[k] for k in KNOBS}, sc).any()
+    # interleaved stages searched: rows with vpp > 1, none breaking a rule (the micro-batch
+    # counts a multiple of pp)
+    sc = make_scenario(llama_like(layers=8, kv=2), runtime="megatron", count=8, global_batch=32,
+                       knobs={"vpp": None})
+    lat = build_lattice(sc)
+    assert (lat.cols["vpp"] > 1).any() and (lat.cols["vpp"] == 1).any()
     assert not broken({k: lat.cols[k] for k in KNOBS}, sc).any()
 
 

@@ -33,6 +33,7 @@ class Knobs:
     remat: fraction of layers under (none, selective, full) recomputation, shape (..., 3)
     sp, offload, flash: in [0, 1]
     cp: the context-parallel degree, a sub-group of dp (`capopt._specs.Config.cp`)
+    vpp: virtual pipeline stages a pipeline rank (interleaved 1F1B; `capopt._specs.Config.vpp`)
     """
 
     micro_batch: jax.Array
@@ -47,6 +48,7 @@ class Knobs:
     offload: jax.Array
     flash: jax.Array
     cp: jax.Array
+    vpp: jax.Array = 1.0
 
     def replace(self, **changes) -> "Knobs":
         return dataclasses.replace(self, **changes)
@@ -102,7 +104,8 @@ def knobs_from_config(cfg: Config, layers: float | None = None) -> Knobs:
         micro_batch=f(cfg.micro_batch), grad_accum=f(cfg.grad_accum), dp=f(cfg.dp),
         tp=f(cfg.tp), pp=f(cfg.pp), ep=f(cfg.ep), zero=jnp.asarray(zero),
         remat=jnp.asarray(cfg.remat_weights(layers), DTYPE), sp=f(cfg.sequence_parallel),
-        offload=f(cfg.offload_optimizer), flash=f(cfg.flash_attention), cp=f(cfg.cp))
+        offload=f(cfg.offload_optimizer), flash=f(cfg.flash_attention), cp=f(cfg.cp),
+        vpp=f(cfg.vpp))
 
 
 def stack_knobs(configs: list[Config], layers: float | None = None) -> Knobs:

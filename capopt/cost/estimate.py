@@ -55,7 +55,7 @@ def estimate(config: Config | Knobs, scenario: Scenario | dict, *, jit: bool = T
         # stages of unequal blocks: each stage priced with its own blocks as the runtime
         # splits them, the slowest pacing the pipeline (`capopt.cost.stages`); elsewhere
         # L / pp blocks a stage, the relaxation of an even split
-        chunks = max(int(round(float(n["rt_pp_virtual_stages"]))), 1)
+        chunks = config.vpp
         L = int(round(float(n["L"])))
         layers = jnp.asarray(runtime_split(L, config.pp, chunks), DTYPE)
         return (_layout_jit() if jit else layout_estimate)(

@@ -72,7 +72,7 @@ def stage_blocks(k: Knobs, n):
     prices a real config's split stage by stage. Linear between integer pp (continuous in a
     relaxed one)."""
     L = n["L"]
-    v = jnp.maximum(n["rt_pp_virtual_stages"], 1.0)
+    v = jnp.maximum(k.vpp, 1.0)
 
     def extra(d):            # blocks above L / d on the fullest rank, at an integer d
         fullest = jnp.minimum(v * jnp.ceil(L / (d * v)), L)
@@ -535,15 +535,36 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     return out
 
 
+def pipeline_in_flight(k: Knobs, p, rank):
+    """Micro-batches' worth of activations of all a rank's blocks that pipeline rank ``rank``
+    of ``p`` holds at its peak (the end of its warmup).
+
+    1F1B (``vpp`` = 1): ``min(p - rank, m)`` micro-batches. Interleaved 1F1B (``vpp`` = v > 1,
+    each rank v chunks of 1/v of its blocks) warms up with ``(v - 1) p + 2 (p - 1 - rank)``
+    chunk forwards and holds one more before its first backward (Megatron-Core 0.16.1
+    schedules.py ``get_pp_rank_microbatches``: warmup ``(pp - rank - 1) x 2 + (v - 1) x
+    microbatch_group_size_per_vp_stage``, the group size pp; torch v2.13
+    ``_get_warmup_ops`` with ``microbatches_per_round`` = pp), at most ``m v`` chunks: in
+    units of the rank's whole blocks, that over v. Rank 0 holds ``p (1 + (p - 1) / (p v))``
+    micro-batches at ``m >= p``: Korthikanti et al. 2022, sec. 4.2.3."""
+    m = k.grad_accum
+    v = jnp.maximum(k.vpp, 1.0)
+    plain = jnp.minimum(p - rank, m)
+    chunks = jnp.minimum((v - 1.0) * p + 2.0 * (p - 1.0 - rank) + 1.0, m * v)
+    return jnp.where(v > 1.0, chunks / v, plain)
+
+
 def end_stage_args(k: Knobs, n) -> tuple[dict, dict]:
-    """The `stage_memory` arguments of the first pipeline stage (embedding; 1F1B: it holds
-    min(p, m) micro-batches) and of the last (head and loss); at pp = 1 one stage holds both."""
+    """The `stage_memory` arguments of the first pipeline stage (embedding; the micro-batches
+    `pipeline_in_flight` counts for rank 0) and of the last (head and loss: one micro-batch
+    under 1F1B, more interleaved); at pp = 1 one stage holds both."""
     _, first_extra, last_extra, multi = stage_params(k, n)
     single = 1.0 - multi
-    in_flight = jnp.minimum(k.pp, k.grad_accum)   # 1F1B: stage 0 holds min(p, m) micro-batches
-    first = {"extra_params": first_extra + single * last_extra, "in_flight": in_flight,
+    first = {"extra_params": first_extra + single * last_extra,
+             "in_flight": pipeline_in_flight(k, k.pp, 0.0),
              "logits_mb": single, "first_stage": True}
-    last = {"extra_params": last_extra + single * first_extra, "in_flight": 1.0,
+    last = {"extra_params": last_extra + single * first_extra,
+            "in_flight": pipeline_in_flight(k, k.pp, k.pp - 1.0),
             "logits_mb": 1.0, "first_stage": single > 0.5}
     return first, last
 

@@ -28,7 +28,7 @@ import numpy as np
 from ._inputs import Knobs, runtime_knobs, runtime_numbers
 from .model import Estimate, estimate_numbers
 from .flops import compute_times, step_tokens
-from .memory import stage_memory, stage_params
+from .memory import pipeline_in_flight, stage_memory, stage_params
 from .time import memory_bound_times, stage_extras, stage_time
 
 
@@ -78,7 +78,7 @@ def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
     first = (i == 0).astype(jnp.float32)
     last = (i == p - 1).astype(jnp.float32)
     remat = stage_remat(k, layers, recompute)
-    in_flight = jnp.minimum(p - i.astype(jnp.float32), k.grad_accum)
+    in_flight = pipeline_in_flight(k, float(p), i.astype(jnp.float32))
 
     def one(L, w, inf, lg, is_first, is_last):
         ki = k.replace(remat=w)
@@ -95,7 +95,7 @@ def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
 
 
 def _pace(k: Knobs, n: dict, p: int):
-    return k.grad_accum + (p - 1.0) / n["rt_pp_virtual_stages"]
+    return k.grad_accum + (p - 1.0) / k.vpp
 
 
 def even_numbers(n: dict) -> dict:
@@ -155,10 +155,10 @@ def layout_estimate(k: Knobs, n: dict, layers, recompute) -> Estimate:
     even = estimate_numbers(k, even_numbers(n))
     rest, inp = per_step_rest(k, n, p)
     step, mem, t, terms = layout_step(k, n, layers, recompute, rest, inp, breakdown=True)
-    return assemble_estimate(even, n, step, t, terms)
+    return assemble_estimate(even, k.vpp, step, t, terms)
 
 
-def assemble_estimate(even: Estimate, n: dict, step, t_mb, terms: dict) -> Estimate:
+def assemble_estimate(even: Estimate, vpp, step, t_mb, terms: dict) -> Estimate:
     """The Estimate of a layout from the even split's and the layout's own terms: memory of
     the stage that needs the most (its breakdown), the even split's time terms with this
     layout's step and bubble (the slowest stage paces both), throughput rescaled to this
@@ -174,7 +174,7 @@ def assemble_estimate(even: Estimate, n: dict, step, t_mb, terms: dict) -> Estim
     memory["free_bytes"] = memory["budget_bytes"] - memory["total_bytes"]
     time = dict(even.time)
     ratio = even.time["step_s"] / step
-    time["bubble_s"] = (p - 1.0) / n["rt_pp_virtual_stages"] * xp.max(t_mb)
+    time["bubble_s"] = (p - 1.0) / vpp * xp.max(t_mb)
     time["step_s"] = step
     thr = dict(even.throughput)
     for key in ("tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu", "hfu",

@@ -41,7 +41,7 @@ and the step cannot be shorter than the input pipeline needs to deliver its samp
   cross the network ``m (2 + recompute)`` times per step against once for ZeRO 0-2. A gather
   costs the collective (`comm`) plus the framework's own fetch path in series with it
   (``zero3_fetch_s_per_gb`` seconds per GB received; 0 for a framework at link speed).
-- Pipeline: 1F1B with ``v`` model chunks per device (``pp_virtual_stages``, interleaved) leaves
+- Pipeline: 1F1B with ``v`` model chunks per device (``Config.vpp``, interleaved) leaves
   a bubble of ``(p - 1) / v`` micro-batch times: the fraction ``(p - 1) / (m + p - 1)`` of the
   step at ``v = 1``. The slowest stage (first: embeddings; last: head and loss) sets the pace.
 - Optimizer: the update streams gradients, master weights and optimizer state once (plus the
@@ -357,7 +357,7 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
         gather2_coll + fetch_s(gather_once, dp, n) + scatter_coll)
 
     # --- pipeline: send activations forward and gradients back, once per model chunk ---
-    v = n["rt_pp_virtual_stages"]
+    v = k.vpp
     split = jnp.maximum(k.sp, n["rt_pp_scatter_gather"])      # each send carries 1/tp of it
     cross = jnp.clip(tp * dp / per_node, 0.0, 1.0)            # stage boundaries between nodes
     send = comm.p2p_s(act_bytes * shard(split, tp), cross, n)
@@ -432,7 +432,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
 
     m = k.grad_accum
     t_mb = st["total"]
-    v = n["rt_pp_virtual_stages"]
+    v = k.vpp
     bubble_s = jnp.maximum(k.pp - 1.0, 0.0) / v * t_mb
 
     # --- once per step: gradient synchronisation across data-parallel replicas ---

@@ -86,10 +86,15 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
                              "it (ring attention, the state sharded over dp x cp) is "
                              "torchtitan's context_parallel_degree and Megatron's "
                              "--context-parallel-size")
+    if config.vpp > 1 and fmt not in _CONTEXT_PARALLEL:
+        raise _Unexpressible("config.vpp", config.vpp, "interleaved pipeline stages are "
+                             "torchtitan's Interleaved1F1B schedule and Megatron's "
+                             "--num-virtual-stages-per-pipeline-rank")
     return _EMITTERS[fmt](config, scenario)
 
 
-# the formats that write a context-parallel degree (``config.cp``)
+# the formats that write a context-parallel degree (``config.cp``) and virtual pipeline
+# stages (``config.vpp``)
 _CONTEXT_PARALLEL = ("torchtitan", "megatron")
 
 
@@ -298,7 +303,15 @@ def _megatron_args(c: Config, sc: Scenario) -> list[str]:
     if c.sequence_parallel and c.tp == 1:
         raise _Unexpressible("config.sequence_parallel", True, "Megatron turns sequence "
                              "parallelism off when tensor parallelism is 1")
+    if c.pp > 1 and c.zero_stage >= 2:
+        raise _Unexpressible("config.zero_stage", c.zero_stage, "the megatron runtime shards "
+                             "gradients and parameters (Megatron-FSDP) without pipeline "
+                             "parallelism only; use ZeRO 0 or 1 (the distributed optimizer)")
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
+    if c.vpp > 1:
+        # arguments.py's validate_args makes it virtual_pipeline_model_parallel_size; the
+        # blocks split evenly over pp x vpp chunks (the megatron runtime's rule)
+        args.append(f"--num-virtual-stages-per-pipeline-rank {c.vpp}")
     if c.ep > 1:
         args.append(f"--expert-model-parallel-size {c.ep}")
     if c.cp > 1:
@@ -419,6 +432,19 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
     if c.pp > 1:
         # capopt's micro-batches are the pipeline's; torchtitan splits the local batch into them
         parallelism["pipeline_parallel_microbatch_size"] = c.micro_batch
+    if c.vpp > 1:
+        # torchtitan 0.2.2 (distributed/pipeline_parallel.py): ceil((L + first_less +
+        # last_less) / layers_per_stage) virtual stages, a multiple of pp; with the end
+        # stages' allowances at 0, L / (pp x vpp) blocks a stage gives pp x vpp of them
+        L = sc.model.num_hidden_layers
+        if L % (c.pp * c.vpp):
+            raise _Unexpressible("config.vpp", c.vpp, f"{L} layers do not split evenly into "
+                                 f"pp x vpp = {c.pp * c.vpp} stages (torchtitan's "
+                                 "pipeline_parallel_layers_per_stage)")
+        parallelism.update({"pipeline_parallel_schedule": "Interleaved1F1B",
+                            "pipeline_parallel_layers_per_stage": L // (c.pp * c.vpp),
+                            "pipeline_parallel_first_stage_less_layers": 0,
+                            "pipeline_parallel_last_stage_less_layers": 0})
     training = {
         # with pp, the local batch is one step's pipeline micro-batches together
         "local_batch_size": c.micro_batch * (c.grad_accum if c.pp > 1 else 1),

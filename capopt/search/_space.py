@@ -18,7 +18,10 @@ from .._validity import broken
 from ..cost._inputs import DTYPE, Knobs
 
 COLUMNS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "zero_stage",
-           "sequence_parallel", "remat", "offload_optimizer", "flash_attention", "cp")
+           "sequence_parallel", "remat", "offload_optimizer", "flash_attention", "cp", "vpp")
+# the virtual pipeline stages "auto" tries: up to 8 a rank (Narayanan et al. 2021 ran 2-4;
+# the bubble falls as 1 / vpp while every chunk adds sends and warmup activations)
+AUTO_VPP = tuple(range(1, 9))
 REMAT_CODES = {"none": 0, "selective": 1, "full": 2}
 
 
@@ -109,7 +112,7 @@ class Lattice:
                      dp=f(c["dp"]), tp=f(c["tp"]), pp=f(c["pp"]), ep=f(c["ep"]),
                      zero=jnp.asarray(zero), remat=jnp.asarray(rw),
                      sp=f(c["sequence_parallel"]), offload=f(c["offload_optimizer"]),
-                     flash=f(c["flash_attention"]), cp=f(c["cp"]))
+                     flash=f(c["flash_attention"]), cp=f(c["cp"]), vpp=f(c["vpp"]))
 
     def config(self, row: int) -> Config:
         c = {k: v[row] for k, v in self.cols.items()}
@@ -119,7 +122,8 @@ class Lattice:
                       sequence_parallel=bool(c["sequence_parallel"]),
                       remat=self.remat_table[int(c["remat"])],
                       offload_optimizer=bool(c["offload_optimizer"]),
-                      flash_attention=bool(c["flash_attention"]), cp=int(c["cp"]))
+                      flash_attention=bool(c["flash_attention"]), cp=int(c["cp"]),
+                      vpp=int(c["vpp"]))
 
     def key(self, row: int) -> tuple:
         return tuple(int(self.cols[k][row]) for k in COLUMNS)
@@ -154,6 +158,7 @@ class Space:
         self._ga = sc.knob("grad_accum").values
         self._ep = sc.knob("ep").values
         self._cp = sc.knob("cp").values
+        self._vpp = sc.knob("vpp").values
         self._experts = m.num_local_experts if m.is_moe else 1
 
     def per_replica(self, dp: int, cp: int = 1) -> int | None:
@@ -163,12 +168,21 @@ class Space:
             return None
         return self.batch // (dp // cp)
 
-    def micro_batches(self, dp: int, cp: int = 1) -> list[int]:
+    def micro_batches(self, dp: int, cp: int = 1, pp: int = 1, vpp: int = 1) -> list[int]:
+        """Micro-batch sizes next to ``dp`` / ``cp``; interleaved (``vpp`` > 1), those whose
+        micro-batch count is a multiple of ``pp`` (`capopt._validity`)."""
         per = self.per_replica(dp, cp)
         if per is None:
             return []
         return [d for d in divisors(per) if (self._mb is None or d in self._mb)
-                and (self._ga is None or per // d in self._ga)]
+                and (self._ga is None or per // d in self._ga)
+                and (vpp == 1 or (per // d) % pp == 0)]
+
+    def virtual_degrees(self, pp: int) -> list[int]:
+        """Virtual pipeline stages a rank next to ``pp``: the scenario's (or `AUTO_VPP`),
+        that the runtime and the model's blocks allow (`capopt._validity`)."""
+        cand = [v for v in (self._vpp if self._vpp is not None else AUTO_VPP)]
+        return self._keep(cand, "vpp", pp=pp)
 
     def context_degrees(self, dp: int) -> list[int]:
         """Context-parallel degrees next to ``dp``: the scenario's, that divide dp and that
@@ -198,29 +212,36 @@ class Space:
         return [v for v, ok in zip(values, _allowed(self.sc, cols)) if ok]
 
     def choices(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
-                offloads=None, flashes=None, cp: int = 1) -> list[list]:
-        """Allowed values of the inner knobs for one (dp, tp, pp) and context-parallel
-        degree ``cp``, in `COLUMNS` order less grad_accum / dp / tp / pp / cp, each
-        restricted to the given subset (None: all)."""
+                offloads=None, flashes=None, cp: int = 1, vpp: int = 1) -> list[list]:
+        """Allowed values of the inner knobs for one (dp, tp, pp), context-parallel degree
+        ``cp`` and virtual stages ``vpp``, in `COLUMNS` order less grad_accum / dp / tp / pp
+        / cp / vpp, each restricted to the given subset (None: all)."""
         dp, tp, pp = fact
         pick = lambda allowed, want: [v for v in allowed if want is None or v in want]  # noqa
-        return [pick(self.micro_batches(dp, cp), mbs), pick(self.expert_degrees(dp), eps),
+        return [pick(self.micro_batches(dp, cp, pp, vpp), mbs),
+                pick(self.expert_degrees(dp), eps),
                 pick(self.zero_stages(dp, pp), zeros),
                 [int(v) for v in pick(self.seq_parallel(tp), sps)],
                 pick(range(len(self.remat_table)), remats),
                 [int(v) for v in pick(self.offloads, offloads)],
                 [int(v) for v in pick(self.flashes, flashes)]]
 
-    def block(self, fact, *subsets, cps=None, **named) -> np.ndarray:
+    def outer(self, fact, cps=None, vpps=None) -> list[tuple[int, int]]:
+        """The (cp, vpp) pairs allowed next to one (dp, tp, pp), restricted to ``cps`` /
+        ``vpps`` (None: all)."""
+        dp, _, pp = fact
+        return [(cp, v) for cp in self.context_degrees(dp) if cps is None or cp in cps
+                for v in self.virtual_degrees(pp) if vpps is None or v in vpps]
+
+    def block(self, fact, *subsets, cps=None, vpps=None, **named) -> np.ndarray:
         """Rows for one (dp, tp, pp) as an int array (rows x `COLUMNS`): every combination
-        of the allowed inner values, for each allowed context-parallel degree (restricted to
-        ``cps``). The one enumeration `rows_for` and `build_lattice` share."""
+        of the allowed inner values, for each allowed context-parallel degree and number of
+        virtual stages (restricted to ``cps`` / ``vpps``). The one enumeration `rows_for`
+        and `build_lattice` share."""
         dp, tp, pp = fact
         out = []
-        for cp in self.context_degrees(dp):
-            if cps is not None and cp not in cps:
-                continue
-            ch = self.choices(fact, *subsets, cp=cp, **named)
+        for cp, vpp in self.outer(fact, cps, vpps):
+            ch = self.choices(fact, *subsets, cp=cp, vpp=vpp, **named)
             if not all(ch):
                 continue
             grid = np.array(np.meshgrid(*ch, indexing="ij")).reshape(len(ch), -1)
@@ -229,19 +250,20 @@ class Space:
             full = lambda v: np.full(k, v)  # noqa: E731
             out.append(np.stack([grid[0], per // grid[0], full(dp), full(tp), full(pp),
                                  grid[1], grid[2], grid[3], grid[4], grid[5], grid[6],
-                                 full(cp)], 1).astype(np.int64))
+                                 full(cp), full(vpp)], 1).astype(np.int64))
         return np.concatenate(out) if out else np.zeros((0, len(COLUMNS)), np.int64)
 
     def rows_for(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
-                 offloads=None, flashes=None, cps=None) -> list[tuple]:
+                 offloads=None, flashes=None, cps=None, vpps=None) -> list[tuple]:
         """Real rows for one (dp, tp, pp), restricted to the given subsets of values."""
-        arr = self.block(fact, mbs, eps, zeros, sps, remats, offloads, flashes, cps=cps)
+        arr = self.block(fact, mbs, eps, zeros, sps, remats, offloads, flashes, cps=cps,
+                         vpps=vpps)
         return [tuple(r) for r in arr.tolist()]
 
     def size(self) -> int:
         """How many real configs the scenario allows (without building them)."""
-        return sum(math.prod(len(c) for c in self.choices(f, cp=cp)) for f in self.facts
-                   for cp in self.context_degrees(f[0]))
+        return sum(math.prod(len(c) for c in self.choices(f, cp=cp, vpp=v))
+                   for f in self.facts for cp, v in self.outer(f))
 
     def lattice(self, rows: list[tuple] | np.ndarray) -> "Lattice":
         arr = np.asarray(rows, np.int64).reshape(-1, len(COLUMNS))

@@ -135,20 +135,22 @@ def discretise(space: Space, cont: dict[str, np.ndarray]) -> list[tuple]:
             offs = _bool_candidates(space.offloads, cont["offload"][i])
             flashes = _bool_candidates(space.flashes, cont["flash"][i])
             # every allowed context-parallel degree, each at the micro-batch that keeps a
-            # rank's tokens (micro_batch / cp) where the relaxed point put them
-            for cp in space.context_degrees(dp):
-                mbs = _nearest(space.micro_batches(dp, cp),
+            # rank's tokens (micro_batch / cp) where the relaxed point put them; every
+            # allowed number of virtual stages (the relaxation holds it at 1)
+            for cp, vpp in space.outer(fact):
+                mbs = _nearest(space.micro_batches(dp, cp, pp, vpp),
                                cont["micro_batch"][i] * cp / cont["cp"][i], 1.0)
                 for r in space.rows_for(fact, mbs, eps, zeros, sps, remats, offs, flashes,
-                                        cps=[cp]):
+                                        cps=[cp], vpps=[vpp]):
                     rows[r] = None
     return list(rows)
 
 
 def neighbours(space: Space, row: tuple) -> list[tuple]:
     """Configs one move away: another factorisation, the next micro-batch, any other value of
-    one categorical knob, another context-parallel degree (at the same tokens per rank)."""
-    mb, ga, dp, tp, pp, ep, z, s, r, o, f, cp = row
+    one categorical knob, another context-parallel degree (at the same tokens per rank),
+    another number of virtual pipeline stages."""
+    mb, ga, dp, tp, pp, ep, z, s, r, o, f, cp, vpp = row
     out: list[tuple] = []
     here = np.log2([dp, tp, pp])
     dists = (np.abs(np.log2(np.asarray(space.facts, np.float64)) - here).sum(1).tolist()
@@ -160,13 +162,16 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
         # ZeRO stage moves with the layout (a wider data-parallel group shards more, so the
         # best stage often changes with it).
         cps = [cp] if cp in space.context_degrees(fact[0]) else None
-        mbs = _nearest(space.micro_batches(fact[0], cp if cps else 1), mb * dp / fact[0], 1.0)
+        vpps = [vpp] if vpp in space.virtual_degrees(fact[2]) else None
+        mbs = _nearest(space.micro_batches(fact[0], cp if cps else 1, fact[2],
+                                           vpp if vpps else 1), mb * dp / fact[0], 1.0)
         out += space.rows_for(fact, mbs, [ep] if ep in space.expert_degrees(fact[0]) else None,
                               None,
                               [bool(s)] if bool(s) in space.seq_parallel(fact[1]) else None,
-                              [r], [bool(o)], [bool(f)], cps=cps)
-    def here(*subsets):                        # this layout and context-parallel degree
-        return space.rows_for((dp, tp, pp), *subsets, cps=[cp])
+                              [r], [bool(o)], [bool(f)], cps=cps, vpps=vpps)
+
+    def here(*subsets):            # this layout, context-parallel degree and virtual stages
+        return space.rows_for((dp, tp, pp), *subsets, cps=[cp], vpps=[vpp])
     # Micro-batch and ZeRO stage trade memory for speed together: move them jointly.
     out += here(None, [ep], None, [bool(s)], [r], [bool(o)], [bool(f)])
     out += here([mb], None, [z], [bool(s)], [r], [bool(o)], [bool(f)])
@@ -180,7 +185,13 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
             out += space.rows_for((dp, tp, pp), _nearest(space.micro_batches(dp, other),
                                                          mb * other / cp, 1.0),
                                   [ep], None, [bool(s)], [r], [bool(o)], [bool(f)],
-                                  cps=[other])
+                                  cps=[other], vpps=[vpp])
+    for other in space.virtual_degrees(pp):
+        if other != vpp:
+            out += space.rows_for((dp, tp, pp), _nearest(space.micro_batches(dp, cp, pp, other),
+                                                         mb, 1.0),
+                                  [ep], [z], [bool(s)], [r], [bool(o)], [bool(f)],
+                                  cps=[cp], vpps=[other])
     return [x for x in dict.fromkeys(out) if x != row]
 
 

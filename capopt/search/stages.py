@@ -87,8 +87,7 @@ def layout_plan(sc: Scenario, lay: Layout, even_estimate) -> LayoutPlan:
     step, _, t = lp.evaluate(np.asarray(lay.layers), np.asarray(lay.recompute))
     terms = {key: v[0] for key, v in lp.last_terms.items()}
     even = jax.tree.map(np.asarray, even_estimate)
-    nn = {"rt_pp_virtual_stages": float(n["rt_pp_virtual_stages"])}
-    est = assemble_estimate(even, nn, step[0], t[0], terms)
+    est = assemble_estimate(even, float(lay.config.vpp), step[0], t[0], terms)
     return LayoutPlan(sc, lay.config, est, lay)
 
 
