@@ -2,6 +2,7 @@
 
     python benchmarks/optimizer.py [--scenarios 300] [--out benchmarks/results/optimizer.json]
     python benchmarks/optimizer.py --context-parallel 60     # section 5 alone, into --out
+    python benchmarks/optimizer.py --virtual-stages 100      # section 6 alone, into --out
 
 1. Optimality: seeded random scenarios (real cards, catalog GPUs, 1-64 devices, random
    precision / optimizer / runtime / budget) whose exhaustive search finds a fitting config:
@@ -20,6 +21,9 @@
 
 5. With context parallelism searched (``--context-parallel N``): section 1 over long-sequence
    scenarios (16k-128k tokens, torchtitan or megatron, ``cp = "auto"``).
+6. With interleaved pipeline stages searched (``--virtual-stages N``): section 1 over
+   scenarios of 8-64 devices and few micro-batches a step (torchtitan or megatron,
+   ``vpp = "auto"``, pp searched or drawn from 2-8).
 
 The optimality section runs the default method, the relaxed solve: it measures the optimiser,
 not the small-space shortcut of ``--method auto``.
@@ -97,6 +101,33 @@ def random_long_scenario(rng: random.Random) -> dict:
     }
 
 
+PIPELINE_CARDS = ["llama-2-7b", "llama-2-13b", "llama-3-8b", "mistral-7b", "tiny-llama",
+                  "gpt2-1.5b"]
+
+
+def random_pipeline_scenario(rng: random.Random) -> dict:
+    """A scenario whose runtime interleaves pipeline stages, a few micro-batches a step (where
+    the 1F1B bubble is large), every knob searched (``vpp`` too; half of them with pp drawn
+    above 1): for the optimality of the rounded and locally searched number of chunks."""
+    count = rng.choice([8, 16, 32, 64])
+    d = {
+        "name": f"random-pipe-{rng.randrange(10**9)}",
+        "model": {"card": rng.choice(PIPELINE_CARDS)},
+        "hardware": {"gpu": rng.choice(["a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb"]),
+                     "count": count},
+        "training": {"seq_len": rng.choice([1024, 2048, 4096]),
+                     "global_batch": count * rng.choice([1, 2, 4]) // rng.choice([1, 2]),
+                     "precision": "bf16-mixed", "optimizer": "adamw", "grad_clip": True,
+                     "runtime": rng.choice(["torchtitan", "megatron"])},
+        "config": {"micro_batch": "auto", "grad_accum": "auto", "dp": "auto", "tp": "auto",
+                   "pp": "auto", "zero_stage": "auto", "sequence_parallel": "auto",
+                   "remat": "auto", "vpp": "auto"},
+    }
+    if rng.random() < 0.5:
+        d["config"]["pp"] = [p for p in (2, 4, 8) if p <= count]
+    return d
+
+
 def optimality(n_scenarios: int, seed: int, draw=random_scenario) -> dict:
     rng = random.Random(seed)
     rows, skipped = [], 0
@@ -122,7 +153,9 @@ def optimality(n_scenarios: int, seed: int, draw=random_scenario) -> dict:
             "same_optimum": gr.best is not None and abs(tg - te) <= 1e-6 * te,
             "gap": 1.0 - tg / te, "fits": bool(gr.best and gr.best.fits),
             "warm_s": warm, "exhaustive_s": ex.solve_s,
-            "cp": ex.best.config.cp, "optimizer_cp": gr.best.config.cp if gr.best else None})
+            "cp": ex.best.config.cp, "optimizer_cp": gr.best.config.cp if gr.best else None,
+            "vpp": ex.best.config.vpp,
+            "optimizer_vpp": gr.best.config.vpp if gr.best else None})
         if len(rows) % 25 == 0:
             print(f"  {len(rows)}/{n_scenarios} scenarios "
                   f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
@@ -323,7 +356,30 @@ def main() -> int:
     ap.add_argument("--context-parallel", type=int, default=0, metavar="N",
                     help="run only the optimality of N long-sequence scenarios with cp "
                          "searched and replace the 'context_parallel' section of --out")
+    ap.add_argument("--virtual-stages", type=int, default=0, metavar="N",
+                    help="run only the optimality of N pipeline scenarios with vpp searched "
+                         "and replace the 'virtual_stages' section of --out")
     args = ap.parse_args()
+
+    if args.virtual_stages:
+        vs = optimality(args.virtual_stages, args.seed, draw=random_pipeline_scenario)
+        out = Path(args.out)
+        data = json.loads(out.read_text()) if out.exists() else {}
+        data["virtual_stages"] = vs
+        out.write_text(json.dumps(data, indent=1))
+        used = sum(r["vpp"] > 1 for r in vs["rows"])
+        print("\nOptimality with interleaved pipeline stages searched (torchtitan / megatron)")
+        print(f"  scenarios                    {vs['scenarios']} "
+              f"({vs['skipped_infeasible']} infeasible draws skipped); the exhaustive optimum "
+              f"interleaves (vpp > 1) in {used}")
+        print(f"  same optimum                 {vs['same_optimum']} "
+              f"({100 * vs['same_optimum_share']:.1f}%)   target >= 99%")
+        print(f"  worst throughput gap         {100 * vs['worst_gap']:.3f}%   target <= 1%")
+        print(f"  every answer fits            {vs['all_fit']}")
+        print(f"  warm solve median / max      {vs['warm_s_median']:.3f} s / "
+              f"{vs['warm_s_max']:.3f} s")
+        print(f"wrote the virtual_stages section of {out}")
+        return 0
 
     if args.context_parallel:
         cp = optimality(args.context_parallel, args.seed, draw=random_long_scenario)
@@ -395,10 +451,12 @@ def main() -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": f"{os.cpu_count()} CPU cores", "optimality": opt,
-                               "load_average_at_end": os.getloadavg(),
-                               "cold": cold_rows, "large_space": big,
-                               "stage_layouts": layouts}, indent=1))
+    # the sections run on their own (context parallelism, virtual stages) are kept
+    data = json.loads(out.read_text()) if out.exists() else {}
+    data.update({"machine": f"{os.cpu_count()} CPU cores", "optimality": opt,
+                 "load_average_at_end": os.getloadavg(), "cold": cold_rows,
+                 "large_space": big, "stage_layouts": layouts})
+    out.write_text(json.dumps(data, indent=1))
     print(f"\nwrote {out}")
     return 0
 

@@ -96,7 +96,10 @@ def cmd_plan(args) -> int:
 
 def cmd_optimize(args) -> int:
     sc = _scenario(args)
-    from .search._space import no_layout_reason
+    from .search._space import knob_refusal, no_layout_reason
+    refused = knob_refusal(sc)
+    if refused:
+        raise CapoptError(refused[1], file=sc.path, field=refused[0])
     reason = no_layout_reason(sc)
     if reason:
         raise CapoptError(reason, file=sc.path, field="config",

@@ -321,3 +321,18 @@ def test_the_error_path_does_not_import_jax(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("setting, words", [
+    ("vpp=2", ["config.vpp", "pytorch runtime", "megatron"]),
+    ("cp=2", ["config.cp", "pytorch runtime", "torchtitan"]),
+])
+def test_optimize_names_the_rule_that_refuses_a_pinned_knob_everywhere(setting, words, capsys):
+    """A knob pinned to values the runtime refuses beside every layout: exit 2, one line with
+    that rule's words (not "no config fits", nor a batch that does not divide)."""
+    code, out, err = run(["optimize", "llama3-70b-64xh100", "--set", setting], capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert "fits" not in out
