@@ -346,6 +346,29 @@ def stage_layouts(restarts: int = 20, seed: int = 0) -> list[dict]:
     return out
 
 
+def knob_section(args, key: str, n: int, draw, knob: str, title: str, uses: str) -> int:
+    """Section 1 over ``n`` scenarios drawn by ``draw`` with ``knob`` searched: printed and
+    written as the ``key`` section of ``--out`` (the other sections kept)."""
+    res = optimality(n, args.seed, draw=draw)
+    out = Path(args.out)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    data[key] = res
+    out.write_text(json.dumps(data, indent=1))
+    used = sum(r[knob] > 1 for r in res["rows"])
+    print(f"\nOptimality with {title}")
+    print(f"  scenarios                    {res['scenarios']} "
+          f"({res['skipped_infeasible']} infeasible draws skipped); the exhaustive optimum "
+          f"{uses} in {used}")
+    print(f"  same optimum                 {res['same_optimum']} "
+          f"({100 * res['same_optimum_share']:.1f}%)   target >= 99%")
+    print(f"  worst throughput gap         {100 * res['worst_gap']:.3f}%   target <= 1%")
+    print(f"  every answer fits            {res['all_fit']}")
+    print(f"  warm solve median / max      {res['warm_s_median']:.3f} s / "
+          f"{res['warm_s_max']:.3f} s")
+    print(f"wrote the {key} section of {out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenarios", type=int, default=300)
@@ -362,45 +385,14 @@ def main() -> int:
     args = ap.parse_args()
 
     if args.virtual_stages:
-        vs = optimality(args.virtual_stages, args.seed, draw=random_pipeline_scenario)
-        out = Path(args.out)
-        data = json.loads(out.read_text()) if out.exists() else {}
-        data["virtual_stages"] = vs
-        out.write_text(json.dumps(data, indent=1))
-        used = sum(r["vpp"] > 1 for r in vs["rows"])
-        print("\nOptimality with interleaved pipeline stages searched (torchtitan / megatron)")
-        print(f"  scenarios                    {vs['scenarios']} "
-              f"({vs['skipped_infeasible']} infeasible draws skipped); the exhaustive optimum "
-              f"interleaves (vpp > 1) in {used}")
-        print(f"  same optimum                 {vs['same_optimum']} "
-              f"({100 * vs['same_optimum_share']:.1f}%)   target >= 99%")
-        print(f"  worst throughput gap         {100 * vs['worst_gap']:.3f}%   target <= 1%")
-        print(f"  every answer fits            {vs['all_fit']}")
-        print(f"  warm solve median / max      {vs['warm_s_median']:.3f} s / "
-              f"{vs['warm_s_max']:.3f} s")
-        print(f"wrote the virtual_stages section of {out}")
-        return 0
-
+        return knob_section(args, "virtual_stages", args.virtual_stages,
+                            random_pipeline_scenario, "vpp",
+                            "interleaved pipeline stages searched (torchtitan / megatron)",
+                            "interleaves (vpp > 1)")
     if args.context_parallel:
-        cp = optimality(args.context_parallel, args.seed, draw=random_long_scenario)
-        out = Path(args.out)
-        data = json.loads(out.read_text()) if out.exists() else {}
-        data["context_parallel"] = cp
-        out.write_text(json.dumps(data, indent=1))
-        used = sum(r["cp"] > 1 for r in cp["rows"])
-        print("\nOptimality with context parallelism searched (long sequences, torchtitan / "
-              "megatron)")
-        print(f"  scenarios                    {cp['scenarios']} "
-              f"({cp['skipped_infeasible']} infeasible draws skipped); the exhaustive optimum "
-              f"uses cp > 1 in {used}")
-        print(f"  same optimum                 {cp['same_optimum']} "
-              f"({100 * cp['same_optimum_share']:.1f}%)   target >= 99%")
-        print(f"  worst throughput gap         {100 * cp['worst_gap']:.3f}%   target <= 1%")
-        print(f"  every answer fits            {cp['all_fit']}")
-        print(f"  warm solve median / max      {cp['warm_s_median']:.3f} s / "
-              f"{cp['warm_s_max']:.3f} s")
-        print(f"wrote the context_parallel section of {out}")
-        return 0
+        return knob_section(args, "context_parallel", args.context_parallel,
+                            random_long_scenario, "cp", "context parallelism searched (long "
+                            "sequences, torchtitan / megatron)", "uses cp > 1")
 
     if args.cold_only:
         cold_rows = cold(["llama3-8b-8xh100", "llama3-70b-64xh100", "gpt2-124m-rtx4090"])
