@@ -305,6 +305,7 @@ SCHEMA: dict[str, Coeff] = {
 SHARES = frozenset({"expandable_segments", "zero3_regather_for_remat", "selective_saves_dots",
                     "selective_saves_ops", "fsdp_gathers_compute_dtype", "fsdp_mixed_precision",
                     "zero2_per_group", "zero_pp_nosync", "uneven_stages", "context_parallel",
+                    "interleaved_pipeline",
                     "overlap_dp_buckets",
                     "overlap_param_gather", "overlap_tp_fwd_needs_sp", "autocast_casts",
                     "autocast_weight_cache", "weight_copy_fraction"})

@@ -81,4 +81,5 @@ RELAXED_KNOBS = Knobs(
     tp=jnp.float32(2.5), pp=jnp.float32(1.6), ep=jnp.float32(1.5),
     zero=jnp.asarray([0.4, 0.1, 0.2, 0.3], jnp.float32),
     remat=jnp.asarray([0.5, 0.3, 0.2], jnp.float32), sp=jnp.float32(0.4),
-    offload=jnp.float32(0.3), flash=jnp.float32(0.6), cp=jnp.float32(1.0))
+    offload=jnp.float32(0.3), flash=jnp.float32(0.6), cp=jnp.float32(1.0),
+    vpp=jnp.float32(1.0))

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from capopt.cost.memory import pipeline_in_flight
+from capopt.cost.memory import first_chunk_in_flight, pipeline_in_flight
 
 F32 = 1e-6       # the count is float32 (a count over v, times v here): its rounding, no more
 CASES = [(p, v, m) for p in (2, 3, 4, 8) for v in (1, 2, 3, 4)
@@ -29,10 +29,11 @@ def capopt_chunks(p: int, v: int, m: int, rank: int) -> float:
     return float(pipeline_in_flight(k, float(p), float(rank))) * v
 
 
-def torch_peak(p: int, v: int, m: int, rank: int) -> int:
+def torch_peak(p: int, v: int, m: int, rank: int, stage: int | None = None) -> int:
     """Most chunk forwards without their backward in torch's interleaved schedule of ``rank``
     (the schedule's own `_calculate_single_rank_operations`, its attributes set as its
-    constructor sets them from the stages and ``n_microbatches``)."""
+    constructor sets them from the stages and ``n_microbatches``); with ``stage``, of that
+    stage's forwards alone."""
     from torch.distributed.pipelining.schedules import (ScheduleInterleaved1F1B,
                                                         _ComputationType)
     s = ScheduleInterleaved1F1B.__new__(ScheduleInterleaved1F1B)
@@ -41,7 +42,7 @@ def torch_peak(p: int, v: int, m: int, rank: int) -> int:
     s.microbatches_per_round = m // s.number_of_rounds
     live = peak = 0
     for action in s._calculate_single_rank_operations(rank):
-        if action is None:
+        if action is None or (stage is not None and action.stage_index != stage):
             continue
         if action.computation_type == _ComputationType.FORWARD:
             live += 1
@@ -81,6 +82,21 @@ def test_interleaved_in_flight_is_torchs_schedule():
                                                                  rel=F32), (p, v, m, rank)
             checked += 1
     assert checked > 100
+
+
+@pytest.mark.skipif(not _installed("torch"), reason="torch is not installed")
+def test_first_chunk_edge_in_flight_is_torchs_schedule():
+    """Rank 0's input edge (the embedding's output) is held for the micro-batches its first
+    chunk (stage 0) has in flight: `first_chunk_in_flight`."""
+    checked = 0
+    for p, v, m in CASES:
+        if v == 1:
+            continue
+        k = SimpleNamespace(grad_accum=float(m), vpp=float(v))
+        assert float(first_chunk_in_flight(k, float(p))) == torch_peak(p, v, m, 0, stage=0), \
+            (p, v, m)
+        checked += 1
+    assert checked > 30
 
 
 @pytest.mark.skipif(not _installed("megatron.core"), reason="megatron-core is not installed")

@@ -36,7 +36,7 @@ def py_knobs(*, mb=2, ga=3, dp=4, tp=1, pp=1, ep=1, zero=0, remat=(1.0, 0.0, 0.0
     f = float
     return Knobs(micro_batch=f(mb), grad_accum=f(ga), dp=f(dp), tp=f(tp), pp=f(pp), ep=f(ep),
                  zero=tuple(z), remat=tuple(map(f, remat)), sp=f(sp), offload=f(offload),
-                 flash=f(flash), cp=f(cp))
+                 flash=f(flash), cp=f(cp), vpp=f(1))
 
 
 def est(cfg: Config, sc) -> dict:
@@ -544,7 +544,7 @@ def knobs(draw, relaxed=False):
                  remat=jnp.asarray(weights(3), jnp.float32),
                  sp=jnp.float32(frac()), offload=jnp.float32(frac()),
                  flash=jnp.float32(frac()),
-                 cp=jnp.float32(num(draw(st.sampled_from([1, 2, 4])))))
+                 cp=jnp.float32(num(draw(st.sampled_from([1, 2, 4])))), vpp=jnp.float32(1.0))
 
 
 SCENARIOS = {
@@ -614,7 +614,8 @@ def test_zero3_fetch_cost_is_smooth_in_the_relaxed_knobs():
               tp=jnp.float32(1.4), pp=jnp.float32(1.0), ep=jnp.float32(1.0),
               zero=jnp.asarray([0.1, 0.1, 0.1, 0.7], jnp.float32),
               remat=jnp.asarray([0.2, 0.3, 0.5], jnp.float32), sp=jnp.float32(0.0),
-              offload=jnp.float32(0.0), flash=jnp.float32(0.0), cp=jnp.float32(1.0))
+              offload=jnp.float32(0.0), flash=jnp.float32(0.0), cp=jnp.float32(1.0),
+              vpp=jnp.float32(1.0))
     g = jax.grad(lambda kk: estimate_numbers(kk, n).time["comm_zero_s"])(k)
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(g))
     assert float(g.grad_accum) > 0.0 and float(g.zero[3]) > 0.0
@@ -717,7 +718,8 @@ def test_accumulation_and_launch_are_smooth_at_relaxed_points():
               tp=jnp.float32(1.0), pp=jnp.float32(1.0), ep=jnp.float32(1.0),
               zero=jnp.asarray([1.0, 0.0, 0.0, 0.0], jnp.float32),
               remat=jnp.asarray([0.6, 0.2, 0.2], jnp.float32), sp=jnp.float32(0.0),
-              offload=jnp.float32(0.0), flash=jnp.float32(0.7), cp=jnp.float32(1.0))
+              offload=jnp.float32(0.0), flash=jnp.float32(0.7), cp=jnp.float32(1.0),
+              vpp=jnp.float32(1.0))
     for key in ("grad_accum_s", "launch_s", "step_s"):
         g = jax.grad(lambda kk: estimate_numbers(kk, n).time[key])(k)
         assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(g)), key

@@ -48,7 +48,7 @@ class Knobs:
     offload: jax.Array
     flash: jax.Array
     cp: jax.Array
-    vpp: jax.Array = 1.0
+    vpp: jax.Array
 
     def replace(self, **changes) -> "Knobs":
         return dataclasses.replace(self, **changes)

@@ -207,8 +207,13 @@ def _by_phase(values: dict):
     return jnp.stack(jnp.broadcast_arrays(*(values[p] for p in PHASES)))
 
 
-def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, first_stage):
+def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, first_stage,
+                 edge_in_flight=None):
     """Memory of one device holding ``layers`` blocks plus ``extra_params``.
+
+    ``in_flight`` micro-batches of the blocks' activations are held; the first stage's input
+    edge for ``edge_in_flight`` of them (its first chunk's count, `first_chunk_in_flight`;
+    by default ``in_flight``).
 
     ``first_stage`` (the stage whose input edge is held for every micro-batch in flight and
     whose embedding gradient is accumulated) is a bool, or an array of them when the stage
@@ -312,7 +317,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     rep_div = shard(k.sp, k.tp)
     # the stage's input edge, kept for every micro-batch in flight on the first stage
     edge = tokens * (stream_bytes(n) + n["hidden_dropout"]) * n["h"] * rep_div
-    edge_bytes = edge * (first * in_flight + (1.0 - first))
+    edge_mb = in_flight if edge_in_flight is None else edge_in_flight
+    edge_bytes = edge * (first * edge_mb + (1.0 - first))
     stored = layers * per_block * in_flight
     # the block under backward is its own micro-batch's: what it adds on top of the stored
     # Recomputing a fraction of the blocks recomputes the first ones (Megatron's "block"
@@ -554,6 +560,15 @@ def pipeline_in_flight(k: Knobs, p, rank):
     return jnp.where(v > 1.0, chunks / v, plain)
 
 
+def first_chunk_in_flight(k: Knobs, p):
+    """Micro-batches whose input edge (the embedding's output) rank 0 holds: those in flight
+    through its first chunk, ``min(p, m)`` under 1F1B and ``min(2 p, m)`` interleaved (torch
+    v2.13 ``ScheduleInterleaved1F1B``: its first chunk runs a second round of p forwards
+    before the first of them comes back; counted in tests/test_pipeline_schedules.py)."""
+    m = k.grad_accum
+    return jnp.where(k.vpp > 1.0, jnp.minimum(2.0 * p, m), jnp.minimum(p, m))
+
+
 def end_stage_args(k: Knobs, n) -> tuple[dict, dict]:
     """The `stage_memory` arguments of the first pipeline stage (embedding; the micro-batches
     `pipeline_in_flight` counts for rank 0) and of the last (head and loss: one micro-batch
@@ -562,9 +577,11 @@ def end_stage_args(k: Knobs, n) -> tuple[dict, dict]:
     single = 1.0 - multi
     first = {"extra_params": first_extra + single * last_extra,
              "in_flight": pipeline_in_flight(k, k.pp, 0.0),
+             "edge_in_flight": first_chunk_in_flight(k, k.pp),
              "logits_mb": single, "first_stage": True}
     last = {"extra_params": last_extra + single * first_extra,
             "in_flight": pipeline_in_flight(k, k.pp, k.pp - 1.0),
+            "edge_in_flight": first_chunk_in_flight(k, k.pp),
             "logits_mb": 1.0, "first_stage": single > 0.5}
     return first, last
 

@@ -28,7 +28,7 @@ import numpy as np
 from ._inputs import Knobs, runtime_knobs, runtime_numbers
 from .model import Estimate, estimate_numbers
 from .flops import compute_times, step_tokens
-from .memory import pipeline_in_flight, stage_memory, stage_params
+from .memory import first_chunk_in_flight, pipeline_in_flight, stage_memory, stage_params
 from .time import memory_bound_times, stage_extras, stage_time
 
 
@@ -79,13 +79,15 @@ def stage_terms(k: Knobs, n: dict, layers, recompute) -> dict:
     last = (i == p - 1).astype(jnp.float32)
     remat = stage_remat(k, layers, recompute)
     in_flight = pipeline_in_flight(k, float(p), i.astype(jnp.float32))
+    edge_in_flight = first_chunk_in_flight(k, float(p))
 
     def one(L, w, inf, lg, is_first, is_last):
         ki = k.replace(remat=w)
         c = compute_times(ki, n)
         mb = memory_bound_times(ki, n)
         extras = stage_extras(n, c, mb, first_p, last_p, is_first, is_last)
-        kw = dict(layers=L, extra_params=extras["extra_params"], in_flight=inf, logits_mb=lg)
+        kw = dict(layers=L, extra_params=extras["extra_params"], in_flight=inf, logits_mb=lg,
+                  edge_in_flight=edge_in_flight)
         mem = stage_memory(ki, n, first_stage=is_first > 0.5, **kw)
         t = stage_time(ki, n, layers=L, c=c, mb=mb, **extras)
         return mem, t["total"]

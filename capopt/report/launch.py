@@ -310,7 +310,11 @@ def _megatron_args(c: Config, sc: Scenario) -> list[str]:
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
     if c.vpp > 1:
         # arguments.py's validate_args makes it virtual_pipeline_model_parallel_size; the
-        # blocks split evenly over pp x vpp chunks (the megatron runtime's rule)
+        # blocks split evenly over pp x vpp chunks (the megatron runtime's rule; Megatron-Core's
+        # get_num_layers_to_build asserts it)
+        if sc.model.num_hidden_layers % (c.pp * c.vpp):
+            raise _Unexpressible("config.vpp", c.vpp, f"{sc.model.num_hidden_layers} layers do "
+                                 f"not split evenly into pp x vpp = {c.pp * c.vpp} stages")
         args.append(f"--num-virtual-stages-per-pipeline-rank {c.vpp}")
     if c.ep > 1:
         args.append(f"--expert-model-parallel-size {c.ep}")
@@ -332,9 +336,15 @@ def _megatron_args(c: Config, sc: Scenario) -> list[str]:
         args += ["--recompute-granularity full", "--recompute-method uniform",
                  "--recompute-num-layers 1"]
     elif kind == "blocks":
-        # block: the first k blocks of each stage recomputed, the rest kept
+        # block: the first k blocks of each stage recomputed, the rest kept; Megatron-Core
+        # counts them per model chunk (each chunk its own TransformerBlock), so interleaved
+        # the rank's k blocks are k / vpp in each of its vpp chunks
+        if k % c.vpp:
+            raise _Unexpressible("config.remat", c.remat, f"{k} recomputed blocks of a stage "
+                                 f"do not split evenly over its {c.vpp} model chunks "
+                                 "(--recompute-num-layers counts per chunk)")
         args += ["--recompute-granularity full", "--recompute-method block",
-                 f"--recompute-num-layers {k}"]
+                 f"--recompute-num-layers {k // c.vpp}"]
     prec = {"bf16-mixed": ["--bf16"], "fp16-mixed": ["--fp16"], "fp32": [],
             "fp8-mixed": ["--bf16", "--fp8-format hybrid"]}     # fp8 GEMMs, bf16 elsewhere
     args += prec[w.precision]

@@ -78,6 +78,12 @@ def no_layout_reason(sc: Scenario) -> str | None:
         if any(space.micro_batches(dp, cp, pp, vpp) for cp, vpp in space.outer((dp, tp, pp))):
             return None
         b = sc.workload.global_batch
+        vpps = space.virtual_degrees(pp)
+        if vpps and 1 not in vpps and any(space.micro_batches(dp, cp)
+                                          for cp in space.context_degrees(dp)):
+            why.append(f"dp {dp} (tp {tp}, pp {pp}): vpp {vpps} needs micro-batches a step in "
+                       f"a multiple of pp {pp}, which no micro_batch the scenario allows gives")
+            continue
         why.append(f"dp {dp} (tp {tp}, pp {pp}): " + (
             f"global_batch {b} is not divisible by dp {dp}" if b % dp else
             "no micro_batch x grad_accum the scenario allows makes the per-replica batch "

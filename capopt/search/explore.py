@@ -73,6 +73,8 @@ def held_config(sc: Scenario, base, knob: str, value):
         d["micro_batch"] = max(batch // (replicas * d["grad_accum"]), 1)
     else:
         d["grad_accum"] = max(batch // (replicas * d["micro_batch"]), 1)
+    # rules on the rebalanced batch (interleaving needs micro-batches a multiple of pp)
+    d = mend(d, sc2, keep=knob)
     changed = [k for k in d if k != knob and d[k] != old[k]
                and k not in ("dp", "tp", "grad_accum", "micro_batch")]
     try:

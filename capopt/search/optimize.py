@@ -182,7 +182,8 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
     out += here([mb], [ep], [z], [bool(s)], [r], [bool(o)], None)
     for other in space.context_degrees(dp):
         if other != cp:
-            out += space.rows_for((dp, tp, pp), _nearest(space.micro_batches(dp, other),
+            out += space.rows_for((dp, tp, pp), _nearest(space.micro_batches(dp, other, pp,
+                                                                             vpp),
                                                          mb * other / cp, 1.0),
                                   [ep], None, [bool(s)], [r], [bool(o)], [bool(f)],
                                   cps=[other], vpps=[vpp])
