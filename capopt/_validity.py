@@ -109,15 +109,19 @@ RULES: tuple[Rule, ...] = (
                           f"{sc.runtime.name} runtime (--runtime torchtitan, pytorch-eager or "
                           "megatron runs them)",
           lambda d: 1),
-    # interleaved, every runtime splits the blocks evenly over pp x vpp chunks (capopt prices
-    # no uneven interleaved split: Megatron-Core's get_num_layers_to_build asserts an even
-    # one, torchtitan's layers_per_stage makes one)
+    # Megatron-Core's get_num_layers_to_build asserts an even split over pp x vpp chunks;
+    # torchtitan's splitter (9dec370) splits unevenly, as its 405B run on 126 blocks did
     _rule("config.vpp", "vpp pp",
-          lambda c, sc: (c["vpp"] > 1)
-          & (sc.model.num_hidden_layers % (c["pp"] * c["vpp"]) != 0),
+          lambda c, sc: (c["vpp"] > 1) & (
+              ((sc.model.num_hidden_layers % (c["pp"] * c["vpp"]) != 0)
+               & (sc.runtime.coeff("uneven_stages") == 0))
+              | (c["pp"] * c["vpp"] > sc.model.num_hidden_layers)),
           lambda cfg, sc: (f"pp x vpp = {cfg.pp}*{cfg.vpp} must divide num_hidden_layers "
-                           f"{sc.model.num_hidden_layers} (interleaved stages split the blocks "
-                           "evenly)"),
+                           f"{sc.model.num_hidden_layers} (the {sc.runtime.name} runtime "
+                           "splits blocks evenly over the virtual stages)"
+                           if sc.runtime.coeff("uneven_stages") == 0 else
+                           f"pp x vpp = {cfg.pp}*{cfg.vpp} must not exceed num_hidden_layers "
+                           f"{sc.model.num_hidden_layers}"),
           lambda d: 1),
     # Megatron-Core's interleaved schedule runs micro-batches in groups of pp (its
     # microbatch_group_size_per_vp_stage defaults to pp) and refuses a remainder below pp;
