@@ -207,13 +207,12 @@ def _by_phase(values: dict):
     return jnp.stack(jnp.broadcast_arrays(*(values[p] for p in PHASES)))
 
 
-def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, first_stage,
-                 edge_in_flight=None):
+def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight, logits_mb,
+                 first_stage):
     """Memory of one device holding ``layers`` blocks plus ``extra_params``.
 
     ``in_flight`` micro-batches of the blocks' activations are held; the first stage's input
-    edge for ``edge_in_flight`` of them (its first chunk's count, `first_chunk_in_flight`;
-    by default ``in_flight``).
+    edge for ``edge_in_flight`` of them (its first chunk's count, `first_chunk_in_flight`).
 
     ``first_stage`` (the stage whose input edge is held for every micro-batch in flight and
     whose embedding gradient is accumulated) is a bool, or an array of them when the stage
@@ -317,8 +316,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, logits_mb, fir
     rep_div = shard(k.sp, k.tp)
     # the stage's input edge, kept for every micro-batch in flight on the first stage
     edge = tokens * (stream_bytes(n) + n["hidden_dropout"]) * n["h"] * rep_div
-    edge_mb = in_flight if edge_in_flight is None else edge_in_flight
-    edge_bytes = edge * (first * edge_mb + (1.0 - first))
+    edge_bytes = edge * (first * edge_in_flight + (1.0 - first))
     stored = layers * per_block * in_flight
     # the block under backward is its own micro-batch's: what it adds on top of the stored
     # Recomputing a fraction of the blocks recomputes the first ones (Megatron's "block"

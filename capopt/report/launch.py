@@ -119,6 +119,16 @@ def _stage_layers(c: Config, sc: Scenario) -> int:
     return layers // c.pp
 
 
+def _chunk_layers(c: Config, sc: Scenario, whose: str) -> int:
+    """Blocks in each of the pp x vpp interleaved chunks; refused where they do not split
+    evenly (``whose``: the framework setting that needs it)."""
+    layers = sc.model.num_hidden_layers
+    if layers % (c.pp * c.vpp):
+        raise _Unexpressible("config.vpp", c.vpp, f"{layers} layers do not split evenly into "
+                             f"pp x vpp = {c.pp * c.vpp} stages ({whose})")
+    return layers // (c.pp * c.vpp)
+
+
 def _remat(c: Config, sc: Scenario) -> tuple[str, int]:
     """("none" | "selective" | "full", 0) or ("blocks", k): k of a stage's blocks fully
     recomputed, ``round(fraction x layers / pp)`` as `capopt._specs.remat_weights` counts them."""
@@ -310,11 +320,8 @@ def _megatron_args(c: Config, sc: Scenario) -> list[str]:
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
     if c.vpp > 1:
         # arguments.py's validate_args makes it virtual_pipeline_model_parallel_size; the
-        # blocks split evenly over pp x vpp chunks (the megatron runtime's rule; Megatron-Core's
-        # get_num_layers_to_build asserts it)
-        if sc.model.num_hidden_layers % (c.pp * c.vpp):
-            raise _Unexpressible("config.vpp", c.vpp, f"{sc.model.num_hidden_layers} layers do "
-                                 f"not split evenly into pp x vpp = {c.pp * c.vpp} stages")
+        # blocks split evenly over pp x vpp chunks (the megatron runtime's rule)
+        _chunk_layers(c, sc, "Megatron-Core's get_num_layers_to_build asserts it")
         args.append(f"--num-virtual-stages-per-pipeline-rank {c.vpp}")
     if c.ep > 1:
         args.append(f"--expert-model-parallel-size {c.ep}")
@@ -446,13 +453,9 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
         # torchtitan 0.2.2 (distributed/pipeline_parallel.py): ceil((L + first_less +
         # last_less) / layers_per_stage) virtual stages, a multiple of pp; with the end
         # stages' allowances at 0, L / (pp x vpp) blocks a stage gives pp x vpp of them
-        L = sc.model.num_hidden_layers
-        if L % (c.pp * c.vpp):
-            raise _Unexpressible("config.vpp", c.vpp, f"{L} layers do not split evenly into "
-                                 f"pp x vpp = {c.pp * c.vpp} stages (torchtitan's "
-                                 "pipeline_parallel_layers_per_stage)")
+        per_chunk = _chunk_layers(c, sc, "torchtitan's pipeline_parallel_layers_per_stage")
         parallelism.update({"pipeline_parallel_schedule": "Interleaved1F1B",
-                            "pipeline_parallel_layers_per_stage": L // (c.pp * c.vpp),
+                            "pipeline_parallel_layers_per_stage": per_chunk,
                             "pipeline_parallel_first_stage_less_layers": 0,
                             "pipeline_parallel_last_stage_less_layers": 0})
     training = {

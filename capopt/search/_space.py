@@ -210,8 +210,7 @@ class Space:
     def virtual_degrees(self, pp: int) -> list[int]:
         """Virtual pipeline stages a rank next to ``pp``: the scenario's (or `AUTO_VPP`),
         that the runtime and the model's blocks allow (`capopt._validity`)."""
-        cand = [v for v in (self._vpp if self._vpp is not None else AUTO_VPP)]
-        return self._keep(cand, "vpp", pp=pp)
+        return self._keep(list(self._vpp if self._vpp is not None else AUTO_VPP), "vpp", pp=pp)
 
     def context_degrees(self, dp: int) -> list[int]:
         """Context-parallel degrees next to ``dp``: the scenario's, that divide dp and that

@@ -136,7 +136,7 @@ def discretise(space: Space, cont: dict[str, np.ndarray]) -> list[tuple]:
             flashes = _bool_candidates(space.flashes, cont["flash"][i])
             # every allowed context-parallel degree, each at the micro-batch that keeps a
             # rank's tokens (micro_batch / cp) where the relaxed point put them; every
-            # allowed number of virtual stages (the relaxation holds it at 1)
+            # allowed number of virtual stages (the relaxation holds the fewest allowed)
             for cp, vpp in space.outer(fact):
                 mbs = _nearest(space.micro_batches(dp, cp, pp, vpp),
                                cont["micro_batch"][i] * cp / cont["cp"][i], 1.0)
