@@ -254,6 +254,16 @@ SCHEMA: dict[str, Coeff] = {
                                 "keeps for its backward beside the experts' own: the "
                                 "dispatched inputs, the gathered outputs"),
     "base_bytes_8bit": _c(1, "bytes per weight of an 8-bit frozen base"),
+    "lora_dequant": _c(0, "1: a 4-bit (NF4) frozen base weight is dequantised to the compute "
+                          "dtype by kernels of its own before the matmul that reads it, once "
+                          "per forward pass (again when the block is recomputed): memory-bound "
+                          "time reading the codes and writing the weight"),
+    "lora_dequant_in_backward": _c(0, "1: the backward pass dequantises the 4-bit base again "
+                                      "for the input gradient; 0: it reads the forward pass's "
+                                      "dequantised copy (recomputed with the block's other "
+                                      "non-matmul values under a policy that saves matmul "
+                                      "outputs only)"),
+    "lora_dequant_kernels": _c(0, "kernels per dequantisation of one wrapped 4-bit matrix"),
     # --- time: kernels ---
     "gemm_eff_max": _c(0.8, "large GEMMs' share of the dtype's dense peak"),
     "gemm_half_scale": _c(1, "GEMM half-efficiency dimension, in roofline ridge points"),
@@ -305,7 +315,7 @@ SCHEMA: dict[str, Coeff] = {
 SHARES = frozenset({"expandable_segments", "zero3_regather_for_remat", "selective_saves_dots",
                     "selective_saves_ops", "fsdp_gathers_compute_dtype", "fsdp_mixed_precision",
                     "zero2_per_group", "zero_pp_nosync", "uneven_stages", "context_parallel",
-                    "interleaved_pipeline",
+                    "interleaved_pipeline", "lora_dequant", "lora_dequant_in_backward",
                     "overlap_dp_buckets",
                     "overlap_param_gather", "overlap_tp_fwd_needs_sp", "autocast_casts",
                     "autocast_weight_cache", "weight_copy_fraction"})

@@ -28,6 +28,7 @@ STEP_TERMS = ("compute_s", "memory_bound_s", *(f"comm_{k}_s" for k in COMM_KINDS
 TIME_LABELS = (("compute_s", "compute (matmuls, attention)", 0),
                ("memory_bound_s", "memory-bound ops", 0),
                ("grad_accum_s", "of which gradient accumulation", 1),
+               ("dequant_s", "of which 4-bit weight dequantisation", 1),
                ("comm_exposed_s", "communication, exposed", 0),
                *((f"comm_{k}_s", label, 1) for k, label in COMM_LABELS),
                ("bubble_s", "pipeline bubble", 0),

@@ -21,7 +21,8 @@ from capopt.cost import comm
 from capopt.cost.memory import gathered_param_bytes
 from capopt.cost.flops import (block_flops, hardware_flops, matmul_efficiency, model_flops,
                                recompute_flops)
-from conftest import END_STAGE_CONFIGS, RELAXED_KNOBS, gpt_like, llama_like, make_scenario
+from conftest import (END_STAGE_CONFIGS, RELAXED_KNOBS, TEST_GPU, gpt_like, llama_like,
+                      make_scenario)
 
 # The cost model runs in float32: relative agreement to 1e-5 is float32 round-off over a few
 # dozen operations, not modelling slack. FLOP counts on Python floats are exact integers.
@@ -157,6 +158,76 @@ def test_lora_base_gets_input_gradients_only():
     # forward + input gradients for the frozen base; adapters also get weight gradients
     per_tok = L * (2 * w + 3 * a + 3 * lo) + 2 * (2 * h * V)
     assert model_flops(k, n) == s * per_tok
+
+
+# ---------------------------------------------------------------------------------------------
+# QLoRA: the 4-bit base is dequantised before its matmuls
+# ---------------------------------------------------------------------------------------------
+def _qlora_pair(runtime, cfg, *, base_bits=4, tp_kv=False):
+    """(4-bit, 16-bit base) estimates of one config, and the 4-bit scenario's numbers."""
+    m = llama_like(layers=4, hidden=256, heads=8, kv=2 if tp_kv else 8,
+                   intermediate_size=704, vocab=1000)
+    out = []
+    for bits in (base_bits, 16):
+        lora = LoRA(rank=8, targets=("attn", "mlp"), base_bits=bits)
+        sc = make_scenario(m, runtime=runtime, count=cfg.dp * cfg.tp, seq_len=512,
+                           global_batch=cfg.micro_batch * cfg.grad_accum * cfg.dp, lora=lora)
+        out.append((est(cfg, sc), scenario_numbers(sc)))
+    return out
+
+
+@pytest.mark.parametrize("runtime, remat, passes, kernels", [
+    # bitsandbytes: dequantize_4bit before the forward's and again before the backward's
+    # matmul, and in a recomputed forward; double quantisation takes three kernels
+    ("pytorch", "none", 2, 3), ("pytorch", "full", 3, 3), ("pytorch", "selective", 2, 3),
+    # XLA: one dequantising fusion in the forward pass, its output kept for the backward's
+    # GEMMs; recomputed with the block (full) or with its non-matmul values (dots saveable)
+    ("xla-gpu", "none", 1, 1), ("xla-gpu", "full", 2, 1), ("xla-gpu", "selective", 2, 1)])
+def test_a_4bit_base_adds_its_dequantisation_traffic_and_nothing_else(runtime, remat, passes,
+                                                                       kernels):
+    cfg = Config(micro_batch=2, grad_accum=3, remat=remat)
+    (q, n), (b16, _) = _qlora_pair(runtime, cfg)
+    h, f, kv, L = 256, 704, 256, 4
+    wrapped = h * (h + 2 * kv) + h * h + 3 * h * f          # q k v, o, gate up down
+    prof = get_profile(runtime)
+    rate = TEST_GPU.mem_bw * prof.coeff("mem_eff")
+    # a pass reads the codes and their scales and writes the weight in the compute dtype
+    per_pass = wrapped * (n["base_bytes"] + 2.0)
+    want = cfg.grad_accum * L * passes * per_pass / rate
+    tq, t16 = q["time"], b16["time"]
+    assert tq["dequant_s"] == pytest.approx(want, rel=F32)
+    assert t16["dequant_s"] == 0.0
+    # memory-bound time grows by the traffic and the kernels' exposed launches, nothing else
+    # (a difference of two float32 sums: their rounding, ~1e-7 of each, is up to ~30x the
+    # difference's size here, hence 1e-4 of it rather than F32)
+    launches = tq["launch_s"] - t16["launch_s"]
+    assert tq["memory_bound_s"] - t16["memory_bound_s"] == pytest.approx(
+        want + launches, rel=1e-4)
+    assert 0.0 <= launches <= cfg.grad_accum * L * passes * 7 * kernels * max(
+        prof.coeff("kernel_gap_s"), prof.coeff("kernel_launch_s")) * (1 + 1e-4)
+    for key in ("compute_s", "optimizer_s", "bubble_s", "comm_exposed_s", "grad_accum_s"):
+        assert tq[key] == pytest.approx(t16[key], rel=F32), key
+    assert tq["step_s"] > t16["step_s"]
+
+
+def test_an_8bit_base_and_a_runtime_without_the_rule_add_no_dequantisation():
+    cfg = Config(micro_batch=2, grad_accum=1, remat="full")
+    (q8, _), _ = _qlora_pair("pytorch", cfg, base_bits=8)
+    assert q8["time"]["dequant_s"] == 0.0        # LLM.int8's matmuls: not modelled here
+    (qc, _), (b16c, _) = _qlora_pair("xla-cpu", cfg)
+    assert qc["time"]["dequant_s"] == 0.0
+    assert qc["time"]["memory_bound_s"] == pytest.approx(b16c["time"]["memory_bound_s"], rel=F32)
+
+
+def test_dequantisation_splits_over_tensor_parallelism_but_not_replicated_kv():
+    # tp 4 over 2 KV heads: k and v stay whole on every rank, the rest splits by 4
+    cfg = Config(micro_batch=2, grad_accum=1, dp=1, tp=4)
+    (q, n), _ = _qlora_pair("pytorch", cfg, tp_kv=True)
+    h, f, kv, L = 256, 704, 64, 4
+    per_rank = h * h / 4 + 2 * h * kv + h * h / 4 + 3 * h * f / 4
+    rate = TEST_GPU.mem_bw * get_profile("pytorch").coeff("mem_eff")
+    want = L * 2 * per_rank * (n["base_bytes"] + 2.0) / rate
+    assert q["time"]["dequant_s"] == pytest.approx(want, rel=F32)
 
 
 def test_vit_patch_embedding_and_classifier():
@@ -297,7 +368,8 @@ def test_shared_overlap_has_finite_gradients_where_nothing_communicates():
 # ---------------------------------------------------------------------------------------------
 TIME_KEYS = {"compute_s", "memory_bound_s", "comm_dp_s", "comm_zero_s", "comm_tp_s",
              "comm_pp_s", "comm_moe_s", "comm_cp_s", "comm_exposed_s", "comm_hidden_s", "bubble_s",
-             "optimizer_s", "offload_s", "input_s", "step_s", "grad_accum_s", "launch_s"}
+             "optimizer_s", "offload_s", "input_s", "step_s", "grad_accum_s", "launch_s",
+             "dequant_s"}
 THROUGHPUT_KEYS = {"tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu", "hfu",
                    "model_flops", "hardware_flops", "tflops_per_device", "time_to_train_s",
                    "cost_per_million_tokens", "gemm_tflops", "gemm_peak_share",

@@ -14,7 +14,9 @@ and the step cannot be shorter than the input pipeline needs to deliver its samp
 - Compute: every matmul at the shape-dependent efficiency of `flops.matmul_efficiency`
   (`flops.compute_times`); recomputation adds forward passes.
 - Memory-bound ops (norms, residual adds, dropout, activations, softmax, rotary embedding, the
-  loss on the logits, embedding lookups) move bytes at ``mem_bw x mem_eff``.
+  loss on the logits, embedding lookups) move bytes at ``mem_bw x mem_eff``, and so does
+  QLoRA's dequantisation of each 4-bit base matrix to the compute dtype (reading its codes and
+  scales, writing the weight), once or twice a pass as the runtime does it (`dequant_passes`).
 - Gradient accumulation (``grad_accum_s``, part of ``memory_bound_s``): with ``m > 1``
   micro-batches every micro-batch's gradients are added into an accumulator (``m`` adds when
   the loop starts from a zeroed buffer, as a `jax.lax.scan` does; ``m - 1`` when the first
@@ -63,8 +65,8 @@ from ._inputs import Knobs, rank_sequences
 from .activations import mlp_width
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import (expert_layer_params, gathered_param_bytes, lora_per_device, loss_copies,
-                     pp_nosync, shard, stage_blocks, stage_params, step_at_least, zero_shard,
-                     zero_shares)
+                     pp_nosync, shard, stage_blocks, stage_params, step_at_least, tp_replication,
+                     zero_shard, zero_shares)
 
 # The kinds of communication priced (their names and the step's terms, `STEP_TERMS`, are in
 # `capopt._terms`): exposed communication by kind adds up to the step; hidden communication,
@@ -120,7 +122,31 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     final_norm = tf * 2.0 * tokens * h * rep * ab * passes
     last = (logits + final_norm) / rate
     first = n["embed_vocab"] * 2.0 * tokens * h * ab * passes / rate   # lookup and its gradient
-    return {"layer": layer, "first": first, "last": last}
+    dequant = dequant_elems(k, n) * dequant_passes(k, n) * (n["base_bytes"] + n["frozen_bytes"])
+    return {"layer": layer + dequant / rate, "first": first, "last": last,
+            "dequant": dequant / rate}
+
+
+def dequant_passes(k: Knobs, n: dict):
+    """Dequantisations of each 4-bit base matrix per micro-batch (0 without one).
+
+    ``lora_dequant``: the forward pass dequantises every wrapped matrix to the compute dtype
+    before its matmul, and a recomputed block does again; ``lora_dequant_in_backward``: the
+    backward pass dequantises it once more for the input gradient (bitsandbytes), or reads the
+    forward pass's copy (XLA), which a policy that saves only matmul outputs
+    (``selective_saves_dots``) recomputes with the block's other non-matmul values.
+    """
+    w_sel, w_full = k.remat[1], k.remat[2]
+    bwd = n["rt_lora_dequant_in_backward"]
+    per_pass = (1.0 + w_full + bwd + (1.0 - bwd) * w_sel * n["rt_selective_saves_dots"])
+    return n["lora"] * n["base_nf4"] * n["rt_lora_dequant"] * per_pass
+
+
+def dequant_elems(k: Knobs, n: dict):
+    """Elements of one block's 4-bit base matrices on one device (split over tp, k/v whole on
+    every rank where tp exceeds the KV heads)."""
+    kv_rep, _ = tp_replication(k, n)
+    return lora_per_device(n, k.tp)[1] + n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,8 +228,9 @@ def stage_kernels(k: Knobs, n: dict, layers):
     plus, with flash attention implemented blockwise (``attn_chunk_queries`` > 0),
     ``kernels_per_attn_chunk`` per query chunk; full recomputation repeats the forward share
     (``1 / (1 + ew_bwd_factor)``); ``kernels_per_micro_batch`` for the embedding, head and loss;
-    and under gradient accumulation ``accum_kernels_per_layer`` adds into the accumulator per
-    block.
+    under gradient accumulation ``accum_kernels_per_layer`` adds into the accumulator per
+    block, and under QLoRA ``lora_dequant_kernels`` per dequantisation of each 4-bit matrix
+    (`dequant_passes`).
     """
     chunk = n.get("rt_attn_chunk_queries", 0.0)
     chunks = jnp.where(chunk > 0.0, jnp.ceil(n["s"] / jnp.maximum(chunk, 1.0)), 0.0)
@@ -211,6 +238,7 @@ def stage_kernels(k: Knobs, n: dict, layers):
     block = (_coeff(n, "kernels_per_layer")
              + k.flash * (1.0 - n["mlp"]) * chunks * _coeff(n, "kernels_per_attn_chunk"))
     block = block * (1.0 + k.remat[2] * fwd_share)
+    block = block + dequant_passes(k, n) * n["lora_base_mats"] * n["rt_lora_dequant_kernels"]
     per_mb_adds = accum_adds(k, n) / jnp.maximum(k.grad_accum, 1.0)
     return (layers * (block + per_mb_adds * _coeff(n, "accum_kernels_per_layer"))
             + _coeff(n, "kernels_per_micro_batch"))
@@ -417,8 +445,9 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
 
     time: compute_s, memory_bound_s, comm_<kind>_s (exposed, kind in dp zero tp pp moe),
     comm_exposed_s, comm_hidden_s, bubble_s, optimizer_s, offload_s, input_s, step_s; and two
-    named parts of those: grad_accum_s (accumulation adds, in memory_bound_s) and launch_s
-    (exposed per-kernel overhead, in memory_bound_s and optimizer_s).
+    named parts of those: grad_accum_s (accumulation adds, in memory_bound_s), dequant_s
+    (QLoRA's dequantisation of its 4-bit matrices, in memory_bound_s; their launches are in
+    launch_s) and launch_s (exposed per-kernel overhead, in memory_bound_s and optimizer_s).
     throughput: tokens_per_s, tokens_per_s_per_device, samples_per_s, model_flops,
     hardware_flops, mfu, hfu, tflops_per_device (hardware FLOPs), time_to_train_s (0 without
     ``train_tokens``), cost_per_million_tokens (USD; 0 without a price).
@@ -541,9 +570,11 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
             "comm_exposed_s": comm_exposed, "comm_hidden_s": comm_hidden,
             "bubble_s": bubble_s, "optimizer_s": optimizer_s, "offload_s": offload_s,
             "input_s": input_s, "step_s": step_s,
-            # parts of the terms above, named: accumulation adds (in memory_bound_s) and the
-            # exposed per-kernel overhead (in memory_bound_s and optimizer_s)
-            "grad_accum_s": m * st["accum"], "launch_s": m * st["launch"] + opt_launch}
+            # parts of the terms above, named: accumulation adds and 4-bit dequantisation (in
+            # memory_bound_s), the exposed per-kernel overhead (in memory_bound_s and
+            # optimizer_s)
+            "grad_accum_s": m * st["accum"], "launch_s": m * st["launch"] + opt_launch,
+            "dequant_s": m * layers * mb["dequant"]}
 
     # --- throughput ---
     devices = k.dp * k.tp * k.pp
