@@ -366,6 +366,29 @@ def test_moe_expert_parallelism_divides_expert_weights():
     assert p1 - p8 == pytest.approx(saved, rel=F32_RTOL)
 
 
+@pytest.mark.parametrize("ep", [2, 4, 8])
+def test_qlora_on_experts_splits_their_base_and_adapters_over_ep(ep):
+    # every expert matrix is wrapped ("mlp"): a device holds E / ep experts' 4-bit bases and
+    # adapters, and the optimizer state of those adapters only (ZeRO 0: no dp split)
+    moe = llama_like(layers=2, hidden=256, heads=8, kv=8, intermediate_size=512, vocab=1000,
+                     num_local_experts=8, num_experts_per_tok=2)
+    sc = make_scenario(moe, count=8, global_batch=8, runtime="pytorch",
+                       lora=LoRA(rank=8, targets=("attn", "mlp"), base_bits=4))
+    n = scenario_numbers(sc)
+    m1 = estimate(Config(micro_batch=1, dp=8, ep=1), sc).memory
+    me = estimate(Config(micro_batch=1, dp=8, ep=ep), sc).memory
+    off = n["L"] * (1 - 1 / ep)
+    saved = off * (n["lora_base_expert"] * n["base_bytes"]
+                   + n["lora_expert"] * n["param_bytes"])
+    assert n["lora_base_expert"] > 0 and n["lora_expert"] > 0
+    assert float(m1["params_bytes"]) - float(me["params_bytes"]) == pytest.approx(
+        saved, rel=F32_RTOL)
+    assert float(me["params_bytes"]) > 0
+    state = off * n["lora_expert"] * (n["master_bytes"] + n["opt_bytes"])
+    assert float(m1["optimizer_bytes"]) - float(me["optimizer_bytes"]) == pytest.approx(
+        state, rel=F32_RTOL)
+
+
 def test_pipeline_first_stage_holds_in_flight_microbatches():
     sc = make_scenario(gpt_like(layers=8), count=4, global_batch=16)
     m = estimate(Config(micro_batch=1, grad_accum=16, pp=4, dp=1, tp=1), sc).memory

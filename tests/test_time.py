@@ -180,6 +180,9 @@ def _qlora_pair(runtime, cfg, *, base_bits=4, tp_kv=False):
     # bitsandbytes: dequantize_4bit before the forward's and again before the backward's
     # matmul, and in a recomputed forward; double quantisation takes three kernels
     ("pytorch", "none", 2, 3), ("pytorch", "full", 3, 3), ("pytorch", "selective", 2, 3),
+    # a selective policy that saves matmul outputs (pytorch-eager's) or torchtitan's per-op
+    # one replays the block's forward, the dequantisation with it
+    ("pytorch-eager", "selective", 3, 3), ("torchtitan", "selective", 3, 3),
     # XLA: one dequantising fusion in the forward pass, its output kept for the backward's
     # GEMMs; recomputed with the block (full) or with its non-matmul values (dots saveable)
     ("xla-gpu", "none", 1, 1), ("xla-gpu", "full", 2, 1), ("xla-gpu", "selective", 2, 1)])
@@ -228,6 +231,20 @@ def test_dequantisation_splits_over_tensor_parallelism_but_not_replicated_kv():
     rate = TEST_GPU.mem_bw * get_profile("pytorch").coeff("mem_eff")
     want = L * 2 * per_rank * (n["base_bytes"] + 2.0) / rate
     assert q["time"]["dequant_s"] == pytest.approx(want, rel=F32)
+
+
+def test_dequantisation_of_experts_splits_over_ep():
+    moe = llama_like(layers=2, hidden=256, heads=8, kv=8, intermediate_size=512, vocab=1000,
+                     num_local_experts=8, num_experts_per_tok=2)
+    sc = make_scenario(moe, runtime="pytorch", count=8, seq_len=256, global_batch=8,
+                       lora=LoRA(rank=8, targets=("attn", "mlp"), base_bits=4))
+    n = scenario_numbers(sc)
+    rate = TEST_GPU.mem_bw * get_profile("pytorch").coeff("mem_eff")
+    for ep in (1, 2, 8):
+        t = est(Config(micro_batch=1, dp=8, ep=ep), sc)["time"]
+        elems = n["lora_base_layer"] - (1 - 1 / ep) * n["lora_base_expert"]
+        want = n["L"] * 2 * elems * (n["base_bytes"] + n["frozen_bytes"]) / rate
+        assert t["dequant_s"] == pytest.approx(want, rel=F32)
 
 
 def test_vit_patch_embedding_and_classifier():

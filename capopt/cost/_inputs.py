@@ -293,13 +293,18 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
         # (replicated over tp: latent attention's q_a and kv_a, and their adapters)
         "lora_base_rep": per([t for t in base if t.tp == "rep"]),
         "lora_rep": per([t for t in adapters if t.tp == "rep"]),
+        # (of which in experts: split over ep with the experts)
+        "lora_expert": per([t for t in adapters if t.expert]),
+        "lora_base_expert": per([t for t in base if t.expert]),
         "base_bytes": {4: NF4_BYTES_PER_WEIGHT, 8: coeffs["base_bytes_8bit"],
                        16: float(prec["act_bytes"])}[lora.base_bits],
         # (a 4-bit base is dequantised before its matmuls: ``lora_dequant``; these wrapped
         # matrices a block, each of them one dequantisation a pass)
         "base_nf4": float(lora.base_bits == 4),
-        # (an expert-stacked base: one matrix an expert)
+        # (an expert-stacked base: one matrix an expert; ``lora_base_expert_mats`` of them,
+        # split over ep)
         "lora_base_mats": sum(t.count * (t.shape[0] if t.expert else 1) for t in base) / layers,
+        "lora_base_expert_mats": sum(t.count * t.shape[0] for t in base if t.expert) / layers,
         "base_scale_tp_bytes": eight * sum(cols(t) for t in base
                                            if t.tp not in ("row", "rep")) / layers,
         "base_scale_rep_bytes": eight * sum(cols(t) for t in base
@@ -441,7 +446,8 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                  lora_base_rep=0.0, lora_rep=0.0, lora_out_width_rep=0.0,
                  base_bytes=0.0, base_scale_tp_bytes=0.0, base_scale_rep_bytes=0.0,
                  frozen_bytes=0.0, lora_rank=0.0, lora_mlp=0.0, lora_out_width=0.0,
-                 base_nf4=0.0, lora_base_mats=0.0)
+                 base_nf4=0.0, lora_base_mats=0.0, lora_expert=0.0, lora_base_expert=0.0,
+                 lora_base_expert_mats=0.0)
 
     # --- workload, hardware, budget ---
     n.update(B=float(w.global_batch), N=float(sc.count), per_node=float(sc.per_node),

@@ -108,12 +108,15 @@ def loss_copies(n):
             keep * n["rt_logits_pad_copies"], keep * n["rt_logits_parallel_extra_copies"])
 
 
-def lora_per_device(n, tp):
-    """(adapters, wrapped base) elements of one block on one tensor-parallel rank: split over
-    tp, except those of replicated matrices (latent attention's q_a and kv_a), whole on every
-    rank as their bases are; k/v replication is the caller's (`tp_replication`)."""
-    return (split_over(n["lora_layer"], n["lora_rep"], tp),
-            split_over(n["lora_base_layer"], n["lora_base_rep"], tp))
+def lora_per_device(n, tp, ep):
+    """(adapters, wrapped base) elements of one block on one device: those of experts split
+    over ep (a device holds E / ep experts, their adapters with them), then all split over tp,
+    except those of replicated matrices (latent attention's q_a and kv_a), whole on every rank
+    as their bases are; k/v replication is the caller's (`tp_replication`)."""
+    off = 1.0 - 1.0 / ep
+    return (split_over(n["lora_layer"] - off * n["lora_expert"], n["lora_rep"], tp),
+            split_over(n["lora_base_layer"] - off * n["lora_base_expert"], n["lora_base_rep"],
+                       tp))
 
 
 def tp_replication(k: Knobs, n):
@@ -236,7 +239,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     expert_params = layers * expert_layer_params(k, n)
 
     lora = n["lora"]
-    lora_tp, base_tp = lora_per_device(n, k.tp)
+    lora_tp, base_tp = lora_per_device(n, k.tp, k.ep)
     kv_base = n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
     base_wrapped = (base_tp + kv_base) * layers
     base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"]) * layers

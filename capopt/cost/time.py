@@ -133,20 +133,25 @@ def dequant_passes(k: Knobs, n: dict):
     ``lora_dequant``: the forward pass dequantises every wrapped matrix to the compute dtype
     before its matmul, and a recomputed block does again; ``lora_dequant_in_backward``: the
     backward pass dequantises it once more for the input gradient (bitsandbytes), or reads the
-    forward pass's copy (XLA), which a policy that saves only matmul outputs
-    (``selective_saves_dots``) recomputes with the block's other non-matmul values.
+    forward pass's copy (XLA). A selective policy that saves only matmul outputs
+    (``selective_saves_dots``, ``selective_saves_ops``) recomputes the dequantisation with the
+    block's other non-matmul values: XLA's kept copy, PyTorch's replayed forward (the torch
+    tier's ``capopt::dequantize_nf4`` runs three times a matrix under it, as under full).
     """
     w_sel, w_full = k.remat[1], k.remat[2]
     bwd = n["rt_lora_dequant_in_backward"]
-    per_pass = (1.0 + w_full + bwd + (1.0 - bwd) * w_sel * n["rt_selective_saves_dots"])
+    # (a selective policy that saves matmul outputs, or torchtitan's per-op one, replays the
+    # block's forward and dequantises again; Korthikanti's recomputes the attention core only)
+    replays = jnp.minimum(n["rt_selective_saves_dots"] + n["rt_selective_saves_ops"], 1.0)
+    per_pass = 1.0 + w_full + bwd + w_sel * replays
     return n["lora"] * n["base_nf4"] * n["rt_lora_dequant"] * per_pass
 
 
 def dequant_elems(k: Knobs, n: dict):
-    """Elements of one block's 4-bit base matrices on one device (split over tp, k/v whole on
-    every rank where tp exceeds the KV heads)."""
+    """Elements of one block's 4-bit base matrices on one device (experts over ep, then split
+    over tp, k/v whole on every rank where tp exceeds the KV heads)."""
     kv_rep, _ = tp_replication(k, n)
-    return lora_per_device(n, k.tp)[1] + n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
+    return lora_per_device(n, k.tp, k.ep)[1] + n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,7 +221,7 @@ def stage_grad_elems(k: Knobs, n: dict, layers, extra_params):
     _, f_grad, _, _ = zero_shares(k, n)
     lora = n["lora"]
     dense = layers * per_layer + extra_params
-    trainable = lora * layers * lora_per_device(n, k.tp)[0] + (1.0 - lora) * dense
+    trainable = lora * layers * lora_per_device(n, k.tp, k.ep)[0] + (1.0 - lora) * dense
     expert = (1.0 - lora) * layers * expert_layer_params(k, n)
     return zero_shard(f_grad, trainable, expert, k)
 
@@ -238,7 +243,8 @@ def stage_kernels(k: Knobs, n: dict, layers):
     block = (_coeff(n, "kernels_per_layer")
              + k.flash * (1.0 - n["mlp"]) * chunks * _coeff(n, "kernels_per_attn_chunk"))
     block = block * (1.0 + k.remat[2] * fwd_share)
-    block = block + dequant_passes(k, n) * n["lora_base_mats"] * n["rt_lora_dequant_kernels"]
+    mats = n["lora_base_mats"] - (1.0 - 1.0 / k.ep) * n["lora_base_expert_mats"]
+    block = block + dequant_passes(k, n) * mats * n["rt_lora_dequant_kernels"]
     per_mb_adds = accum_adds(k, n) / jnp.maximum(k.grad_accum, 1.0)
     return (layers * (block + per_mb_adds * _coeff(n, "accum_kernels_per_layer"))
             + _coeff(n, "kernels_per_micro_batch"))
@@ -307,7 +313,7 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     #     backward, gradients reduce-scattered, for every micro-batch ---
     per_layer, _, _, _ = stage_params(k, n)
     lora = n["lora"]
-    lora_tp, base_tp = lora_per_device(n, tp)
+    lora_tp, base_tp = lora_per_device(n, tp, k.ep)
     w_layer = (lora * (base_tp * n["base_bytes"] + (per_layer - base_tp) * n["frozen_bytes"]
                        + lora_tp * n["param_bytes"])
                + (1.0 - lora) * per_layer * gathered_param_bytes(n))
