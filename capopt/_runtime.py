@@ -98,6 +98,28 @@ SCHEMA: dict[str, Coeff] = {
                           "peak the budget counts (it gives cached blocks back before "
                           "failing)"),
     "comm_bucket_bytes": _c(0, "data-parallel gradient buckets in flight, bytes"),
+    "update_flat_grad_copies": _c(0, "1: the optimizer step copies the device's gradient "
+                                     "share into one flat buffer and casts it to float32 for "
+                                     "the master weights (DeepSpeed's ZeRO and FP16 "
+                                     "optimizers)"),
+    "zero_fp32_partition": _c(0, "1: ZeRO-1/2/3 keep a float32 partition of the parameters "
+                                 "as master weights even when the parameters are float32 "
+                                 "(DeepSpeed's single_partition_of_fp32_groups)"),
+    "allreduce_bucket_elements": _c(0, "without ZeRO, the gradients are copied into flat "
+                                       "buckets of at most this many elements for their "
+                                       "all-reduce at the end of the backward pass (DeepSpeed's "
+                                       "allreduce_bucket_size; 0: no copy)"),
+    "zero_bucket_elements": _c(0, "a ZeRO gradient bucket of this many elements in the "
+                                  "gradient dtype (DeepSpeed's reduce_bucket_size): ZeRO-1/2 "
+                                  "allocate it at a backward pass's first gradient, ZeRO-2 "
+                                  "frees it at that pass's end, ZeRO-1 at the accumulation "
+                                  "boundary's; ZeRO-3 allocates it once and keeps it"),
+    "zero1_step_grad_partition": _c(0, "1: by the update ZeRO-1 holds only the device's "
+                                       "partition of the gradients (DeepSpeed: reduced into "
+                                       "grads_in_partition, every .grad cleared)"),
+    "zero3_sub_group_elements": _c(0, "ZeRO-3 steps the optimizer one sub-group of at most "
+                                      "this many elements at a time, its gradient copies with "
+                                      "it (DeepSpeed's sub_group_size; 0: all at once)"),
     # --- ZeRO-3 / FSDP ---
     "zero3_prefetch_layers": _c(2, "blocks gathered at once: the one in use and the prefetched"),
     "zero3_max_live_params": _c(1e15, "gathered parameters resident at most, elements "
@@ -316,6 +338,8 @@ SHARES = frozenset({"expandable_segments", "zero3_regather_for_remat", "selectiv
                     "selective_saves_ops", "fsdp_gathers_compute_dtype", "fsdp_mixed_precision",
                     "zero2_per_group", "zero_pp_nosync", "uneven_stages", "context_parallel",
                     "interleaved_pipeline", "lora_dequant", "lora_dequant_in_backward",
+                    "update_flat_grad_copies", "zero_fp32_partition",
+                    "zero1_step_grad_partition",
                     "overlap_dp_buckets",
                     "overlap_param_gather", "overlap_tp_fwd_needs_sp", "autocast_casts",
                     "autocast_weight_cache", "weight_copy_fraction"})

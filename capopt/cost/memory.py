@@ -264,7 +264,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     trainable_layer_expert = (1 - lora) * expert_layer_params(k, n)
 
     # --- optimizer state (+ fp32 master weights), maybe offloaded to the host ---
-    opt_per_param = n["master_bytes"] + n["opt_bytes"]
+    # (a runtime whose ZeRO optimizer keeps a float32 partition of the parameters even when
+    # they are float32 themselves, ``zero_fp32_partition``: DeepSpeed's)
+    zero_any = 1.0 - k.zero[..., 0]
+    master = jnp.maximum(n["master_bytes"], n["rt_zero_fp32_partition"] * zero_any * 4.0)
+    opt_per_param = master + n["opt_bytes"]
     opt_device = zero_shard(f_opt, trainable, trainable_expert, k) * opt_per_param
     optimizer_bytes = opt_device * (1.0 - k.offload)
 
@@ -414,6 +418,15 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     block_unsharded = (f_grad * n["rt_zero_unsharded_grad_copies"]
                        * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * ugb)
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
+    # (DeepSpeed's ZeRO gradient bucket, ``zero_bucket_elements`` in the gradient dtype,
+    # allocated at a backward pass's first gradient and freed by the reduction epilogue:
+    # ZeRO-2's after every backward pass, ZeRO-1's at the accumulation boundary only, so
+    # under accumulation it is live through the later micro-batches' forward passes too;
+    # ZeRO-3's allocated once, in every phase)
+    z_bucket = n["rt_zero_bucket_elements"] * gb
+    bwd_bucket = (k.zero[..., 1] + k.zero[..., 2]) * z_bucket
+    acc_bucket = k.zero[..., 1] * step_at_least(k.grad_accum, 2.0) * z_bucket
+    buckets = buckets + k.zero[..., 3] * z_bucket
     p2p = step_at_least(k.pp, 2.0) * 2.0 * tokens * n["h"] * n["act_bytes"] * rep_div
     comm_bytes = gathered + buckets + p2p + root_gathered
 
@@ -427,6 +440,31 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     kept_rebuild = keep_all * (head_grad + layers * stored_share * grad_layer)
     dp_bwd = root_grad + block_unsharded       # (FSDP groups' unsharded gradients)
     at_loss = n["rt_head_grad_at_loss"]
+    # An optimizer that copies the gradients it updates (``update_flat_grad_copies``,
+    # DeepSpeed's), bytes per element of the device's gradient share: without ZeRO
+    # (FP16_Optimizer) each 16-bit gradient cast to float32 and those flattened, 8; ZeRO-1/2
+    # first a float64 copy of the flat partition for its norm (8), then its float32 cast for
+    # the master weights' .grad (4, none in fp32); ZeRO-3 a flat copy of each sub-group in
+    # the gradient dtype and its float32 cast
+    # Without ZeRO, a runtime that all-reduces the gradients in flat buckets of at most
+    # ``allreduce_bucket_elements`` (DeepSpeed's engine, at the accumulation boundary) copies
+    # one bucket's worth beside them at the backward pass's end.
+    # (ZeRO-3 steps one sub-group of at most ``zero3_sub_group_elements`` at a time, where set)
+    mixed = jnp.clip(n["master_bytes"], 0.0, 1.0)
+    z0 = k.zero[..., 0]
+    grad_share = zero_shard(f_opt, trainable, trainable_expert, k)
+    sub = n["rt_zero3_sub_group_elements"]
+    capped = jnp.where(sub > 0, jnp.minimum(grad_share, sub), grad_share)
+    copied = grad_share + k.zero[..., 3] * (capped - grad_share)
+    step_grad_copies = jnp.maximum(
+        n["rt_update_flat_grad_copies"]
+        * (z0 * mixed * 8.0 + (k.zero[..., 1] + k.zero[..., 2]) * jnp.maximum(8.0, mixed * 4.0)
+           + k.zero[..., 3] * (gb + mixed * 4.0)) * copied,
+        z0 * jnp.minimum(grad_share, n["rt_allreduce_bucket_elements"]) * gb)
+    # (a runtime whose ZeRO-1 keeps only the device's partition of the gradients by the
+    # update, ``zero1_step_grad_partition``: the rest are reduced and freed at the boundary)
+    f_step = f_grad + k.zero[..., 1] * n["rt_zero1_step_grad_partition"]
+    grads_step = (zero_shard(f_step, trainable, trainable_expert, k) + embed_whole) * gb
     grads = {
         "loss": accum + jnp.maximum(embed_grad + at_loss * keep_all * head_grad, in_grad),
         "top": accum + jnp.maximum(embed_grad + keep_all * head_grad, in_grad) + grad_layer
@@ -437,7 +475,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                                                            * grad_layer))), in_grad) + dp_bwd,
         "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
                                       in_grad) + grad_layer + dp_bwd,
-        "update": accum + jnp.maximum(keep_all * (grads_all + embed_grad), pending) + flat,
+        "update": accum + jnp.maximum(keep_all * (grads_step + embed_grad), pending) + flat,
         "forward": accum + in_grad,
         "regather": accum + jnp.maximum(embed_grad, in_grad),
     }
@@ -460,8 +498,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                                        + root_gathered + root_grad
                                        + f_grad * n["rt_zero3_root_group"] * (1.0 - 1.0 / dp)
                                        * (1.0 - n["tied"]) * embed_full),
-            n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
-            * zero_shard(f_opt, trainable, trainable_expert, k)) + 0.0 * stored,
+            # (or the step's gradient copies, ``update_flat_grad_copies``: after the
+            # backward pass, before the update)
+            jnp.maximum(n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
+                        * zero_shard(f_opt, trainable, trainable_expert, k),
+                        step_grad_copies)) + 0.0 * stored,
         "forward": at_head,
         "regather": at_head,
     }
@@ -491,16 +532,17 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     z2_shards = (n["rt_zero2_keeps_shards"] * z2_kept * (1 - lora)
                  * zero_shard(1.0, dense_params, expert_params, k) * n["param_bytes"])
     comm = {
-        "loss": comm_bytes - fsdp * (gathered + regather * root_gathered) + z2_shards,
-        "top": comm_bytes + z2_shards,
-        "rebuild": gather_window + buckets + p2p + root_gathered + z2_shards,
-        "bottom": gather_window + buckets + p2p + root_gathered + z2_shards,
+        "loss": (comm_bytes - fsdp * (gathered + regather * root_gathered) + z2_shards
+                 + acc_bucket),
+        "top": comm_bytes + z2_shards + bwd_bucket,
+        "rebuild": gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
+        "bottom": gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
         "update": buckets + 0.0 * comm_bytes,
-        "forward": comm_bytes - fsdp * gathered + z2_shards,
+        "forward": comm_bytes - fsdp * gathered + z2_shards + acc_bucket,
         # (the collective's flat output is the whole group, world size x shard, a buffer of
         # its own; the parameters copied out of it are counted as the gathered root is in
         # every phase)
-        "regather": buckets + p2p + z2_shards + regather * fsdp * (
+        "regather": buckets + bwd_bucket + p2p + z2_shards + regather * fsdp * (
             root_gathered + f_param * extra_params * gather_param),
     }
     # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)

@@ -373,6 +373,41 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
     return cases
 
 
+def draw_deepspeed_cases(n: int = 40, seed: int = 0, *, hardware: Hardware | None = None,
+                          runtime: RuntimeProfile | str = "deepspeed",
+                          per_shape: int = 2) -> list[Case]:
+    """``n`` cases the deepspeed tier runs (real CPU tensors): the torch tier's card styles
+    and sizes (materialised attention where a card has attention dropout, which the CPU's
+    flash kernel does not run), the tier's precisions and DeepSpeed's Adam, 1, 2 or 4 data-parallel ranks with a ZeRO
+    stage drawn (0-3; 0 on one rank), and the step kept small: sequences of 64-512 tokens,
+    micro-batches of 1-4. Split by card shape as `draw_cases` splits."""
+    from .deepspeed_step import OPTIMIZERS as DS_OPTIMIZERS
+    from .deepspeed_step import PRECISIONS as DS_PRECISIONS
+    hw, rt, rng = _draw_setup(hardware, runtime, seed)
+    cases: list[Case] = []
+    for style, m, shape, split in _cards(rng, TORCH_STYLES):
+        if len(cases) >= n:
+            break
+        for _ in range(per_shape):
+            if len(cases) >= n:
+                break
+            wl, cfg = draw_config(rng, m, single_device_share=1.0)
+            dp = int(_pick(rng, (1, 2, 4)))
+            zero = int(_pick(rng, (0, 1, 2, 3))) if dp > 1 else 0
+            wl.update(precision=_pick(rng, DS_PRECISIONS), optimizer=_pick(rng, DS_OPTIMIZERS),
+                      lora=None, seq_len=int(_pick(rng, (64, 128, 256, 512))))
+            cfg = cfg.replace(dp=dp, zero_stage=zero, sequence_parallel=False, ep=1,
+                              micro_batch=int(_pick(rng, (1, 2, 4))))
+            if m.attention_dropout > 0:          # the CPU flash kernel runs no dropout
+                cfg = cfg.replace(flash_attention=False)
+            wl["global_batch"] = cfg.micro_batch * cfg.grad_accum * dp
+            case = _case(f"ds{seed}-{len(cases):03d}-{style}", style, m, shape, split, wl,
+                         cfg, hw, rt)
+            if case is not None:
+                cases.append(case)
+    return cases
+
+
 def describe(case: Case) -> str:
     """One line: the card's sizes and the config's knobs."""
     m, w, c = case.scenario.model, case.scenario.workload, case.config
