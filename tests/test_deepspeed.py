@@ -171,6 +171,26 @@ def test_the_tier_meters_deepspeeds_buffers_as_the_profile_counts_them(zero, pre
         assert (peaks["forward"] >= bucket) == (zero == 1)
 
 
+@needs_deepspeed
+@pytest.mark.slow
+def test_capopt_validate_runs_the_deepspeed_tier(tmp_path, capsys):
+    from capopt.cli import main
+    sc = tmp_path / "tiny.toml"
+    sc.write_text('name = "tiny"\n[model]\ncard = "tiny-llama"\n[hardware]\n'
+                  'gpu = "a100-sxm-80gb"\ncount = 2\n[training]\nseq_len = 64\n'
+                  'global_batch = 8\nprecision = "bf16-mixed"\noptimizer = "adamw"\n'
+                  'runtime = "deepspeed"\n[config]\nmicro_batch = 2\ngrad_accum = 2\n'
+                  'dp = 2\nzero_stage = 1\nremat = "none"\n')
+    out = tmp_path / "r.jsonl"
+    assert main(["validate", str(sc), "--tier", "deepspeed", "--pinned", "--out",
+                 str(out)]) == 0
+    import json
+    rec = json.loads(out.read_text().splitlines()[-1])
+    assert rec["status"] == "ok" and rec["tier"] == "deepspeed"
+    # the whole peak within 2% (the benchmark's p90 on never-examined configs: 2.2%)
+    assert abs(rec["error"]["peak_bytes"]) < 0.02
+
+
 def test_the_tier_refuses_what_it_does_not_run():
     from capopt.validation.deepspeed_step import Unsupported, check_supported
     with pytest.raises(Unsupported, match="precisions"):

@@ -43,7 +43,10 @@ MAX_PARAMS = 200_000_000        # real CPU tensors: a few GB at most for the ste
 TIMEOUT_S = 900.0
 
 
-class Unsupported(ValueError):
+from .step import Unsupported as _StepUnsupported
+
+
+class Unsupported(_StepUnsupported, ValueError):
     """A candidate this tier does not run."""
 
 
@@ -88,8 +91,9 @@ def deepspeed_config(scenario: Scenario, config: Config) -> dict:
     return out
 
 
-def _step(scenario: Scenario, config: Config, explain: bool = False) -> dict[str, Any]:
-    """Run in a fresh process: the metered step."""
+def measure_here(scenario: Scenario, config: Config, explain: bool = False) -> dict[str, Any]:
+    """The metered step, in this process: one only per process (DeepSpeed's engine and the
+    process group are global state; `run_deepspeed` starts a process for it)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -203,7 +207,7 @@ def main(argv: list[str]) -> int:
     job, result = argv
     with open(job, "rb") as f:
         spec = pickle.load(f)
-    out = _step(spec["scenario"], spec["config"], spec.get("explain", False))
+    out = measure_here(spec["scenario"], spec["config"], spec.get("explain", False))
     with open(result, "w") as f:
         json.dump(out, f, default=str)
     return 0
@@ -214,4 +218,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["OPTIMIZERS", "PRECISIONS", "Unsupported", "check_supported", "deepspeed_config",
-           "run_deepspeed"]
+           "measure_here", "run_deepspeed"]

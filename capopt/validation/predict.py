@@ -80,6 +80,8 @@ TORCH_TERMS = ("peak_bytes",)
 TORCH_PARTS = ("params_bytes", "optimizer_bytes", "grads_bytes", "rest_bytes", "input_bytes",
                "reserved_bytes")
 TORCH_ID_BYTES = 8
+# the deepspeed tier's meter is the torch tier's (live tensor bytes, no allocator replay)
+DEEPSPEED_PARTS = ("params_bytes", "optimizer_bytes", "rest_bytes", "input_bytes")
 
 
 def torch_input_bytes(scenario: Scenario, config: Config) -> int:
@@ -143,6 +145,8 @@ def judged_torch_measurement(measured: dict, runtime) -> dict:
 
 def tier_terms(tier: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the terms a tier measures, the parts it breaks them into)."""
+    if tier == "deepspeed":
+        return TORCH_TERMS, DEEPSPEED_PARTS
     return (TORCH_TERMS, TORCH_PARTS) if tier == "torch" else (TERMS, PARTS)
 
 

@@ -29,7 +29,8 @@ from .._format import bar, config_line
 from .._specs import Config, Scenario, stable_text
 from .predict import (judged_torch_measurement, predicted_terms, predicted_torch_terms,
                       relative_error, tier_terms)
-from .tiers import TIERS, environment, torch_available, xla_gpu_available
+from .tiers import (TIERS, deepspeed_available, environment, torch_available,
+                    xla_gpu_available)
 from .worker import looks_like_oom
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -38,7 +39,8 @@ DEFAULT_TIMEOUT_S = 900.0
 def tier_scenario(scenario: Scenario, tier: str, profile: str | None = None) -> Scenario:
     """The scenario with the runtime profile of what the tier runs: ``xla-cpu`` for exact,
     ``xla-gpu`` (or the scenario's own ``xla-gpu*`` profile, e.g. a calibrated one) for the
-    GPU tiers, ``pytorch-eager`` for the torch tier; ``profile`` (a name or a path)
+    GPU tiers, ``pytorch-eager`` for the torch tier, ``deepspeed`` (or the scenario's own
+    ``deepspeed*``) for the deepspeed tier; ``profile`` (a name or a path)
     overrides."""
     from .._runtime import get_profile
     if profile is not None:
@@ -47,6 +49,9 @@ def tier_scenario(scenario: Scenario, tier: str, profile: str | None = None) -> 
     if tier == "torch":
         return (scenario if own.startswith("pytorch-eager")
                 else scenario.replace(runtime=get_profile("pytorch-eager")))
+    if tier == "deepspeed":
+        return (scenario if own.startswith("deepspeed")
+                else scenario.replace(runtime=get_profile("deepspeed")))
     if tier == "exact":
         return scenario if own == "xla-cpu" else scenario.replace(runtime=get_profile("xla-cpu"))
     if own.startswith("xla-gpu"):
@@ -224,8 +229,10 @@ def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int
     details = result.get("details") or {}
     terms, parts = tier_terms(tier)
     try:
-        if tier == "torch":
+        if tier in ("torch", "deepspeed"):
             predicted = predicted_torch_terms(config, sc)
+            if tier == "deepspeed":      # its meter marks no gradients: they are in the rest
+                predicted["rest_bytes"] += predicted["grads_bytes"]
         else:
             predicted = predicted_terms(config, sc, input_bytes=input_bytes(sc, config),
                                         output_leaves=int(details.get("output_leaves", 0)))
@@ -364,8 +371,9 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
     else:
         cands = [_as_config(c) for c in configs]
     tsc = tier_scenario(sc, tier, profile)
-    if tier in ("xla-gpu", "torch"):
-        ok, why = (xla_gpu_available if tier == "xla-gpu" else torch_available)()
+    if tier in ("xla-gpu", "torch", "deepspeed"):
+        ok, why = {"xla-gpu": xla_gpu_available, "torch": torch_available,
+                   "deepspeed": deepspeed_available}[tier]()
         if not ok:
             raise CapoptError(why, field="--tier")
     path = Path(out) if out is not None else None

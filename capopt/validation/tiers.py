@@ -30,7 +30,7 @@ from typing import Any
 from .plugin import PLUGIN_PATH_ENV, has_plugin, plugin_path
 from .targets import xla_gpu_device_info
 
-TIERS = ("exact", "xla-gpu", "torch", "device")
+TIERS = ("exact", "xla-gpu", "torch", "deepspeed", "device")
 # LLVM optimisation level 0 for the exact tier: it halves compile time on CPU and changes no
 # buffer (HLO passes and buffer assignment run as usual; measured identical on tiny-gpt).
 EXACT_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
@@ -69,6 +69,18 @@ def torch_available() -> tuple[bool, str]:
                    "enough; no GPU is used)")
 
 
+def deepspeed_available() -> tuple[bool, str]:
+    """Whether the deepspeed tier can run here, and why not."""
+    try:
+        found = all(importlib.util.find_spec(m) is not None for m in ("torch", "deepspeed"))
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return True, ""
+    return False, ("the deepspeed tier needs PyTorch and DeepSpeed: pip install "
+                   "'capopt[torch,frameworks]' (CPU tensors; no GPU is used)")
+
+
 def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
     """Environment variables for a worker process measuring ``config`` on ``tier``."""
     env = dict(os.environ if base is None else base)
@@ -89,6 +101,9 @@ def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
     elif tier == "torch":
         env["JAX_PLATFORMS"] = "cpu"                     # the worker imports capopt, not JAX's GPU
         env.setdefault("OMP_NUM_THREADS", "1")           # fake tensors compute nothing
+    elif tier == "deepspeed":
+        env["JAX_PLATFORMS"] = "cpu"
+        env["DS_ACCELERATOR"] = "cpu"                    # DeepSpeed's CPU accelerator
     elif tier != "device":
         raise ValueError(f"unknown tier {tier!r}")
     env["XLA_FLAGS"] = " ".join(dict.fromkeys(flags))
@@ -263,6 +278,11 @@ def run_tier(tier: str, scenario, config, **options) -> dict[str, Any]:
     if tier == "torch":
         from .torch_step import run_torch
         return run_torch(scenario, config)
+    if tier == "deepspeed":
+        # (the worker is a fresh process already: the step runs in it)
+        from .deepspeed_step import check_supported, measure_here
+        check_supported(scenario, config)
+        return measure_here(scenario, config)
     if tier == "device":
         return run_device(scenario, config, **options)
     raise ValueError(f"unknown tier {tier!r} (allowed: {', '.join(TIERS)})")
