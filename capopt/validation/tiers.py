@@ -57,28 +57,26 @@ def xla_gpu_available() -> tuple[bool, str]:
                    f"(or set {PLUGIN_PATH_ENV} to a folder holding it)")
 
 
-def torch_available() -> tuple[bool, str]:
-    """Whether the torch tier can run here, and why not."""
+def _importable(modules: tuple[str, ...], why: str) -> tuple[bool, str]:
+    """(True, "") where every module can be imported, else (False, ``why``)."""
     try:
-        found = importlib.util.find_spec("torch") is not None
+        found = all(importlib.util.find_spec(m) is not None for m in modules)
     except (ImportError, ValueError):
         found = False
-    if found:
-        return True, ""
-    return False, ("the torch tier needs PyTorch: pip install 'capopt[torch]' (a CPU build is "
-                   "enough; no GPU is used)")
+    return (True, "") if found else (False, why)
+
+
+def torch_available() -> tuple[bool, str]:
+    """Whether the torch tier can run here, and why not."""
+    return _importable(("torch",), "the torch tier needs PyTorch: pip install 'capopt[torch]' "
+                       "(a CPU build is enough; no GPU is used)")
 
 
 def deepspeed_available() -> tuple[bool, str]:
     """Whether the deepspeed tier can run here, and why not."""
-    try:
-        found = all(importlib.util.find_spec(m) is not None for m in ("torch", "deepspeed"))
-    except (ImportError, ValueError):
-        found = False
-    if found:
-        return True, ""
-    return False, ("the deepspeed tier needs PyTorch and DeepSpeed: pip install "
-                   "'capopt[torch,frameworks]' (CPU tensors; no GPU is used)")
+    return _importable(("torch", "deepspeed"), "the deepspeed tier needs PyTorch and "
+                       "DeepSpeed: pip install 'capopt[torch,frameworks]' (CPU tensors; no GPU "
+                       "is used)")
 
 
 def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
