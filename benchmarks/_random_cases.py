@@ -16,11 +16,9 @@ from capopt.validation.random_configs import Case, describe
 
 
 def measure(cases: list[Case], path: Path, *, tier: str, key: Callable[[Case], str],
-            jobs: int, timeout_s: float, run: Callable | None = None) -> dict[str, dict]:
+            jobs: int, timeout_s: float) -> dict[str, dict]:
     """Measure every case not already in ``path`` on ``tier`` (one worker process per case,
-    ``jobs`` at once; each record appended as it finishes); returns the ok records by key.
-    ``run(case, timeout_s)``, where given, measures a case instead of the validation worker
-    (a dict with ``status``, ``measured``, ``details``, ``error``, ``wall_s``)."""
+    ``jobs`` at once; each record appended as it finishes); returns the ok records by key."""
     from capopt.validation.runner import _append, _run_one, load_results
     done = {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
     todo = [c for c in cases if key(c) not in done]
@@ -33,7 +31,7 @@ def measure(cases: list[Case], path: Path, *, tier: str, key: Callable[[Case], s
     def one(case: Case) -> dict:
         job = {"tier": tier, "scenario": case.scenario, "config": case.config, "index": 0,
                "options": {}}
-        res = run(case, timeout_s) if run is not None else _run_one(job, timeout_s)
+        res = _run_one(job, timeout_s)
         rec = {"key": key(case), "case": case.name, "split": case.split,
                "describe": describe(case), "status": res.get("status", "error"),
                "measured": res.get("measured"), "details": res.get("details", {}),

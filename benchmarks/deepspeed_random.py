@@ -46,20 +46,6 @@ def measurement_key(case) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def run_case(case, timeout_s: float) -> dict:
-    """One case on the deepspeed tier (its own process), as a measurement record."""
-    from capopt.validation.deepspeed_step import run_deepspeed
-    t = time.perf_counter()
-    try:
-        out = run_deepspeed(case.scenario, case.config, timeout_s=timeout_s)
-        rec = {"status": "ok", "measured": out["measured"],
-               "details": {k: v for k, v in out["details"].items() if k != "config"}}
-    except Exception as e:           # recorded, not fatal: the others go on
-        rec = {"status": "error", "error": f"{type(e).__name__}: {e}"[-2000:]}
-    rec["wall_s"] = time.perf_counter() - t
-    return rec
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=40)
@@ -80,7 +66,7 @@ def main(argv=None) -> int:
                                               else f"_{args.runtime}") + ".json"))
     cases = draw_deepspeed_cases(args.cases, args.seed)
     done = measure(cases, path, tier="deepspeed", key=measurement_key, jobs=args.jobs,
-                   timeout_s=args.timeout, run=run_case)
+                   timeout_s=args.timeout)
     rt = get_profile(args.runtime)
     points, missing = [], []
     for case in cases:

@@ -146,7 +146,7 @@ def _tiny(dp=2, precision="bf16-mixed", ga=1):
 @pytest.mark.parametrize("zero, precision, ga", [(0, "bf16-mixed", 1), (2, "bf16-mixed", 2),
                                                  (1, "fp32", 2)])
 def test_the_tier_meters_deepspeeds_buffers_as_the_profile_counts_them(zero, precision, ga):
-    from capopt.validation.deepspeed_step import run_deepspeed
+    from capopt.validation.runner import run_deepspeed
     sc = _tiny(precision=precision, ga=ga)
     cfg = Config(micro_batch=2, grad_accum=ga, dp=2, zero_stage=zero)
     out = run_deepspeed(sc, cfg)

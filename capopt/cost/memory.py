@@ -119,6 +119,14 @@ def lora_per_device(n, tp, ep):
                        tp))
 
 
+def wrapped_base_per_device(k: Knobs, n):
+    """Elements of one block's LoRA-wrapped (frozen, maybe quantised) base matrices on one
+    device: `lora_per_device`'s, plus the k/v part kept whole on every rank where tp exceeds
+    the KV heads (`tp_replication`)."""
+    kv_rep, _ = tp_replication(k, n)
+    return lora_per_device(n, k.tp, k.ep)[1] + n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
+
+
 def tp_replication(k: Knobs, n):
     """(KV projections, vocabulary tables) replicated over tensor parallelism: 1 or 0.
 
@@ -222,7 +230,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     arguments are batched under `jax.vmap`; ``logits_mb`` is 1 on the stage with the head.
     """
     per_layer, _, _, _ = stage_params(k, n)
-    kv_rep, vocab_rep = tp_replication(k, n)
+    _, vocab_rep = tp_replication(k, n)
     vocab_share = vocab_rep + (1.0 - vocab_rep) / k.tp
     f_opt, f_grad, f_param, z2_kept = zero_shares(k, n)
     dp = k.dp
@@ -239,9 +247,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     expert_params = layers * expert_layer_params(k, n)
 
     lora = n["lora"]
-    lora_tp, base_tp = lora_per_device(n, k.tp, k.ep)
-    kv_base = n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
-    base_wrapped = (base_tp + kv_base) * layers
+    lora_tp, _ = lora_per_device(n, k.tp, k.ep)
+    base_wrapped = wrapped_base_per_device(k, n) * layers
     base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"]) * layers
     # (ZeRO-2 as FSDP2 runs it keeps each group's unsharded copy, ``zero2_keeps_shards``: in
     # the dtype its all-gather carries, `gathered_param_bytes`)
@@ -656,5 +663,5 @@ def memory(k: Knobs, n) -> dict:
 __all__ = ["PHASES", "compute_weight_bytes", "end_stage_args", "end_stage_memory",
            "expert_layer_params", "gathered_param_bytes", "indivisible", "largest_module",
            "loss_copies", "lora_per_device", "memory", "pp_nosync", "shard", "stage_blocks",
-           "stage_memory", "stage_params", "step_at_least", "tp_replication", "zero_shard",
-           "zero_shares"]
+           "stage_memory", "stage_params", "step_at_least", "tp_replication",
+           "wrapped_base_per_device", "zero_shard", "zero_shares"]

@@ -65,8 +65,8 @@ from ._inputs import Knobs, rank_sequences
 from .activations import mlp_width
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import (expert_layer_params, gathered_param_bytes, lora_per_device, loss_copies,
-                     pp_nosync, shard, stage_blocks, stage_params, step_at_least, tp_replication,
-                     zero_shard, zero_shares)
+                     pp_nosync, shard, stage_blocks, stage_params, step_at_least,
+                     wrapped_base_per_device, zero_shard, zero_shares)
 
 # The kinds of communication priced (their names and the step's terms, `STEP_TERMS`, are in
 # `capopt._terms`): exposed communication by kind adds up to the step; hidden communication,
@@ -122,7 +122,8 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     final_norm = tf * 2.0 * tokens * h * rep * ab * passes
     last = (logits + final_norm) / rate
     first = n["embed_vocab"] * 2.0 * tokens * h * ab * passes / rate   # lookup and its gradient
-    dequant = dequant_elems(k, n) * dequant_passes(k, n) * (n["base_bytes"] + n["frozen_bytes"])
+    dequant = (wrapped_base_per_device(k, n) * dequant_passes(k, n)
+               * (n["base_bytes"] + n["frozen_bytes"]))
     return {"layer": layer + dequant / rate, "first": first, "last": last,
             "dequant": dequant / rate}
 
@@ -145,13 +146,6 @@ def dequant_passes(k: Knobs, n: dict):
     replays = jnp.minimum(n["rt_selective_saves_dots"] + n["rt_selective_saves_ops"], 1.0)
     per_pass = 1.0 + w_full + bwd + w_sel * replays
     return n["lora"] * n["base_nf4"] * n["rt_lora_dequant"] * per_pass
-
-
-def dequant_elems(k: Knobs, n: dict):
-    """Elements of one block's 4-bit base matrices on one device (experts over ep, then split
-    over tp, k/v whole on every rank where tp exceeds the KV heads)."""
-    kv_rep, _ = tp_replication(k, n)
-    return lora_per_device(n, k.tp, k.ep)[1] + n["lora_base_kv"] * kv_rep * (1.0 - 1.0 / k.tp)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ its ZeRO layout is bf16's).
 Data parallelism is PyTorch's fake process group: this process is rank 0 of ``dp``, DeepSpeed
 partitions and buckets for ``dp`` ranks, the collectives move nothing. The tensors are real
 (CPU), so the model must be small; one process runs one candidate (DeepSpeed's engine and the
-process group are global state): `run_deepspeed` starts it.
+process group are global state): the validation runner's worker
+(`capopt.validation.runner.run_deepspeed`, or ``capopt validate --tier deepspeed``).
 
 Limits (what a GPU would do differently): the CPU's attention kernels and no CUDA context,
 NCCL or cuBLAS workspaces; the live tensor bytes are measured, not the caching allocator's.
@@ -27,10 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import subprocess
-import sys
-import tempfile
 import time
 from typing import Any
 
@@ -40,7 +37,6 @@ from .._specs import Config, Scenario
 PRECISIONS = ("fp32", "bf16-mixed")
 OPTIMIZERS = ("adamw", "adam")
 MAX_PARAMS = 200_000_000        # real CPU tensors: a few GB at most for the step
-TIMEOUT_S = 900.0
 
 
 from .step import Unsupported as _StepUnsupported
@@ -93,7 +89,7 @@ def deepspeed_config(scenario: Scenario, config: Config) -> dict:
 
 def measure_here(scenario: Scenario, config: Config, explain: bool = False) -> dict[str, Any]:
     """The metered step, in this process: one only per process (DeepSpeed's engine and the
-    process group are global state; `run_deepspeed` starts a process for it)."""
+    process group are global state: the runner's worker process runs it)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -172,50 +168,5 @@ def measure_here(scenario: Scenario, config: Config, explain: bool = False) -> d
     return {"measured": measured, "details": details}
 
 
-def run_deepspeed(scenario: Scenario, config: Config, *, explain: bool = False,
-                  timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
-    """Measure one steady-state DeepSpeed step of ``config`` in a fresh process:
-    ``{"measured": {...}, "details": {...}}``; with ``explain``, ``details["live_at_peak"]``
-    lists what was live at the peak (category, op, dtype, shape, bytes), largest first. Raises `Unsupported` for a candidate the tier
-    does not run and `RuntimeError` (with the end of the child's output) when the step fails."""
-    check_supported(scenario, config)
-    with tempfile.TemporaryDirectory(prefix="capopt-deepspeed-") as tmp:
-        job, result = os.path.join(tmp, "job.pkl"), os.path.join(tmp, "result.json")
-        with open(job, "wb") as f:
-            pickle.dump({"scenario": scenario, "config": config, "explain": explain}, f)
-        env = dict(os.environ, DS_ACCELERATOR="cpu")
-        # (a launcher's LOCAL_SIZE would switch DeepSpeed's CPU all-reduce to shared memory
-        # across processes that do not exist: one process stands for the dp ranks here)
-        for var in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE"):
-            env.pop(var, None)
-        src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-        try:
-            proc = subprocess.run([sys.executable, "-m", "capopt.validation.deepspeed_step",
-                                   job, result], env=env, cwd=tmp, capture_output=True,
-                                  text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the DeepSpeed step ran past {timeout_s:g} s") from None
-        if proc.returncode != 0 or not os.path.exists(result):
-            tail = (proc.stderr or proc.stdout)[-2000:]
-            raise RuntimeError(f"the DeepSpeed step failed (exit {proc.returncode}): {tail}")
-        with open(result) as f:
-            return json.load(f)
-
-
-def main(argv: list[str]) -> int:
-    job, result = argv
-    with open(job, "rb") as f:
-        spec = pickle.load(f)
-    out = measure_here(spec["scenario"], spec["config"], spec.get("explain", False))
-    with open(result, "w") as f:
-        json.dump(out, f, default=str)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
-
-
 __all__ = ["OPTIMIZERS", "PRECISIONS", "Unsupported", "check_supported", "deepspeed_config",
-           "measure_here", "run_deepspeed"]
+           "measure_here"]

@@ -206,6 +206,22 @@ def _run_one(job: dict, timeout_s: float) -> dict[str, Any]:
                 "stderr_tail": tail, "wall_s": time.perf_counter() - t0}
 
 
+def run_deepspeed(scenario: Scenario, config: Config, *, explain: bool = False,
+                  timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+    """Measure one steady-state DeepSpeed step of ``config`` in a fresh worker process (the
+    validation runner's): ``{"measured": {...}, "details": {...}}``; with ``explain``,
+    ``details["live_at_peak"]`` lists what was live at the peak (category, op, dtype, shape,
+    bytes), largest first. Raises `Unsupported` for a candidate the tier does not run and
+    `RuntimeError` (with the worker's error) when the step fails or times out."""
+    from .deepspeed_step import check_supported
+    check_supported(scenario, config)
+    res = _run_one({"tier": "deepspeed", "scenario": scenario, "config": config, "index": -1,
+                    "options": {"explain": explain}}, timeout_s)
+    if res.get("status") != "ok":
+        raise RuntimeError(f"the DeepSpeed step failed: {res.get('error')}")
+    return {"measured": res["measured"], "details": res["details"]}
+
+
 def _exit_reason(code: int) -> str:
     if code is not None and code < 0:
         import signal
@@ -438,4 +454,4 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
 
 
 __all__ = ["Progress", "ValidationReport", "input_bytes", "load_results", "result_key",
-           "tier_scenario", "validate"]
+           "run_deepspeed", "tier_scenario", "validate"]

@@ -102,6 +102,10 @@ def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
     elif tier == "deepspeed":
         env["JAX_PLATFORMS"] = "cpu"
         env["DS_ACCELERATOR"] = "cpu"                    # DeepSpeed's CPU accelerator
+        # (a launcher's LOCAL_SIZE would switch DeepSpeed's CPU all-reduce to shared memory
+        # across processes that do not exist: one process stands for the dp ranks here)
+        for var in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE"):
+            env.pop(var, None)
     elif tier != "device":
         raise ValueError(f"unknown tier {tier!r}")
     env["XLA_FLAGS"] = " ".join(dict.fromkeys(flags))
@@ -280,7 +284,7 @@ def run_tier(tier: str, scenario, config, **options) -> dict[str, Any]:
         # (the worker is a fresh process already: the step runs in it)
         from .deepspeed_step import check_supported, measure_here
         check_supported(scenario, config)
-        return measure_here(scenario, config)
+        return measure_here(scenario, config, explain=bool(options.get("explain")))
     if tier == "device":
         return run_device(scenario, config, **options)
     raise ValueError(f"unknown tier {tier!r} (allowed: {', '.join(TIERS)})")
