@@ -11,7 +11,9 @@ model with no context, workspace or fragmentation) with the peak the tier counte
 by part (parameters, optimizer state, gradients, the rest). It also times one tier run of a
 tiny card and of an 8B-class card (``llama-3-8b``, seq 2048, micro-batch 1, full remat).
 ``--lora``: every case fine-tunes with LoRA or QLoRA on one device instead (its own draw, its
-own results files). ``--tp``: every case is tensor-parallel alone (tp 2 or 4 on a fake group
+own results files); ``--lora --lora-targets single``: the same with adapters on single
+matrices (q and v, as PEFT's default for Llama-family models; q, k and v; the MLP alone; two
+mixed sets; `random_configs.LORA_SINGLE_SETS`), results ``torch_lora_single``. ``--tp``: every case is tensor-parallel alone (tp 2 or 4 on a fake group
 of that many ranks; half the cards with a vocabulary padded to a multiple of 128, so that the
 embedding and head are split over it), its own results files too; ``--tp --tp-dp 2``: the
 same on a 2 x tp mesh, FSDP2 over the data-parallel dimension (torchtitan's 2-D);
@@ -59,6 +61,11 @@ def measurement_key(case: Case) -> str:
         # measured with the fused RMSNorm backward (revision 2); revision 1 left the keys as
         # they were, and a card without RMSNorm measures the same under both
         parts += (f"torch tier revision {TORCH_TIER_REVISION}",)
+    from capopt._inventory import LORA_QUANT_REVISION, lora_quant_revised
+    if lora_quant_revised(sc.model, sc.workload.lora):
+        # a quantised base stores every block matmul quantised, wrapped or not (revision 2;
+        # revision 1, only the wrapped ones, left the keys as they were)
+        parts += (f"lora quantised base revision {LORA_QUANT_REVISION}",)
     text = stable_text(parts)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -92,6 +99,10 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--lora", action="store_true",
                     help="LoRA and QLoRA cases on one device (results: torch_lora.json[l])")
+    ap.add_argument("--lora-targets", default="groups", choices=["groups", "single"],
+                    help="with --lora: the target sets drawn: attention / attention and MLP "
+                         "(groups), or single-matrix sets such as q and v (single; results: "
+                         "torch_lora_single.json[l])")
     ap.add_argument("--tp", action="store_true",
                     help="tensor-parallel cases (tp 2 or 4, dp 1; results: torch_tp.json[l])")
     ap.add_argument("--tp-dp", type=int, default=1,
@@ -112,7 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-measure", action="store_true",
                     help="only recompute the predictions for what is already measured")
     args = ap.parse_args(argv)
-    stem = ("torch_lora" if args.lora else
+    single = args.lora and args.lora_targets == "single"
+    stem = (f"torch_lora{'_single' if single else ''}" if args.lora else
             f"torch_tp{'' if args.tp_dp == 1 else f'{args.tp_dp}d'}"
             f"{'_sp' if args.tp_sp else ''}" if args.tp else
             "torch_random") + (f"_seed{args.seed}" if args.seed else "") + (
@@ -129,9 +141,11 @@ def main(argv=None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
+    from capopt.validation.random_configs import LORA_SINGLE_SETS, LORA_TARGET_SETS
     cases = draw_torch_cases(args.cases, args.seed, lora=args.lora,
                              tp=(2, 4) if args.tp else (), tp_dp=args.tp_dp,
-                             tp_sp=args.tp_sp)
+                             tp_sp=args.tp_sp,
+                             lora_targets=LORA_SINGLE_SETS if single else LORA_TARGET_SETS)
     if args.runtime != "pytorch-eager":
         from capopt._runtime import get_profile
         rt = get_profile(args.runtime)

@@ -32,6 +32,25 @@ TP_ROLES = ("col", "kv", "row", "vocab", "rep")
 # (latent attention: every projection, q_a, q, kv_a, kv_b and o, as PEFT's "all-linear" has it)
 LORA_MATRICES = {"attn": ("q", "k", "v", "o", "q_a", "kv_a", "kv_b"),
                  "mlp": ("gate", "up", "down")}
+# ... or one by one, as PEFT's ``target_modules`` names them (Hugging Face Llama: q_proj,
+# v_proj, ...; PEFT 0.17's default for Llama-family models is q_proj and v_proj alone)
+LORA_SINGLE = tuple(name for group in LORA_MATRICES.values() for name in group)
+
+
+# Bumped when what a LoRA base stores changes (benchmarks' measurement keys name it): 2, an
+# 8- or 4-bit base quantises every block matmul, wrapped or not (1: only the wrapped ones)
+LORA_QUANT_REVISION = 2
+
+
+def lora_quant_revised(m: "ModelSpec", lora: "LoRA | None") -> bool:
+    """Whether a measurement of ``lora`` on ``m`` depends on `LORA_QUANT_REVISION`: a quantised
+    base with block matmuls it does not wrap."""
+    return lora is not None and any(t.lora == "quant" for t in inventory(m, lora))
+
+
+def lora_wrapped(targets) -> frozenset[str]:
+    """The block matmuls ``targets`` (group names and single matrices) wrap."""
+    return frozenset(name for t in targets for name in LORA_MATRICES.get(t, (t,)))
 
 
 @dataclass(frozen=True)
@@ -44,7 +63,8 @@ class Tensor:
     expert: bool = False      # stacked over the experts (leading axis), split by ep
     matmul: str = ""          # a GEMM weight: "q k v o q_a kv_a kv_b gate up down router head
                               # mlm_transform pooler classifier patch dense", else ""
-    lora: str = ""            # "" | "base" (wrapped by LoRA, maybe quantised) | "adapter"
+    lora: str = ""            # "" | "base" (wrapped by LoRA, maybe quantised) | "adapter" |
+    #                           "quant" (quantised, frozen, not wrapped)
 
     @property
     def size(self) -> int:
@@ -185,14 +205,24 @@ def inventory(m: "ModelSpec", lora: "LoRA | None" = None) -> tuple[Tensor, ...]:
     ``adapter`` pair per wrapped matrix (A ``(in, r)``, B ``(r, out)``; experts: one pair per
     expert), with the wrapped matrix's tensor-parallel role (A of a row-parallel matrix is
     split over its input, B of a column-parallel one over its output; the other factor is
-    counted with them, as `capopt.cost` splits a block's adapters over tp)."""
+    counted with them, as `capopt.cost` splits a block's adapters over tp).
+
+    A quantised base (``base_bits`` 8 or 4) quantises every block matmul, wrapped or not
+    (``quant``: frozen, quantised, no adapters), as loading a model with bitsandbytes'
+    ``load_in_4bit`` / ``load_in_8bit`` (transformers' ``replace_with_bnb_linear``) replaces
+    every ``nn.Linear`` but the output head before PEFT wraps its targets; stacked expert
+    weights are quantised only where wrapped."""
     tensors = model_tensors(m)
     if lora is None or m.family == "mlp":
         return tuple(tensors)
-    wrapped = {name for t in lora.targets for name in LORA_MATRICES.get(t, ())}
+    wrapped = lora_wrapped(lora.targets)
+    quantised = set(LORA_SINGLE) if lora.base_bits < 16 else set()
     out = []
     for t in tensors:
-        if t.where == "block" and t.matmul in wrapped:
+        if t.where == "block" and t.matmul in quantised - wrapped and not t.expert:
+            out.append(Tensor(t.name, t.shape, t.count, t.where, t.tp, t.expert, t.matmul,
+                              "quant"))
+        elif t.where == "block" and t.matmul in wrapped:
             out.append(Tensor(t.name, t.shape, t.count, t.where, t.tp, t.expert, t.matmul,
                               "base"))
             *lead, din, dout = t.shape
@@ -211,4 +241,5 @@ def trainable(tensors) -> list[Tensor]:
     return adapters or list(tensors)
 
 
-__all__ = ["LORA_MATRICES", "TP_ROLES", "Tensor", "inventory", "model_tensors", "trainable"]
+__all__ = ["LORA_MATRICES", "LORA_QUANT_REVISION", "LORA_SINGLE", "TP_ROLES", "Tensor",
+           "inventory", "lora_quant_revised", "lora_wrapped", "model_tensors", "trainable"]

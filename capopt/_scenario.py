@@ -14,8 +14,8 @@ from ._errors import CapoptError
 from ._hardware import get_hardware
 from ._io import check_depth, parse_toml, path_exists, read_text
 from ._runtime import get_profile
-from ._specs import (KNOBS, REMAT_POLICIES, STAGE_KNOBS, Budget, Config, KnobDomain, LoRA,
-                     Scenario, Workload, data_replicas)
+from ._specs import (KNOBS, LORA_TARGETS, REMAT_POLICIES, STAGE_KNOBS, Budget, Config,
+                     KnobDomain, LoRA, Scenario, Workload, data_replicas)
 from ._units import GiB
 
 DEFAULT_SCENARIO = "llama3-8b-8xh100"
@@ -208,8 +208,14 @@ def _lora(raw, file) -> LoRA | None:
     if unknown:
         raise CapoptError(f"unknown key {sorted(unknown)[0]!r}", file=file,
                           field="training.lora", allowed="rank, targets, base_bits")
+    targets = raw.get("targets", ("attn", "mlp"))
+    if isinstance(targets, str):                    # one name: a list of one
+        targets = (targets,)
+    if not isinstance(targets, (list, tuple)):
+        raise CapoptError(f"must be a list of names, got {targets!r}", file=file,
+                          field="training.lora.targets", allowed=", ".join(LORA_TARGETS))
     try:
-        return LoRA(rank=raw.get("rank", 16), targets=tuple(raw.get("targets", ("attn", "mlp"))),
+        return LoRA(rank=raw.get("rank", 16), targets=tuple(targets),
                     base_bits=raw.get("base_bits", 16))
     except CapoptError as e:
         raise e.in_file(file) from None
@@ -423,7 +429,14 @@ def _check_workload_fits_model(model, workload, file) -> None:
     if lora is not None and model.family != "mlp":
         from ._inventory import inventory
         sides = [min(t.shape[-2:]) for t in inventory(model, lora) if t.lora == "base"]
-        if sides and lora.rank > min(sides):
+        if not sides:                     # PEFT: "Target modules ... not found in the base model"
+            from ._inventory import LORA_MATRICES
+            have = sorted({t.matmul for t in inventory(model) if t.where == "block"
+                           and any(t.matmul in g for g in LORA_MATRICES.values())})
+            raise CapoptError(f"{', '.join(lora.targets)} wrap no matrix of {model.name}",
+                              file=file, field="training.lora.targets",
+                              allowed=", ".join([*LORA_MATRICES, *have]))
+        if lora.rank > min(sides):
             raise CapoptError(f"rank {lora.rank} exceeds the smallest side ({min(sides)}) of "
                               "the matrices it adapts", file=file, field="training.lora.rank",
                               allowed=f"1 to {min(sides)}")

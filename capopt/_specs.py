@@ -12,6 +12,7 @@ from typing import Any
 
 from ._errors import CapoptError
 from ._hardware import Hardware
+from ._inventory import LORA_MATRICES, LORA_SINGLE
 from ._model import ModelSpec
 from ._runtime import RuntimeProfile
 
@@ -24,7 +25,9 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adam
 LOSSES = ("float32", "fused")
 REMAT_POLICIES = ("none", "selective", "full")
 OBJECTIVES = ("throughput", "cost_efficiency")
-LORA_TARGETS = ("attn", "mlp")
+# LoRA's targets: the groups ("attn": every attention projection, "mlp": the MLP's) and
+# single block matrices (q, k, v, o, latent attention's q_a, kv_a, kv_b; gate, up, down)
+LORA_TARGETS = (*LORA_MATRICES, *LORA_SINGLE)
 
 
 def _is_int(v) -> bool:
@@ -43,6 +46,10 @@ class LoRA:
         if not _is_int(self.rank) or self.rank < 1:
             raise CapoptError(f"must be a positive integer, got {self.rank!r}",
                               field="training.lora.rank")
+        if not isinstance(self.targets, tuple) or not all(isinstance(t, str)
+                                                          for t in self.targets):
+            raise CapoptError(f"must be a list of names, got {self.targets!r}",
+                              field="training.lora.targets", allowed=", ".join(LORA_TARGETS))
         bad = [t for t in self.targets if t not in LORA_TARGETS]
         if bad or not self.targets:
             raise CapoptError(f"unknown targets {bad or self.targets!r}",

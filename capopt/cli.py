@@ -12,7 +12,8 @@ from typing import Any
 from ._errors import CapoptError
 from ._format import config_line, gib, si, table
 from ._units import GiB
-from .report.text import calibration_table, optimize_table, plan_table, validation_table
+from .report.text import (calibration_table, optimize_table, plan_table, training_label,
+                          validation_table)
 
 # --------------------------------------------------------------------------------------------
 # A question on one line: scenario fields given as flags (over a file's, or without one)
@@ -87,7 +88,8 @@ def cmd_plan(args) -> int:
     elif args.json:
         print(json.dumps(d, indent=2))
     else:
-        print(plan_table(d, f"{sc.name}: {sc.model.name} on {sc.count}x {sc.hardware.name}"))
+        print(plan_table(d, f"{sc.name}: {sc.model.name}{training_label(sc)} on {sc.count}x "
+                            f"{sc.hardware.name}"))
     if args.plot:
         from .report.figures import memory_breakdown, save
         print(f"saved {save(memory_breakdown([p]), args.plot)}", file=sys.stderr)
@@ -299,16 +301,23 @@ _gib = _number(float, "a number of GiB", lambda v: math.isfinite(v) and v > 0,
                "a number of GiB > 0")
 
 
-def _lora(text: str) -> dict[str, int]:
-    """``RANK`` or ``RANK:BITS`` as the scenario's ``training.lora`` table."""
-    rank, _, bits = text.partition(":")
+def _lora(text: str) -> dict:
+    """``RANK``, ``RANK:BITS`` or ``RANK:BITS:TARGETS`` (comma-separated, e.g. ``q,v``) as the
+    scenario's ``training.lora`` table (the targets are checked with the scenario)."""
+    rank, _, rest = text.partition(":")
+    bits, _, targets = rest.partition(":")
     try:
         out = {"rank": int(rank)}
         if bits:
             out["base_bits"] = int(bits)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed: RANK or RANK:BITS, e.g. 16 or "
-                                         "64:4") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: RANK, RANK:BITS or "
+                                         "RANK:BITS:TARGETS, e.g. 16, 64:4 or 16:16:q,v") from None
+    if rest.count(":") > 1 or (":" in rest and not targets):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: RANK:BITS:TARGETS with TARGETS "
+                                         "comma-separated, e.g. 16:4:q,v")
+    if targets:
+        out["targets"] = [t.strip() for t in targets.split(",")]
     return out
 
 
@@ -359,9 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "profiles` (default xla-gpu)")
         q.add_argument("--loss", metavar="KIND", help="float32 (default: logits upcast for "
                        "the cross-entropy) or fused (one kernel on the compute-dtype logits)")
-        q.add_argument("--lora", type=_lora, metavar="RANK[:BITS]",
-                       help="LoRA adapters of RANK on attention and MLP; BITS 4 (QLoRA), 8 "
-                            "or 16 (default) for the frozen base")
+        q.add_argument("--lora", type=_lora, metavar="RANK[:BITS[:TARGETS]]",
+                       help="LoRA adapters of RANK; BITS 4 (QLoRA), 8 or 16 (default) for "
+                            "the frozen base; TARGETS the wrapped matrices, comma-separated: "
+                            "attn, mlp (default: both) or single ones (q, k, v, o, gate, up, "
+                            "down; q,v is PEFT's default for Llama)")
         q.add_argument("--vram-gib", type=_gib, metavar="GIB",
                        help="memory per GPU to plan for (default: the GPU's)")
 

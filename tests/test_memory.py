@@ -859,3 +859,105 @@ def test_interleaving_at_few_micro_batches_holds_them_all():
     inter = estimate(Config(micro_batch=1, grad_accum=4, dp=2, pp=4, vpp=2), sc).to_dict()
     assert inter["memory"]["first_stage_bytes"] == pytest.approx(plain["first_stage_bytes"],
                                                                  rel=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# LoRA on chosen matrices (PEFT's target_modules)
+# --------------------------------------------------------------------------------------------
+def _lora_numbers(targets, *, bits=16, runtime="pytorch-eager", flash=True, model=None,
+                  coeffs=None):
+    sc = make_scenario(model or llama_like(), count=1, global_batch=2, runtime=runtime,
+                       lora=LoRA(rank=8, targets=targets, base_bits=bits))
+    if coeffs:
+        sc = sc.replace(runtime=sc.runtime.with_coeffs(**coeffs))
+    cfg = Config(micro_batch=2, flash_attention=flash)
+    return sc, cfg, knobs_from_config(cfg), numbers_pytree(scenario_numbers(sc))
+
+
+def test_lora_targets_add_exactly_their_adapters():
+    """q and v alone (PEFT's default for Llama-family models) train the q and v adapters of
+    the inventory, and only them: per block r (h + q_w) + r (h + v_w) weights."""
+    from capopt._inventory import inventory, trainable
+    m = llama_like()
+    _, _, _, n = _lora_numbers(("q", "v"), model=m)
+    r, h, hd = 8, m.hidden_size, m.head_size
+    per_block = r * (h + m.num_attention_heads * hd) + r * (h + m.kv_heads * hd)
+    assert n["lora_layer"] == per_block
+    adapters = trainable(inventory(m, LoRA(rank=8, targets=("q", "v"))))
+    assert {t.name for t in adapters} == {"blocks.attn.q.lora_a", "blocks.attn.q.lora_b",
+                                          "blocks.attn.v.lora_a", "blocks.attn.v.lora_b"}
+    # a group and its members are one target set
+    assert _lora_numbers(("attn",))[3] == _lora_numbers(("q", "k", "v", "o"))[3]
+
+
+def test_a_quantised_base_quantises_every_block_matmul_whatever_the_targets():
+    """bitsandbytes quantises every nn.Linear at load (transformers' replace_with_bnb_linear),
+    PEFT then wraps its targets: QLoRA on q and v stores the MLP in NF4 too. The stored base
+    is the same for every target set; only the adapters differ. A 16-bit base stores the
+    unwrapped matrices in the compute dtype, as before."""
+    m = llama_like()
+    _, _, _, qv = _lora_numbers(("q", "v"), bits=4, model=m)
+    _, _, _, every = _lora_numbers(("attn", "mlp"), bits=4, model=m)
+    for key in ("lora_base_layer", "lora_base_kv", "lora_base_mats", "base_bytes"):
+        assert qv[key] == every[key], key
+    assert qv["lora_base_mats"] == 7                      # q k v o gate up down
+    assert _lora_numbers(("q", "v"), bits=16, model=m)[3]["lora_base_mats"] == 2
+
+
+def test_frozen_matrices_keep_no_inputs_where_the_runtime_drops_them():
+    """Per block, the inputs a runtime keeps only for an adapter's gradient: with q and v
+    wrapped, o's input (materialised attention's output; a flash kernel keeps its own output
+    anyway), gate/up's input (the second norm's output) and down's input go. In a runtime
+    that keeps frozen inputs (xla-gpu's profile) nothing moves. Exact per-token counts."""
+    m = llama_like()
+    tokens = 2.0 * 512
+    ab = 2.0                                                # bf16-mixed under LoRA
+    ow, h, f = m.num_attention_heads * m.head_size, m.hidden_size, m.intermediate_size
+
+    def saved(targets, **kw):
+        _, _, k, n = _lora_numbers(targets, **kw)
+        return float(saved_bytes(k, n, tokens)[0])
+
+    assert saved(("q", "v", "o"), flash=False) - saved(("q", "v"), flash=False) == \
+        pytest.approx(tokens * ab * ow, rel=F32_RTOL)
+    assert saved(("q", "v", "o"), flash=True) == pytest.approx(saved(("q", "v"), flash=True),
+                                                               rel=F32_RTOL)
+    assert saved(("q", "v", "up")) - saved(("q", "v")) == pytest.approx(tokens * ab * h,
+                                                                        rel=F32_RTOL)
+    assert saved(("q", "v", "down")) - saved(("q", "v")) == pytest.approx(tokens * ab * f,
+                                                                          rel=F32_RTOL)
+    for targets in (("q", "v"), ("mlp",)):
+        assert saved(targets, runtime="xla-gpu") == pytest.approx(
+            saved(("attn", "mlp"), runtime="xla-gpu"), rel=F32_RTOL)
+
+
+def test_the_first_block_keeps_nothing_before_its_first_adapter():
+    """With the embedding frozen, the first block's input needs no gradient: autograd keeps
+    nothing computed before the block's first adapter. Adapters on the attention: only the
+    first norm's input and statistics go; on the MLP alone, the attention's saved tensors
+    too (the score matrix included); nothing under full fine-tuning or full recomputation,
+    or in a runtime that keeps frozen inputs."""
+    from capopt.cost.activations import first_block_unsaved
+    tokens = 2.0 * 512
+    h = llama_like().hidden_size
+
+    def unsaved(targets, **kw):
+        _, _, k, n = _lora_numbers(targets, **kw)
+        return [float(x) for x in first_block_unsaved(k, n, tokens)]
+
+    none, sel, full = unsaved(("attn", "mlp"))
+    assert none == pytest.approx(tokens * (2.0 * h + 4.0), rel=F32_RTOL)
+    # (the profile's selective policy caches every matmul's output: the rule leaves it be)
+    assert sel == 0.0 and full == 0.0
+    korthikanti = {"selective_saves_dots": 0.0}
+    assert unsaved(("attn", "mlp"), coeffs=korthikanti)[1] == pytest.approx(none, rel=F32_RTOL)
+    mlp_none, mlp_sel, _ = unsaved(("mlp",), flash=False, coeffs=korthikanti)
+    _, _, k, n = _lora_numbers(("mlp",), flash=False)
+    scores = tokens * float(n["a"]) * float(n["s"]) * 2.0      # at least the bf16 probabilities
+    assert mlp_none - mlp_sel > scores                         # selective drops the scores anyway
+    assert mlp_sel > none
+    assert unsaved(("mlp",), runtime="xla-gpu") == [0.0, 0.0, 0.0]
+    sc = make_scenario(llama_like(), count=1, global_batch=2, runtime="pytorch-eager")
+    cfg = Config(micro_batch=2)
+    assert [float(x) for x in first_block_unsaved(knobs_from_config(cfg),
+                                                  numbers_pytree(scenario_numbers(sc)), tokens)] == [0, 0, 0]

@@ -391,6 +391,62 @@ def test_lora_on_attention_only_keeps_no_input_of_the_frozen_mlp(remat):
 
 
 @needs_torch
+@pytest.mark.parametrize("targets", [("q", "v"), ("mlp",), ("down",)], ids="+".join)
+def test_lora_on_chosen_matrices_keeps_what_their_adapters_need(targets):
+    """Adapters on single matrices (PEFT's target_modules): q and v (its Llama default), the
+    MLP alone, down alone. Autograd keeps a frozen matmul's input only for an adapter, and in
+    the first block nothing before the first adapter (the frozen embedding's output needs no
+    gradient): with materialised attention on two blocks, the MLP-only and down-only steps
+    keep one block's score matrices fewer. Within 5% as the plain case; without the rules
+    (``frozen_inputs_dropped`` = 0) the MLP-only and down-only predictions are 20-50% over."""
+    import dataclasses
+
+    from capopt._specs import LoRA
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec()
+    sc = _scenario(spec, seq=512, precision="fp32")
+    sc = sc.replace(workload=dataclasses.replace(
+        sc.workload, lora=LoRA(rank=8, targets=targets, base_bits=16)))
+    cfg = Config(micro_batch=4, flash_attention=False)
+    m = run_torch(sc, cfg)["measured"]["peak_bytes"]
+    err = abs(predicted_torch_terms(cfg, sc)["peak_bytes"] - m) / m
+    assert err < 0.05
+    rt = sc.runtime.with_coeffs(frozen_inputs_dropped=0.0)
+    err_without = abs(predicted_torch_terms(cfg, sc.replace(runtime=rt))["peak_bytes"] - m) / m
+    assert err_without > err
+
+
+@needs_torch
+def test_qlora_on_q_and_v_stores_every_block_matmul_in_nf4():
+    """QLoRA as transformers + bitsandbytes + PEFT run it: every block linear layer is NF4
+    (load_in_4bit), adapters only on q and v. The tier's parameter bytes are the cost
+    model's (NF4's whole groups of block scales: under 4 bytes a matrix), and a quarter of
+    the 16-bit base's or less."""
+    import dataclasses
+
+    from capopt._inventory import inventory
+    from capopt._specs import LoRA
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec()
+    cfg = Config(micro_batch=4)
+    got = {}
+    for bits in (4, 16):
+        sc = _scenario(spec)
+        lora = LoRA(rank=8, targets=("q", "v"), base_bits=bits)
+        sc = sc.replace(workload=dataclasses.replace(sc.workload, lora=lora))
+        m = run_torch(sc, cfg)["measured"]
+        p = predicted_torch_terms(cfg, sc)
+        stored = sum(t.count for t in inventory(spec, lora) if t.lora in ("base", "quant"))
+        assert stored == (7 if bits == 4 else 2) * spec.num_hidden_layers
+        assert 0 <= m["params_bytes"] - p["params_bytes"] < (4 * stored if bits == 4 else 1)
+        got[bits] = m["params_bytes"]
+    blocks = sum(t.elements for t in inventory(spec) if t.where == "block" and t.matmul)
+    assert got[16] - got[4] > 0.7 * 2 * blocks          # bf16 -> ~0.53 bytes a weight
+
+
+@needs_torch
 def test_a_recomputed_fraction_is_whole_blocks_and_the_top_block_is_stored():
     """remat 0.75 of 5 blocks recomputes round(3.75) = 4 whole blocks, the first ones, as the
     step does (`remat_plan`): 0.75 and 0.8 are one config, and the top block's backward

@@ -102,15 +102,25 @@ def test_every_family_and_option_counts_exactly(spec):
     assert count_params(abstract_model(spec)) == spec.num_params()
 
 
+@pytest.mark.parametrize("targets", [("attn", "mlp"), ("q", "v"), ("v", "o", "down")],
+                         ids="+".join)
 @pytest.mark.parametrize("bits", [16, 8, 4])
-def test_lora_adapters_are_the_cost_models_count(bits):
+def test_lora_adapters_are_the_cost_models_count(bits, targets):
     spec = load_card("tiny-llama")
-    lora = LoRA(rank=8, targets=("attn", "mlp"), base_bits=bits)
+    lora = LoRA(rank=8, targets=targets, base_bits=bits)
     model = abstract_model(spec, Policy(lora=lora))
     # the Flax model's adapters are the inventory's, tensor by tensor in total
     assert count_lora_params(model) == sum(t.elements for t in inventory(spec, lora)
                                            if t.lora == "adapter")
     assert count_params(model) == spec.num_params()     # the base, quantised or not
+    # an 8- or 4-bit base quantises every block matmul, wrapped or not (bitsandbytes at load)
+    from flax import nnx
+
+    from capopt.validation.models import QuantCodes
+    codes = jax.tree.leaves(nnx.state(model, QuantCodes))
+    stored = sum(t.count for t in inventory(spec, lora) if t.lora in ("base", "quant"))
+    assert len(codes) == (stored if bits < 16 else 0)
+    assert bits == 16 or stored == 7 * spec.num_hidden_layers
 
 
 def test_abstract_model_allocates_nothing():

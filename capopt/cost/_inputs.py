@@ -284,18 +284,21 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
     per = lambda ts: sum(t.elements for t in ts) / layers  # noqa: E731
     adapters = [t for t in tensors if t.lora == "adapter"]
     base = [t for t in tensors if t.lora == "base"]
+    # the matrices stored in ``base_bits``: the wrapped ones, and under an 8- or 4-bit base
+    # every other block matmul too (``quant``, `capopt._inventory.inventory`)
+    stored = [t for t in tensors if t.lora in ("base", "quant")]
     eight = float(lora.base_bits == 8) * INT8_SCALE_BYTES
     cols = lambda t: t.count * t.shape[-1] * (t.shape[0] if t.expert else 1)  # noqa: E731
     return {
         "lora_layer": per(adapters),
-        "lora_base_layer": per(base),
-        "lora_base_kv": per([t for t in base if t.tp == "kv"]),
+        "lora_base_layer": per(stored),
+        "lora_base_kv": per([t for t in stored if t.tp == "kv"]),
         # (replicated over tp: latent attention's q_a and kv_a, and their adapters)
-        "lora_base_rep": per([t for t in base if t.tp == "rep"]),
+        "lora_base_rep": per([t for t in stored if t.tp == "rep"]),
         "lora_rep": per([t for t in adapters if t.tp == "rep"]),
         # (of which in experts: split over ep with the experts)
         "lora_expert": per([t for t in adapters if t.expert]),
-        "lora_base_expert": per([t for t in base if t.expert]),
+        "lora_base_expert": per([t for t in stored if t.expert]),
         "base_bytes": {4: NF4_BYTES_PER_WEIGHT, 8: coeffs["base_bytes_8bit"],
                        16: float(prec["act_bytes"])}[lora.base_bits],
         # (a 4-bit base is dequantised before its matmuls: ``lora_dequant``; these wrapped
@@ -303,15 +306,24 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
         "base_nf4": float(lora.base_bits == 4),
         # (an expert-stacked base: one matrix an expert; ``lora_base_expert_mats`` of them,
         # split over ep)
-        "lora_base_mats": sum(t.count * (t.shape[0] if t.expert else 1) for t in base) / layers,
-        "lora_base_expert_mats": sum(t.count * t.shape[0] for t in base if t.expert) / layers,
-        "base_scale_tp_bytes": eight * sum(cols(t) for t in base
+        "lora_base_mats": sum(t.count * (t.shape[0] if t.expert else 1)
+                              for t in stored) / layers,
+        "lora_base_expert_mats": sum(t.count * t.shape[0] for t in stored if t.expert) / layers,
+        "base_scale_tp_bytes": eight * sum(cols(t) for t in stored
                                            if t.tp not in ("row", "rep")) / layers,
-        "base_scale_rep_bytes": eight * sum(cols(t) for t in base
+        "base_scale_rep_bytes": eight * sum(cols(t) for t in stored
                                             if t.tp in ("row", "rep")) / layers,
         "frozen_bytes": float(prec["act_bytes"]),
-        # the MLP's matrices wrapped (their inputs kept for the adapters' gradients)
-        "lora_mlp": float(any(t.matmul in ("gate", "up", "down") for t in base)),
+        # which matrices' inputs an adapter keeps for its gradient (a runtime that keeps no
+        # input for a frozen matmul, ``frozen_inputs_dropped``, keeps only these): the first
+        # norm's output (q or latent attention's q_a, k, v, kv_a), the attention's output
+        # (o), the second norm's output (gate, up), the MLP's activation (down)
+        **{key: float(any(t.matmul in names for t in base)) for key, names in (
+            ("lora_attn_in", ("k", "v", "kv_a", "q_a" if any(t.matmul == "q_a" for t in tensors)
+                              else "q")),
+            # (q or k: the attention's scores need a gradient)
+            ("lora_qk", ("q", "k", "q_a", "kv_a", "kv_b")),
+            ("lora_o", ("o",)), ("lora_mlp_in", ("gate", "up")), ("lora_down", ("down",)))},
         # per token, the widths of every adapter's two matmul outputs (x A and x A B)
         "lora_out_width": sum(t.count * (t.shape[-1] + lora.rank) for t in base) / layers,
         # (of which the adapters of replicated matrices, whole on every tensor-parallel rank)
@@ -445,7 +457,8 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
         n.update(lora=0.0, lora_layer=0.0, lora_base_layer=0.0, lora_base_kv=0.0,
                  lora_base_rep=0.0, lora_rep=0.0, lora_out_width_rep=0.0,
                  base_bytes=0.0, base_scale_tp_bytes=0.0, base_scale_rep_bytes=0.0,
-                 frozen_bytes=0.0, lora_rank=0.0, lora_mlp=0.0, lora_out_width=0.0,
+                 frozen_bytes=0.0, lora_rank=0.0, lora_attn_in=0.0, lora_qk=0.0, lora_o=0.0,
+                 lora_mlp_in=0.0, lora_down=0.0, lora_out_width=0.0,
                  base_nf4=0.0, lora_base_mats=0.0, lora_expert=0.0, lora_base_expert=0.0,
                  lora_base_expert_mats=0.0)
 

@@ -103,22 +103,27 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     mixed = autocast_mixed(n)
     casts = (3.0 + 1.0 + n["gated"]) * ab * h
     stream = n["param_bytes"] * 2.0 * h + casts
-    # LoRA with the MLP frozen, in a runtime that keeps no input for a frozen matmul: the
-    # second norm's output (gate's and up's input) and down's input are not kept
-    frozen_mlp = n["lora"] * (1.0 - n["lora_mlp"]) * n["rt_frozen_inputs_dropped"]
-    rep = ((1.0 - mixed) * ab * (n["rt_resid_saved"] - frozen_mlp) * h + mixed * stream
+    # LoRA, in a runtime that keeps no input for a frozen matmul: a norm output no adapter
+    # reads (the first's: q, k, v; the second's: gate, up) is not kept, nor the MLP's
+    # activation when down has no adapter, nor (materialised attention) the attention's
+    # output when o has none: a flash kernel keeps its output for its own backward
+    dropped = n["lora"] * n["rt_frozen_inputs_dropped"]
+    frozen_in = dropped * ((1.0 - n["lora_attn_in"]) + (1.0 - n["lora_mlp_in"]))
+    frozen_down = dropped * (1.0 - n["lora_down"])
+    frozen_o = dropped * (1.0 - n["lora_o"]) * (1.0 - k.flash)
+    rep = ((1.0 - mixed) * ab * (n["rt_resid_saved"] - frozen_in) * h + mixed * stream
            + ab * extra_norms * h + 2.0 * n["hidden_dropout"] * h)
     # of which the projections' inputs (the two norm outputs, or under autocast each
     # projection's cast of them): a runtime whose sequence parallelism gathers them whole
     # before the projections saves them whole (``sp_gathered_inputs_saved``)
-    proj = (1.0 - mixed) * ab * (2.0 - frozen_mlp) * h + mixed * casts
+    proj = (1.0 - mixed) * ab * (2.0 - frozen_in) * h + mixed * casts
     # float32 router probabilities, in the blocks with experts
     rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"] * n["f_routed_frac"], 0.0)
     stats = n["rt_norm_stats"] + n["rt_layernorm_mean_saved"] * n["layernorm"]
     rep = rep + 4.0 * stats * n["norms_per_layer"]                   # float32 norm statistics
     gelu = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
-    mlp = n["gated"] * n["rt_mlp_gated_saved"] + (1.0 - n["gated"]) * gelu - frozen_mlp
-    attn = ab * (q + kw + vw + ow)
+    mlp = n["gated"] * n["rt_mlp_gated_saved"] + (1.0 - n["gated"]) * gelu - frozen_down
+    attn = ab * (q + kw + vw + ow * (1.0 - frozen_o))
     # per-head q/k norms (Qwen3, Gemma 3): each keeps its input (the projection's output, in
     # the compute dtype) and ``norm_stats`` float32 statistics per head for its backward; its
     # output goes on to the rotary embedding, whose backward needs only the angles
@@ -161,6 +166,27 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     ops_tp = ab * n["ops_tp"] + k.flash * (ab * n["o_w"] + a * n["rt_attn_lse_bytes"])
     ops_whole = ab * n["ops_whole"]
 
+    # LoRA's first block (a frozen embedding: its input needs no gradient), in a runtime
+    # that saves a tensor only for a gradient someone needs (``frozen_inputs_dropped``):
+    # nothing before the block's first adapter is kept. Always the first norm's input and
+    # statistics; with no adapter on q, k or v, the attention's saved tensors too; with none
+    # on o either, the attention's output and the second norm's input; with none on gate or
+    # up either, the MLP's tensors but down's input. With v's adapter but none on q or k,
+    # materialised attention keeps only the probabilities (for v's gradient): not q, k, the
+    # scores or softmax's statistics (a flash kernel keeps its inputs whatever needs a
+    # gradient). (rep: residual-stream; tp: sharded over tp.)
+    norm_in = ab * h + 4.0 * stats
+    no_a, no_o = 1.0 - n["lora_attn_in"], 1.0 - n["lora_o"]
+    no_m = 1.0 - n["lora_mlp_in"]
+    v_only = n["lora_attn_in"] * (1.0 - n["lora_qk"]) * (1.0 - k.flash)
+    mlp_pre = jnp.maximum(mlp - (1.0 - frozen_down), 0.0) * ab * width
+    first_rep = dropped * (norm_in + no_a * no_o * norm_in)
+    first_tp = dropped * (no_a * (attn - ab * ow * (1.0 - frozen_o)
+                                  + no_o * (ab * ow * (1.0 - frozen_o) + no_m * mlp_pre))
+                          + v_only * ab * (q + kw))
+    first_scores = dropped * (no_a * scores
+                              + v_only * jnp.maximum(materialised - a * s * ab, 0.0))
+
     plain = ab * 2.0 * h                                 # family "mlp": input and activation
     zero = jnp.zeros_like(h)
     return {
@@ -176,6 +202,9 @@ def block_inventory(k: Knobs, n: dict) -> dict:
         "ops_tp": jnp.where(tf > 0, ops_tp, zero),
         "ops_whole": jnp.where(tf > 0, ops_whole, zero),
         "ops_rs": jnp.where(tf > 0, ab * n["ops_rows"] * h, zero),
+        "first_rep": jnp.where(tf > 0, first_rep, zero),
+        "first_tp": jnp.where(tf > 0, first_tp, zero),
+        "first_scores": jnp.where(tf > 0, first_scores, zero),
     }
 
 
@@ -196,6 +225,19 @@ def saved_bytes(k: Knobs, n: dict, tokens) -> tuple:
     selective = (1.0 - c - o) * korthikanti + c * dots + o * ops
     full = tokens * inv["input"] * rep_div
     return none, selective, full
+
+
+def first_block_unsaved(k: Knobs, n: dict, tokens) -> tuple:
+    """Bytes the first block does not keep under LoRA (`block_inventory`'s ``first_*``),
+    under each policy: (none, selective, full). Selective recomputation as Korthikanti's
+    drops the scores anyway; the other selective policies and full recomputation keep the
+    block's input, which the first block's rule does not touch."""
+    inv = block_inventory(k, n)
+    none = tokens * (inv["first_rep"] * shard(k.sp, k.tp)
+                     + (inv["first_tp"] + inv["first_scores"]) / k.tp)
+    korthikanti = none - tokens * inv["first_scores"] / k.tp
+    c, o = n["rt_selective_saves_dots"], n["rt_selective_saves_ops"]
+    return none, (1.0 - c - o) * korthikanti, 0.0 * none
 
 
 def backward_transient(k: Knobs, n: dict, tokens):

@@ -43,7 +43,8 @@ import jax
 import jax.numpy as jnp
 
 from ._inputs import Knobs, rank_sequences
-from .activations import backward_transient, saved_bytes, shard, split_over, stream_bytes
+from .activations import (backward_transient, first_block_unsaved, saved_bytes, shard,
+                          split_over, stream_bytes)
 
 PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
 
@@ -332,6 +333,15 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     edge = tokens * (stream_bytes(n) + n["hidden_dropout"]) * n["h"] * rep_div
     edge_bytes = edge * (first * edge_in_flight + (1.0 - first))
     stored = layers * per_block * in_flight
+    # LoRA: the first stage's first block keeps nothing from before its first adapter (each
+    # micro-batch in flight there); stored or rebuilt, as the block's policy says (the
+    # first blocks are the recomputed ones)
+    u_none, u_sel, _ = first_block_unsaved(k, n, tokens)
+    first_rebuilt = jnp.minimum(1.0, (w_sel + w_full) * layers)
+    w_rec0 = jnp.maximum(w_sel + w_full, 1e-6)
+    unsaved_rebuilt = first * first_rebuilt * (w_sel / w_rec0) * u_sel
+    unsaved = first * (1.0 - first_rebuilt) * u_none + unsaved_rebuilt
+    stored = stored - unsaved * edge_in_flight
     # the block under backward is its own micro-batch's: what it adds on top of the stored
     # Recomputing a fraction of the blocks recomputes the first ones (Megatron's "block"
     # method, the validation step's `remat_plan`): the top block is a stored one whenever a
@@ -343,7 +353,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     own_rec = (w_sel * (rebuilt_sel + transient) + w_full * (rebuilt_full + transient)) / w_rec
     top_own = top_stored * transient + (1.0 - top_stored) * own_rec
     rebuild_own = own_rec * remat_share
-    stored_remat = layers * (w_sel * a_sel + w_full * a_full) * in_flight
+    stored_remat = (layers * (w_sel * a_sel + w_full * a_full) * in_flight
+                    - unsaved_rebuilt * edge_in_flight)
     bottom_own = ((1.0 - remat_share) * (a_none + transient)
                   + remat_share * ((w_sel * a_sel + w_full * a_full) / w_rec + own_rec))
 
@@ -493,7 +504,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "loss": at_head,
         "top": stored + edge_bytes + top_own,
         "rebuild": stored_remat + edge_bytes + rebuild_own,
-        "bottom": edge_bytes + bottom_own + (in_flight - 1.0) * layers * per_block,
+        "bottom": (edge_bytes + bottom_own - unsaved
+                   + (in_flight - 1.0) * (layers * per_block - unsaved)),
         # after the blocks' backward pass, the larger of: the embedding's backward (a runtime
         # that writes its dense gradient last: the table's gradient, a tied head's waiting
         # contribution and their sum, or the addition into an accumulated .grad; with FSDP

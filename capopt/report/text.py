@@ -95,12 +95,22 @@ def assumed_rates_line(thr: dict) -> str:
             f"{thr['nccl_inter_gb_s']:.0f} GB/s across")
 
 
+def training_label(sc) -> str:
+    """What the scenario trains, when not the whole model: `` (QLoRA r16 on q+v)``."""
+    lora = sc.workload.lora
+    if lora is None:
+        return ""
+    kind = {4: "QLoRA", 8: "LoRA (8-bit base)", 16: "LoRA"}[lora.base_bits]
+    return f" ({kind} r{lora.rank} on {'+'.join(lora.targets)})"
+
+
 def optimize_table(res) -> str:
     """An `OptimizeResult` as the CLI prints it: the ranked candidates, the runner-up's
     loss, the stage layout, the shadow price of memory; or, when nothing fits, the smallest
     requirement and the changes that would make one fit."""
     sc = res.scenario
-    head = (f"{sc.name}: {sc.model.name} on {sc.count}x {sc.hardware.name}, budget "
+    head = (f"{sc.name}: {sc.model.name}{training_label(sc)} on {sc.count}x "
+            f"{sc.hardware.name}, budget "
             f"{gib(sc.budget.usable_bytes)} GiB usable per device")
     lines = [head]
     if res.status == "infeasible":

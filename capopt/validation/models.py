@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from .._inventory import lora_wrapped
 from .._model import ModelSpec
 from .._runtime import NF4_BLOCK, NF4_BLOCK2
 from .._specs import LoRA
@@ -135,16 +136,28 @@ def _normal(rngs: KeyGen, shape, dtype, std=INIT_STD):
 # --------------------------------------------------------------------------------------------
 # Building blocks
 # --------------------------------------------------------------------------------------------
+def _wraps(policy, name: str) -> bool:
+    """Whether LoRA wraps the block matrix ``name`` under ``policy``."""
+    return policy.lora is not None and name in lora_wrapped(policy.lora.targets)
+
+
+def _block_linear(policy, name: str) -> dict:
+    """A block matrix's LoRA arguments: wrapped (adapters) and quantised (an 8- or 4-bit
+    base quantises every block matmul, wrapped or not, as `capopt._inventory` lists)."""
+    quantised = policy.lora is not None and policy.lora.base_bits < 16
+    return dict(lora=_wraps(policy, name), quantised=quantised)
+
+
 class Linear(nnx.Module):
     """``y = x @ kernel + bias`` with kernel (in, out); LoRA adapters and a quantised base."""
 
     def __init__(self, din: int, dout: int, *, bias: bool, policy: Policy, rngs: KeyGen,
-                 lora: bool = False):
+                 lora: bool = False, quantised: bool = False):
         self.din, self.dout = din, dout
         self.compute_dtype = policy.compute_dtype
         frozen = policy.lora is not None
         dtype = policy.frozen_dtype if frozen else policy.param_dtype
-        self.bits = policy.lora.base_bits if (lora and frozen) else 16
+        self.bits = policy.lora.base_bits if (frozen and (lora or quantised)) else 16
         if self.bits == 16:
             self.kernel = nnx.Param(_normal(rngs, (din, dout), dtype))
         elif self.bits == 8:
@@ -363,12 +376,11 @@ class Attention(nnx.Module):
         self.causal, self.rotary = causal, spec.position_embedding == "rotary"
         self.rate = float(spec.attention_dropout)
         self.impl, self.chunk = policy.attention, policy.attention_chunk
-        lora = policy.lora is not None and "attn" in policy.lora.targets
-        kw = dict(policy=policy, rngs=rngs, lora=lora)
-        self.q = Linear(h, self.heads * hd, bias=spec.attention_bias, **kw)
-        self.k = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, **kw)
-        self.v = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, **kw)
-        self.o = Linear(self.heads * hd, h, bias=spec.attention_out_bias, **kw)
+        kw = lambda name: dict(policy=policy, rngs=rngs, **_block_linear(policy, name))  # noqa: E731
+        self.q = Linear(h, self.heads * hd, bias=spec.attention_bias, **kw("q"))
+        self.k = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, **kw("k"))
+        self.v = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, **kw("v"))
+        self.o = Linear(self.heads * hd, h, bias=spec.attention_out_bias, **kw("o"))
         # a norm over each head's q and k (Qwen3, Gemma 3), before the rotary embedding
         self.q_norm = Norm(hd, spec.norm_type, policy=policy) if spec.qk_norm else None
         self.k_norm = Norm(hd, spec.norm_type, policy=policy) if spec.qk_norm else None
@@ -401,15 +413,14 @@ class LatentAttention(nnx.Module):
         self.kv_rank, self.causal = kvr, causal
         self.rate = float(spec.attention_dropout)
         self.impl, self.chunk = policy.attention, policy.attention_chunk
-        lora = policy.lora is not None and "attn" in policy.lora.targets
-        kw = dict(policy=policy, rngs=rngs, lora=lora)
-        self.q_a = Linear(h, qr, bias=False, **kw) if qr else None
+        kw = lambda name: dict(policy=policy, rngs=rngs, **_block_linear(policy, name))  # noqa: E731
+        self.q_a = Linear(h, qr, bias=False, **kw("q_a")) if qr else None
         self.q_a_norm = Norm(qr, spec.norm_type, policy=policy) if qr else None
-        self.q = Linear(qr or h, a * hd, bias=False, **kw)
-        self.kv_a = Linear(h, kvr + rope, bias=False, **kw)
+        self.q = Linear(qr or h, a * hd, bias=False, **kw("q"))
+        self.kv_a = Linear(h, kvr + rope, bias=False, **kw("kv_a"))
         self.kv_a_norm = Norm(kvr, spec.norm_type, policy=policy)
-        self.kv_b = Linear(kvr, a * (hd - rope + self.v_dim), bias=False, **kw)
-        self.o = Linear(a * self.v_dim, h, bias=spec.attention_out_bias, **kw)
+        self.kv_b = Linear(kvr, a * (hd - rope + self.v_dim), bias=False, **kw("kv_b"))
+        self.o = Linear(a * self.v_dim, h, bias=spec.attention_out_bias, **kw("o"))
 
     def __call__(self, x, key):
         b, s, _ = x.shape
@@ -431,13 +442,12 @@ class LatentAttention(nnx.Module):
 class MLP(nnx.Module):
     def __init__(self, spec: ModelSpec, *, policy: Policy, rngs: KeyGen, width: int = 0):
         h, f = spec.hidden_size, width or spec.intermediate_size
-        lora = policy.lora is not None and "mlp" in policy.lora.targets
-        kw = dict(policy=policy, rngs=rngs, lora=lora)
+        kw = lambda name: dict(policy=policy, rngs=rngs, **_block_linear(policy, name))  # noqa: E731
         self.gated = spec.mlp_type == "gated"
         self.act = _act(spec.hidden_act)
-        self.gate = Linear(h, f, bias=spec.mlp_bias, **kw) if self.gated else None
-        self.up = Linear(h, f, bias=spec.mlp_bias, **kw)
-        self.down = Linear(f, h, bias=spec.mlp_bias, **kw)
+        self.gate = Linear(h, f, bias=spec.mlp_bias, **kw("gate")) if self.gated else None
+        self.up = Linear(h, f, bias=spec.mlp_bias, **kw("up"))
+        self.down = Linear(f, h, bias=spec.mlp_bias, **kw("down"))
 
     def __call__(self, x):
         u = self.up(x)
@@ -450,7 +460,7 @@ class Experts(nnx.Module):
 
     def __init__(self, spec: ModelSpec, *, policy: Policy, rngs: KeyGen):
         E, h, f = spec.num_local_experts, spec.hidden_size, spec.intermediate_size
-        lora = policy.lora is not None and "mlp" in policy.lora.targets
+        lora = any(_wraps(policy, name) for name in ("gate", "up", "down"))
         if lora and policy.lora.base_bits != 16:
             raise ValueError("quantised (8/4-bit) LoRA bases on MoE experts are not implemented")
         dtype = policy.frozen_dtype if policy.lora is not None else policy.param_dtype
@@ -467,12 +477,14 @@ class Experts(nnx.Module):
         pd = policy.param_dtype
         mk = lambda shape: LoRAParam(_normal(rngs, shape, pd))  # noqa: E731
         zero = lambda shape: LoRAParam(jnp.zeros(shape, pd))     # noqa: E731
-        self.gate_lora_a = mk((E, h, r)) if lora and self.gated else None
-        self.gate_lora_b = zero((E, r, f)) if lora and self.gated else None
-        self.up_lora_a = mk((E, h, r)) if lora else None
-        self.up_lora_b = zero((E, r, f)) if lora else None
-        self.down_lora_a = mk((E, f, r)) if lora else None
-        self.down_lora_b = zero((E, r, h)) if lora else None
+        gate = self.gated and _wraps(policy, "gate")
+        up, down = _wraps(policy, "up"), _wraps(policy, "down")
+        self.gate_lora_a = mk((E, h, r)) if gate else None
+        self.gate_lora_b = zero((E, r, f)) if gate else None
+        self.up_lora_a = mk((E, h, r)) if up else None
+        self.up_lora_b = zero((E, r, f)) if up else None
+        self.down_lora_a = mk((E, f, r)) if down else None
+        self.down_lora_b = zero((E, r, h)) if down else None
 
     def _mm(self, x, w, b, la, lb):
         cd = self.cd

@@ -221,15 +221,22 @@ def draw_config(rng: np.random.Generator, m: ModelSpec, *, single_device_share: 
     return wl, cfg
 
 
+# The LoRA target sets the torch tier's LoRA draw takes by default: the two groups
+LORA_TARGET_SETS = (("attn",), ("attn", "mlp"))
+# ... and the single-matrix sets people use: PEFT's default for Llama-family models (q_proj,
+# v_proj), q/k/v without o, the MLP alone, and two mixed sets that leave each kind of kept
+# input (the first norm's output, the attention's output, the second norm's output, the
+# MLP's activation) without an adapter somewhere
+LORA_SINGLE_SETS = (("q", "v"), ("q", "k", "v"), ("mlp",), ("v", "o", "down"), ("q", "v", "up"))
+
+
 def _lora_ok(m: ModelSpec, lora: LoRA | None) -> bool:
     """QLoRA's packed 4-bit base needs even widths and whole 64-weight blocks."""
     if lora is None or lora.base_bits != 4:
         return True
-    h, hd = m.hidden_size, m.head_size
-    widths = [(h, m.num_attention_heads * hd), (h, m.kv_heads * hd), (m.num_attention_heads * hd, h)]
-    if "mlp" in lora.targets:
-        widths += [(h, m.intermediate_size), (m.intermediate_size, h)]
-    return all(o % 2 == 0 and (i * o) % 64 == 0 for i, o in widths)
+    from .._inventory import inventory
+    return all(t.shape[-1] % 2 == 0 and (t.shape[-2] * t.shape[-1]) % 64 == 0
+               for t in inventory(m, lora) if t.lora == "base")
 
 
 def features(sc: Scenario, cfg: Config, style: str) -> dict:
@@ -321,13 +328,16 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
                      runtime: RuntimeProfile | str = "pytorch-eager", per_shape: int = 2,
                      ranks: tuple[int, ...] = (1, 8), lora: bool = False,
                      tp: tuple[int, ...] = (), tp_dp: int = 1,
-                     tp_sp: bool = False) -> list[Case]:
+                     tp_sp: bool = False,
+                     lora_targets: tuple[tuple[str, ...], ...] = LORA_TARGET_SETS
+                     ) -> list[Case]:
     """``n`` cases the torch tier runs, drawn as `draw_cases` draws (the same card styles and
     sizes, micro-batches, sequences, accumulation, remat, flash), with the torch tier's
     precisions and optimizers; a card's configs take the data-parallel degrees of ``ranks``
     in turn (more than one: FSDP2 as ZeRO-2 or ZeRO-3, drawn); split by card shape the same
     way. ``lora``: every case fine-tunes with LoRA or QLoRA (rank 4, 8 or 16; attention or
-    attention and MLP; a 16-bit or NF4 base), on one device, as the tier runs them. ``tp``:
+    attention and MLP, or one of ``lora_targets``; a 16-bit or NF4 base; the target set
+    must wrap a matrix of the card), on one device, as the tier runs them. ``tp``:
     every case is tensor-parallel, its degree drawn from ``tp`` among those the card's heads
     and widths allow (a card none allows is skipped), and half the cards have their
     vocabulary padded to a multiple of 128 as Megatron-LM pads it (so that the embedding and
@@ -350,7 +360,7 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
             dp = tp_dp if tp else 1 if lora else ranks[j % len(ranks)]
             if lora:
                 wl["lora"] = LoRA(rank=int(_pick(rng, (4, 8, 16))),
-                                  targets=_pick(rng, (("attn",), ("attn", "mlp"))),
+                                  targets=_pick(rng, lora_targets),
                                   base_bits=int(_pick(rng, (16, 4))))
                 if not _lora_ok(m, wl["lora"]):         # NF4 needs whole blocks: 16-bit
                     wl["lora"] = dataclasses.replace(wl["lora"], base_bits=16)
@@ -426,6 +436,7 @@ def describe(case: Case) -> str:
             f"remat={r} {'flash' if c.flash_attention else 'mat'}")
 
 
-__all__ = ["Case", "EXTRA_STYLES", "STYLES", "TORCH_STYLES", "describe", "draw_cases", "draw_config",
-           "draw_model", "draw_torch_cases",
+__all__ = ["Case", "EXTRA_STYLES", "LORA_SINGLE_SETS", "LORA_TARGET_SETS", "STYLES",
+           "TORCH_STYLES", "describe", "draw_cases", "draw_config", "draw_model",
+           "draw_torch_cases",
            "features", "model_shape", "shape_split"]

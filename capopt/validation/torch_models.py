@@ -63,8 +63,8 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
     check_spec(spec)
     dtype = param_dtype or torch.float32
     if lora is not None:
-        from .._inventory import LORA_MATRICES
-        wrapped = {name for t in lora.targets for name in LORA_MATRICES.get(t, ())}
+        from .._inventory import lora_wrapped
+        wrapped = lora_wrapped(lora.targets)
         LoRALinear = lora_linear_module()
         base = frozen_dtype or dtype
 
@@ -72,6 +72,9 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
             if name in wrapped:
                 return LoRALinear(i, o, b, rank=lora.rank, bits=lora.base_bits,
                                   base_dtype=base, adapter_dtype=dtype)
+            if lora.base_bits < 16:          # quantised at load, not wrapped
+                return LoRALinear(i, o, b, rank=0, bits=lora.base_bits, base_dtype=base,
+                                  adapter_dtype=dtype)
             return nn.Linear(i, o, bias=b, dtype=base)
     else:
         def linear(name, i, o, b):
@@ -325,8 +328,11 @@ def lora_linear_module():
                                                           dtype=torch.float32))
             self.bias = (nn.Parameter(torch.zeros(dout, dtype=base_dtype), requires_grad=False)
                          if bias else None)
-            self.lora_a = nn.Parameter(torch.empty(rank, din, dtype=adapter_dtype))
-            self.lora_b = nn.Parameter(torch.zeros(dout, rank, dtype=adapter_dtype))
+            # (rank 0: no adapters, a frozen quantised matmul: bitsandbytes' Linear4bit alone)
+            self.lora_a = (nn.Parameter(torch.empty(rank, din, dtype=adapter_dtype))
+                           if rank else None)
+            self.lora_b = (nn.Parameter(torch.zeros(dout, rank, dtype=adapter_dtype))
+                           if rank else None)
 
         def forward(self, x):
             if self.bits == 16:
@@ -339,6 +345,8 @@ def lora_linear_module():
                                          self.rows, self.cols)
                     if self.bias is not None:
                         y = y + self.bias.to(dtype)
+            if self.lora_a is None:
+                return y
             return y + F.linear(F.linear(x, self.lora_a), self.lora_b)
 
     return LoRALinear
