@@ -33,7 +33,8 @@ TP_ROLES = ("col", "kv", "row", "vocab", "rep")
 LORA_MATRICES = {"attn": ("q", "k", "v", "o", "q_a", "kv_a", "kv_b"),
                  "mlp": ("gate", "up", "down")}
 # ... or one by one, as PEFT's ``target_modules`` names them (Hugging Face Llama: q_proj,
-# v_proj, ...; PEFT 0.17's default for Llama-family models is q_proj and v_proj alone)
+# v_proj, ...; PEFT 0.21's default for Llama-family models is q_proj and v_proj alone: its
+# TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
 LORA_SINGLE = tuple(name for group in LORA_MATRICES.values() for name in group)
 
 

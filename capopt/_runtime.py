@@ -218,6 +218,8 @@ SCHEMA: dict[str, Coeff] = {
                                   "projection output (a policy that saves every matmul)"),
     "selective_saves_adapters": _c(0, "1: selective recomputation also keeps both matmul "
                                       "outputs of every LoRA adapter (x A and x A B)"),
+    "gqa_expanded_saved": _c(0, "1: materialised attention expands grouped k and v heads to the "
+                             "query heads before its matmuls and keeps the expanded copies"),
     "frozen_inputs_dropped": _c(0, "1: a frozen matmul keeps no input for the backward pass "
                                    "(no weight gradient to compute): under LoRA, the MLP's "
                                    "input and down projection's input when the MLP is not "

@@ -2,9 +2,9 @@
 own syntax, gives the config's knobs again; what a format cannot carry is refused in one line
 that names the knob; the text is the same every time.
 
-The frameworks' own loaders (TrainingArguments, Accelerate's ClusterConfig, DeepSpeedConfig,
-torchtitan's ConfigManager, megatron-core's config dataclasses) are tried where the framework is
-installed (the `frameworks` extra installs all five); MaxText needs Python >= 3.12 and is checked
+The frameworks' own loaders (TrainingArguments, TRL's parser, Accelerate's ClusterConfig,
+DeepSpeedConfig, torchtitan's ConfigManager, megatron-core's config dataclasses) are tried where
+the framework is installed (the `frameworks` extra installs them all); MaxText needs Python >= 3.12 and is checked
 against its documented keys only.
 """
 
@@ -49,15 +49,15 @@ CONFIGS = {
 }
 # which formats carry which config (the rest must refuse it)
 EXPRESSES = {
-    "dp-only": {"deepspeed", "megatron", "torchtitan", "accelerate", "hf-trainer", "maxtext",
-                "llm-foundry"},
-    "zero3-full": {"megatron", "torchtitan", "accelerate", "hf-trainer", "maxtext",
+    "dp-only": {"deepspeed", "megatron", "torchtitan", "accelerate", "hf-trainer", "trl-sft",
+                "maxtext", "llm-foundry"},
+    "zero3-full": {"megatron", "torchtitan", "accelerate", "hf-trainer", "trl-sft", "maxtext",
                    "llm-foundry"},
-    "zero1": {"deepspeed", "megatron", "accelerate", "hf-trainer", "maxtext"},
+    "zero1": {"deepspeed", "megatron", "accelerate", "hf-trainer", "trl-sft", "maxtext"},
     "tp-pp-sp": {"megatron"},
     "tp-sp-zero3": {"megatron", "torchtitan"},
-    "fraction": {"megatron", "torchtitan", "hf-trainer"},
-    "offload": {"deepspeed", "megatron", "accelerate", "hf-trainer"},
+    "fraction": {"megatron", "torchtitan", "hf-trainer", "trl-sft"},
+    "offload": {"deepspeed", "megatron", "accelerate", "hf-trainer", "trl-sft"},
     "cp-zero3": {"megatron", "torchtitan"},
     "pp-vpp": {"megatron"},
     "pp-vpp-fsdp": {"torchtitan"},
@@ -237,6 +237,17 @@ def read_hf_trainer(text: str) -> dict:
             "precision": "bf16-mixed" if d["bf16"] and not d["fp16"] else "?"}
 
 
+def read_trl_sft(text: str) -> dict:
+    """TRL's YAML: TrainingArguments' fields as hf-trainer's, the world size from the launch
+    line's --num_processes (1 without)."""
+    d = yaml.safe_load(text)
+    assert d["max_length"] == SC.seq_len and d["packing"] is True and d["loss_type"] == "nll"
+    out = read_hf_trainer(json.dumps(d))
+    m = re.search(r"--num_processes (\d+)", text)
+    out["dp"] = int(m.group(1)) if m else 1
+    return out
+
+
 def maxtext_overrides(text: str) -> dict[str, str]:
     out = {}
     for line in text.splitlines():
@@ -284,7 +295,7 @@ def read_llm_foundry(text: str) -> dict:
 
 READERS = {"deepspeed": read_deepspeed, "megatron": read_megatron,
            "torchtitan": read_torchtitan, "accelerate": read_accelerate,
-           "hf-trainer": read_hf_trainer, "maxtext": read_maxtext,
+           "hf-trainer": read_hf_trainer, "trl-sft": read_trl_sft, "maxtext": read_maxtext,
            "llm-foundry": read_llm_foundry}
 
 
@@ -486,7 +497,7 @@ def test_a_torchtitan_file_priced_by_another_profile_says_so():
     assert "--runtime" not in emit("torchtitan", cfg, own)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "trl-sft"])
 def test_lora_is_refused_naming_the_knob(fmt):
     sc = load_scenario("qlora-llama2-7b-24gb")
     assert sc.workload.lora == LoRA(rank=64, targets=("attn", "mlp"), base_bits=4)
@@ -494,7 +505,44 @@ def test_lora_is_refused_naming_the_knob(fmt):
         emit(fmt, Config(micro_batch=4, grad_accum=4, remat="full"), sc)
     msg = str(err.value)
     assert "training.lora" in msg and "\n" not in msg and msg.startswith("--emit: ")
-    assert "no launch format here expresses this config" in msg
+    assert err.value.allowed == "trl-sft"
+
+
+@pytest.mark.parametrize("targets, modules", [
+    (("attn", "mlp"), "all-linear"), (("q", "v"), ["q_proj", "v_proj"]),
+    (("mlp",), ["gate_proj", "up_proj", "down_proj"])])
+@pytest.mark.parametrize("bits", [16, 8, 4])
+def test_trl_writes_lora_and_the_quantised_base(targets, modules, bits):
+    """TRL's ModelConfig carries what capopt priced: the adapters' rank and modules (every
+    block matmul is PEFT's "all-linear"), no adapter dropout (PEFT would keep a dropped copy
+    of each wrapped input), the base in NF4 with its scales quantised again (NF4's bytes as
+    capopt counts them) or 8-bit, the model in the compute dtype."""
+    import dataclasses
+    sc = load_scenario("qlora-llama2-7b-24gb")
+    sc = sc.replace(workload=dataclasses.replace(
+        sc.workload, lora=LoRA(rank=64, targets=targets, base_bits=bits)))
+    d = yaml.safe_load(emit("trl-sft", Config(micro_batch=4, grad_accum=4, remat="full"), sc))
+    assert d["use_peft"] is True and d["lora_r"] == 64 and d["lora_dropout"] == 0.0
+    assert d["lora_target_modules"] == modules
+    assert d.get("load_in_4bit", False) == (bits == 4)
+    assert d.get("load_in_8bit", False) == (bits == 8)
+    assert d.get("bnb_4bit_quant_type") == ("nf4" if bits == 4 else None)
+    assert d["dtype"] == "bfloat16" and d["bf16"] is True
+    assert d["activation_checkpointing"] is True and d["per_device_train_batch_size"] == 4
+
+
+def test_trl_refuses_lora_it_cannot_name_or_shard():
+    from capopt._cards import load_card
+    sc = load_scenario("qlora-llama2-7b-24gb")
+    with pytest.raises(CapoptError, match="config.zero_stage"):
+        emit("trl-sft", Config(micro_batch=1, grad_accum=2, dp=8, zero_stage=3),
+             sc.replace(count=8))
+    with pytest.raises(CapoptError, match="model.family"):
+        emit("trl-sft", Config(micro_batch=1, grad_accum=16),
+             sc.replace(model=load_card("bert-base")))
+    moe = sc.replace(model=load_card("mixtral-8x7b"))
+    with pytest.raises(CapoptError, match="training.lora"):
+        emit("trl-sft", Config(micro_batch=1, grad_accum=16), moe)
 
 
 def test_a_refusal_names_the_formats_that_express_the_config():
@@ -504,8 +552,8 @@ def test_a_refusal_names_the_formats_that_express_the_config():
     with pytest.raises(CapoptError) as err:
         emit("deepspeed", CONFIGS["zero3-full"], SC)
     assert "config.remat = 'full'" in str(err.value)
-    assert err.value.allowed == ("megatron, torchtitan, accelerate, hf-trainer, maxtext, "
-                                 "llm-foundry")
+    assert err.value.allowed == ("megatron, torchtitan, accelerate, hf-trainer, trl-sft, "
+                                 "maxtext, llm-foundry")
 
 
 def test_unknown_format_and_flash_off():
@@ -548,6 +596,38 @@ def test_training_arguments_take_the_file(name, tmp_path):
     assert args.gradient_accumulation_steps == cfg.grad_accum
     assert args.activation_checkpointing == (cfg.remat != "none")
     assert args.optim.value == "adamw_torch" and args.bf16
+
+
+@pytest.mark.skipif(not _installed("trl", "peft"), reason="trl and peft are not installed")
+@pytest.mark.parametrize("targets", [("q", "v"), ("attn", "mlp")], ids="+".join)
+def test_trl_parser_takes_the_file_and_builds_the_lora_priced(targets, tmp_path):
+    """`trl sft --config FILE` parses the file with TrlParser into SFTConfig and ModelConfig;
+    TRL's own get_peft_config / get_quantization_config then build PEFT's LoraConfig and the
+    BitsAndBytesConfig capopt priced: its modules, no dropout, NF4 with nested scales."""
+    import dataclasses
+
+    from trl import ModelConfig, SFTConfig, TrlParser
+    from trl.trainer.utils import get_peft_config, get_quantization_config
+    sc = load_scenario("qlora-llama2-7b-24gb")
+    sc = sc.replace(workload=dataclasses.replace(
+        sc.workload, lora=LoRA(rank=16, targets=targets, base_bits=4)))
+    cfg = Config(micro_batch=4, grad_accum=4, remat="full")
+    d = yaml.safe_load(emit("trl-sft", cfg, sc))
+    d["use_cpu"] = True              # no GPU here: TrainingArguments refuses bf16 otherwise
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(d))
+    args, model_args = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(path), "--output_dir", str(tmp_path / "out")])
+    assert args.per_device_train_batch_size == 4 and args.gradient_accumulation_steps == 4
+    assert args.max_length == sc.seq_len and args.packing and args.bf16
+    lora = get_peft_config(model_args)
+    assert lora.r == 16 and lora.lora_dropout == 0.0
+    want = {"q_proj", "v_proj"} if targets == ("q", "v") else "all-linear"
+    got = lora.target_modules
+    assert (set(got) if isinstance(got, (set, list, tuple)) else got) == want
+    quant = get_quantization_config(model_args)
+    assert quant.load_in_4bit and quant.bnb_4bit_quant_type == "nf4"
+    assert quant.bnb_4bit_use_double_quant
 
 
 @pytest.mark.skipif(not _installed("accelerate"), reason="accelerate is not installed")

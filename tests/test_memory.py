@@ -961,3 +961,23 @@ def test_the_first_block_keeps_nothing_before_its_first_adapter():
     cfg = Config(micro_batch=2)
     assert [float(x) for x in first_block_unsaved(knobs_from_config(cfg),
                                                   numbers_pytree(scenario_numbers(sc)), tokens)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("kv", [1, 2, 8])
+def test_grouped_kv_heads_are_kept_expanded_by_materialised_attention_only(kv):
+    """``gqa_expanded_saved`` (pytorch-eager: Hugging Face's repeat_kv): materialised
+    attention keeps k and v at the query heads' width, (a - kv) d more each per token than
+    the grouped heads; a flash kernel reads them in place; MHA (kv = a) is unchanged."""
+    from capopt.cost import knobs_from_config
+    m = llama_like(heads=8, kv=kv)
+    sc = make_scenario(m, count=1, global_batch=2, runtime="pytorch-eager")
+    n = numbers_pytree(scenario_numbers(sc))
+    tokens = 2.0 * 512
+    ab, d = 2.0, m.head_size
+    off = sc.replace(runtime=sc.runtime.with_coeffs(gqa_expanded_saved=0.0))
+    n_off = numbers_pytree(scenario_numbers(off))
+    for flash in (False, True):
+        k = knobs_from_config(Config(micro_batch=2, flash_attention=flash))
+        extra = float(saved_bytes(k, n, tokens)[0]) - float(saved_bytes(k, n_off, tokens)[0])
+        want = 0.0 if flash else tokens * ab * 2.0 * (8 - kv) * d
+        assert extra == pytest.approx(want, rel=F32_RTOL, abs=1.0)

@@ -418,6 +418,26 @@ def test_lora_on_chosen_matrices_keeps_what_their_adapters_need(targets):
 
 
 @needs_torch
+@pytest.mark.parametrize("kv", [1, 2])
+def test_materialised_attention_keeps_grouped_k_and_v_expanded(kv):
+    """Materialised attention over grouped k/v heads expands them to the query heads before
+    its matmuls (Hugging Face's repeat_kv; the tier's repeat_interleave), and the matmuls keep
+    the expanded copies: the profile's ``gqa_expanded_saved``. Within 5% as the plain case,
+    and closer than without the rule (which counts k and v at their kv heads' width)."""
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec(num_key_value_heads=kv, num_hidden_layers=4)
+    sc = _scenario(spec, seq=512, precision="fp32")
+    cfg = Config(micro_batch=4, flash_attention=False)
+    m = run_torch(sc, cfg)["measured"]["peak_bytes"]
+    err = abs(predicted_torch_terms(cfg, sc)["peak_bytes"] - m) / m
+    assert err < 0.05
+    rt = sc.runtime.with_coeffs(gqa_expanded_saved=0.0)
+    err_without = abs(predicted_torch_terms(cfg, sc.replace(runtime=rt))["peak_bytes"] - m) / m
+    assert err_without > err
+
+
+@needs_torch
 def test_qlora_on_q_and_v_stores_every_block_matmul_in_nf4():
     """QLoRA as transformers + bitsandbytes + PEFT run it: every block linear layer is NF4
     (load_in_4bit), adapters only on q and v. The tier's parameter bytes are the cost

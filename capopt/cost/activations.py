@@ -123,6 +123,10 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     rep = rep + 4.0 * stats * n["norms_per_layer"]                   # float32 norm statistics
     gelu = n["rt_mlp_gelu_saved"] + lowp * n["rt_mlp_gelu_lowp_saved"]
     mlp = n["gated"] * n["rt_mlp_gated_saved"] + (1.0 - n["gated"]) * gelu - frozen_down
+    # (materialised attention in a runtime that expands grouped k and v heads to the query
+    # heads before its matmuls, ``gqa_expanded_saved``: the expanded copies are kept)
+    expand = n["rt_gqa_expanded_saved"] * (1.0 - k.flash)
+    kw, vw = kw + expand * (q - kw), vw + expand * (ow - vw)
     attn = ab * (q + kw + vw + ow * (1.0 - frozen_o))
     # per-head q/k norms (Qwen3, Gemma 3): each keeps its input (the projection's output, in
     # the compute dtype) and ``norm_stats`` float32 statistics per head for its backward; its

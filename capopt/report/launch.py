@@ -15,8 +15,9 @@ the knob and the formats that can carry this config; nothing is dropped in silen
 What is common to the PyTorch formats (deepspeed, accelerate, hf-trainer, torchtitan): the
 attention kernel is the model's, and PyTorch's scaled-dot-product attention picks a fused
 (flash or memory-efficient) kernel by default, so ``flash_attention = true`` needs no key and
-``false`` (materialised scores) is refused. LoRA adapters live in the model (peft), so no format
-here carries ``training.lora``.
+``false`` (materialised scores) is refused. LoRA adapters live in the model (peft): only
+trl-sft's file (TRL's ModelConfig: use_peft, lora_target_modules, load_in_4bit) carries
+``training.lora``.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from .._errors import CapoptError
 from .._specs import Config, Scenario, remat_weights
 
 FORMATS: tuple[str, ...] = ("deepspeed", "megatron", "torchtitan", "accelerate", "hf-trainer",
-                            "maxtext", "llm-foundry")
+                            "trl-sft", "maxtext", "llm-foundry")
 SUFFIX: dict[str, str] = {"deepspeed": ".json", "megatron": ".sh", "torchtitan": ".toml",
-                          "accelerate": ".yaml", "hf-trainer": ".json", "maxtext": ".txt",
-                          "llm-foundry": ".yaml"}
+                          "accelerate": ".yaml", "hf-trainer": ".json", "trl-sft": ".yaml",
+                          "maxtext": ".txt", "llm-foundry": ".yaml"}
 
 
 class _Unexpressible(Exception):
@@ -500,6 +501,8 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
 #   huggingface/accelerate 16cb6eb8 (1.15.0 dev)
 # --------------------------------------------------------------------------------------------
 def _yaml_scalar(v) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(_yaml_scalar(x) for x in v) + "]"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
@@ -593,10 +596,16 @@ _HF_OPTIM = {"adamw": ("adamw_torch", {}),
 
 
 def _emit_hf_trainer(c: Config, sc: Scenario) -> str:
+    _no_lora(sc, "TrainingArguments has no LoRA field (trl-sft writes TRL's, which has)")
+    return json.dumps(_training_args(c, sc), indent=2, sort_keys=True) + "\n"
+
+
+def _training_args(c: Config, sc: Scenario) -> dict:
+    """The TrainingArguments fields of ``c`` (hf-trainer's file; TRL's SFTConfig extends
+    them)."""
     w = sc.workload
     _data_parallel_only(c, "TrainingArguments has no tensor, pipeline or expert degree (its "
                            "FSDP and DeepSpeed are data parallel)")
-    _no_lora(sc, "TrainingArguments has no LoRA field")
     _flash_by_default(c)
     if w.precision in ("bf16", "fp8-mixed"):
         raise _Unexpressible("training.precision", w.precision, "TrainingArguments offers "
@@ -638,7 +647,63 @@ def _emit_hf_trainer(c: Config, sc: Scenario) -> str:
     elif c.zero_stage in (2, 3):
         # FSDP's FULL_SHARD is ZeRO-3, SHARD_GRAD_OP ZeRO-2
         out["fsdp"] = ("full_shard" if c.zero_stage == 3 else "shard_grad_op") + " auto_wrap"
-    return json.dumps(out, indent=2, sort_keys=True) + "\n"
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# TRL: the YAML of `trl sft --config FILE`: SFTConfig (TrainingArguments and SFT's own fields)
+# and ModelConfig (PEFT's LoRA, bitsandbytes' quantisation) keys
+# source: trl/trainer/sft_config.py, trl/trainer/model_config.py and trl/trainer/utils.py
+#   (get_quantization_config, get_peft_config) of trl 1.16.0 (PyPI wheel); PEFT 0.21.2's
+#   LoraConfig ("all-linear": every linear layer but the output head)
+# --------------------------------------------------------------------------------------------
+# capopt's matrices -> Hugging Face Llama-family module names (LlamaAttention, LlamaMLP)
+_PEFT_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
+                 "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+# the frozen model's dtype under LoRA (ModelConfig.dtype; a 4-bit base computes in it too)
+_TRL_DTYPE = {"fp32": "float32", "bf16-mixed": "bfloat16", "fp16-mixed": "float16"}
+
+
+def _emit_trl_sft(c: Config, sc: Scenario) -> str:
+    from .._inventory import inventory, lora_wrapped
+    w, m = sc.workload, sc.model
+    if m.family != "decoder":
+        raise _Unexpressible("model.family", m.family, "trl sft trains causal language models")
+    out = _training_args(c, sc)
+    # every sequence seq_len tokens (packed), the loss on the whole logits as capopt prices
+    # it (nll: the model's own cross-entropy, logits upcast; TRL's chunked_nll never holds them)
+    out.update(max_length=sc.seq_len, packing=True, loss_type="nll",
+               dtype=_TRL_DTYPE[w.precision])
+    lora, notes = w.lora, []
+    if lora is not None:
+        if c.zero_stage or c.offload_optimizer:
+            raise _Unexpressible("config.zero_stage", c.zero_stage, "capopt prices LoRA on "
+                                 "whole model copies (DDP), not FSDP or DeepSpeed shards")
+        if m.is_moe or m.is_mla:
+            raise _Unexpressible("training.lora", f"rank {lora.rank} on "
+                                 f"{'+'.join(lora.targets)}", "capopt names LoRA's modules "
+                                 "for dense Llama-family attention and MLPs only")
+        present = {t.matmul for t in inventory(m) if t.where == "block" and t.matmul}
+        wrapped = lora_wrapped(lora.targets) & present
+        if wrapped == present & set(_PEFT_MODULES):
+            modules: str | list = "all-linear"
+        else:
+            modules = [_PEFT_MODULES[x] for x in _PEFT_MODULES if x in wrapped]
+            notes.append("# lora_target_modules: Hugging Face Llama-family names (Llama, "
+                         "Mistral, Qwen2, Gemma); other models name them otherwise")
+        # (no adapter dropout: PEFT would keep a dropped copy of each wrapped input)
+        out.update(use_peft=True, lora_r=lora.rank, lora_dropout=0.0,
+                   lora_target_modules=modules)
+        if lora.base_bits == 4:
+            # NF4 with its block scales quantised again, as capopt counts NF4's bytes
+            out.update(load_in_4bit=True, bnb_4bit_quant_type="nf4", use_bnb_nested_quant=True)
+        elif lora.base_bits == 8:
+            out["load_in_8bit"] = True
+    launch = ("# trl sft --config FILE --model_name_or_path <the model's Hub id> "
+              "--dataset_name <dataset>")
+    if c.dp > 1:
+        launch += f" --num_processes {c.dp}"
+    return "\n".join(_header("trl-sft", c, sc) + [launch] + notes + _yaml(out)) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -797,7 +862,8 @@ def _emit_llm_foundry(c: Config, sc: Scenario) -> str:
 
 _EMITTERS: dict[str, Callable[[Config, Scenario], str]] = {
     "deepspeed": _emit_deepspeed, "megatron": _emit_megatron, "torchtitan": _emit_torchtitan,
-    "accelerate": _emit_accelerate, "hf-trainer": _emit_hf_trainer, "maxtext": _emit_maxtext,
+    "accelerate": _emit_accelerate, "hf-trainer": _emit_hf_trainer, "trl-sft": _emit_trl_sft,
+    "maxtext": _emit_maxtext,
     "llm-foundry": _emit_llm_foundry,
 }
 
