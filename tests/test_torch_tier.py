@@ -292,6 +292,17 @@ def test_autocast_caches_every_cast_to_the_end_of_the_forward_pass():
     assert "forward" in PHASES and np.isfinite(predicted_fwd)
 
 
+def _errors_with_and_without(sc, cfg, **off) -> tuple[float, float]:
+    """|predicted - tier| / tier for the profile as it is and with ``off`` coefficients set
+    (a rule switched off), on one tier run."""
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    m = run_torch(sc, cfg)["measured"]["peak_bytes"]
+    rt = sc.runtime.with_coeffs(**off)
+    return tuple(abs(predicted_torch_terms(cfg, s)["peak_bytes"] - m) / m
+                 for s in (sc, sc.replace(runtime=rt)))
+
+
 def _lora_scenario(spec, bits, **kw):
     import dataclasses
 
@@ -375,18 +386,14 @@ def test_lora_on_attention_only_keeps_no_input_of_the_frozen_mlp(remat):
     import dataclasses
 
     from capopt._specs import LoRA
-    from capopt.validation.predict import predicted_torch_terms
-    from capopt.validation.torch_step import run_torch
     spec = _spec()
     sc = _scenario(spec, precision="fp32")
     sc = sc.replace(workload=dataclasses.replace(
         sc.workload, lora=LoRA(rank=8, targets=("attn",), base_bits=16)))
     cfg = Config(micro_batch=4, remat=remat)
-    m = run_torch(sc, cfg)["measured"]["peak_bytes"]
-    err = abs(predicted_torch_terms(cfg, sc)["peak_bytes"] - m) / m
+    err, err_without = _errors_with_and_without(sc, cfg, frozen_inputs_dropped=0.0,
+                                                selective_saves_adapters=0.0)
     assert err < 0.05
-    rt = sc.runtime.with_coeffs(frozen_inputs_dropped=0.0, selective_saves_adapters=0.0)
-    err_without = abs(predicted_torch_terms(cfg, sc.replace(runtime=rt))["peak_bytes"] - m) / m
     assert err_without > err
 
 
@@ -402,18 +409,13 @@ def test_lora_on_chosen_matrices_keeps_what_their_adapters_need(targets):
     import dataclasses
 
     from capopt._specs import LoRA
-    from capopt.validation.predict import predicted_torch_terms
-    from capopt.validation.torch_step import run_torch
     spec = _spec()
     sc = _scenario(spec, seq=512, precision="fp32")
     sc = sc.replace(workload=dataclasses.replace(
         sc.workload, lora=LoRA(rank=8, targets=targets, base_bits=16)))
     cfg = Config(micro_batch=4, flash_attention=False)
-    m = run_torch(sc, cfg)["measured"]["peak_bytes"]
-    err = abs(predicted_torch_terms(cfg, sc)["peak_bytes"] - m) / m
+    err, err_without = _errors_with_and_without(sc, cfg, frozen_inputs_dropped=0.0)
     assert err < 0.05
-    rt = sc.runtime.with_coeffs(frozen_inputs_dropped=0.0)
-    err_without = abs(predicted_torch_terms(cfg, sc.replace(runtime=rt))["peak_bytes"] - m) / m
     assert err_without > err
 
 
@@ -424,16 +426,11 @@ def test_materialised_attention_keeps_grouped_k_and_v_expanded(kv):
     its matmuls (Hugging Face's repeat_kv; the tier's repeat_interleave), and the matmuls keep
     the expanded copies: the profile's ``gqa_expanded_saved``. Within 5% as the plain case,
     and closer than without the rule (which counts k and v at their kv heads' width)."""
-    from capopt.validation.predict import predicted_torch_terms
-    from capopt.validation.torch_step import run_torch
     spec = _spec(num_key_value_heads=kv, num_hidden_layers=4)
     sc = _scenario(spec, seq=512, precision="fp32")
     cfg = Config(micro_batch=4, flash_attention=False)
-    m = run_torch(sc, cfg)["measured"]["peak_bytes"]
-    err = abs(predicted_torch_terms(cfg, sc)["peak_bytes"] - m) / m
+    err, err_without = _errors_with_and_without(sc, cfg, gqa_expanded_saved=0.0)
     assert err < 0.05
-    rt = sc.runtime.with_coeffs(gqa_expanded_saved=0.0)
-    err_without = abs(predicted_torch_terms(cfg, sc.replace(runtime=rt))["peak_bytes"] - m) / m
     assert err_without > err
 
 
