@@ -959,8 +959,8 @@ def test_the_first_block_keeps_nothing_before_its_first_adapter():
     assert unsaved(("mlp",), runtime="xla-gpu") == [0.0, 0.0, 0.0]
     sc = make_scenario(llama_like(), count=1, global_batch=2, runtime="pytorch-eager")
     cfg = Config(micro_batch=2)
-    assert [float(x) for x in first_block_unsaved(knobs_from_config(cfg),
-                                                  numbers_pytree(scenario_numbers(sc)), tokens)] == [0, 0, 0]
+    n = numbers_pytree(scenario_numbers(sc))
+    assert [float(x) for x in first_block_unsaved(knobs_from_config(cfg), n, tokens)] == [0, 0, 0]
 
 
 @pytest.mark.parametrize("kv", [1, 2, 8])

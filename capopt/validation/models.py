@@ -376,7 +376,8 @@ class Attention(nnx.Module):
         self.causal, self.rotary = causal, spec.position_embedding == "rotary"
         self.rate = float(spec.attention_dropout)
         self.impl, self.chunk = policy.attention, policy.attention_chunk
-        kw = lambda name: dict(policy=policy, rngs=rngs, **_block_linear(policy, name))  # noqa: E731
+        def kw(name):
+            return dict(policy=policy, rngs=rngs, **_block_linear(policy, name))
         self.q = Linear(h, self.heads * hd, bias=spec.attention_bias, **kw("q"))
         self.k = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, **kw("k"))
         self.v = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, **kw("v"))
@@ -413,7 +414,8 @@ class LatentAttention(nnx.Module):
         self.kv_rank, self.causal = kvr, causal
         self.rate = float(spec.attention_dropout)
         self.impl, self.chunk = policy.attention, policy.attention_chunk
-        kw = lambda name: dict(policy=policy, rngs=rngs, **_block_linear(policy, name))  # noqa: E731
+        def kw(name):
+            return dict(policy=policy, rngs=rngs, **_block_linear(policy, name))
         self.q_a = Linear(h, qr, bias=False, **kw("q_a")) if qr else None
         self.q_a_norm = Norm(qr, spec.norm_type, policy=policy) if qr else None
         self.q = Linear(qr or h, a * hd, bias=False, **kw("q"))
@@ -442,7 +444,8 @@ class LatentAttention(nnx.Module):
 class MLP(nnx.Module):
     def __init__(self, spec: ModelSpec, *, policy: Policy, rngs: KeyGen, width: int = 0):
         h, f = spec.hidden_size, width or spec.intermediate_size
-        kw = lambda name: dict(policy=policy, rngs=rngs, **_block_linear(policy, name))  # noqa: E731
+        def kw(name):
+            return dict(policy=policy, rngs=rngs, **_block_linear(policy, name))
         self.gated = spec.mlp_type == "gated"
         self.act = _act(spec.hidden_act)
         self.gate = Linear(h, f, bias=spec.mlp_bias, **kw("gate")) if self.gated else None
