@@ -212,9 +212,10 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     }
 
 
-def saved_bytes(k: Knobs, n: dict, tokens) -> tuple:
-    """Bytes one block keeps for ``tokens`` tokens under each policy: (none, selective, full)."""
-    inv = block_inventory(k, n)
+def saved_bytes(k: Knobs, n: dict, tokens, inv: dict | None = None) -> tuple:
+    """Bytes one block keeps for ``tokens`` tokens under each policy: (none, selective, full).
+    ``inv``: the block's `block_inventory`, where the caller has it already."""
+    inv = block_inventory(k, n) if inv is None else inv
     rep_div = shard(k.sp, k.tp)
     whole = n["rt_sp_gathered_inputs_saved"] * inv["proj"]      # not split by sp
     none = tokens * ((inv["rep"] - whole) * rep_div + whole + inv["whole"]
@@ -231,12 +232,12 @@ def saved_bytes(k: Knobs, n: dict, tokens) -> tuple:
     return none, selective, full
 
 
-def first_block_unsaved(k: Knobs, n: dict, tokens) -> tuple:
+def first_block_unsaved(k: Knobs, n: dict, tokens, inv: dict | None = None) -> tuple:
     """Bytes the first block does not keep under LoRA (`block_inventory`'s ``first_*``),
     under each policy: (none, selective, full). Selective recomputation as Korthikanti's
     drops the scores anyway; the other selective policies and full recomputation keep the
-    block's input, which the first block's rule does not touch."""
-    inv = block_inventory(k, n)
+    block's input, which the first block's rule does not touch. ``inv`` as `saved_bytes`."""
+    inv = block_inventory(k, n) if inv is None else inv
     none = tokens * (inv["first_rep"] * shard(k.sp, k.tp)
                      + (inv["first_tp"] + inv["first_scores"]) / k.tp)
     korthikanti = none - tokens * inv["first_scores"] / k.tp

@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 
 from ._inputs import Knobs, rank_sequences
-from .activations import (backward_transient, first_block_unsaved, saved_bytes, shard,
-                          split_over, stream_bytes)
+from .activations import (backward_transient, block_inventory, first_block_unsaved,
+                          saved_bytes, shard, split_over, stream_bytes)
 
 PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
 
@@ -322,7 +322,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
 
     # --- activations of one micro-batch ---
     tokens = rank_sequences(k) * n["s"]
-    a_none, a_sel, a_full = saved_bytes(k, n, tokens)
+    inv = block_inventory(k, n)
+    a_none, a_sel, a_full = saved_bytes(k, n, tokens, inv)
     w_none, w_sel, w_full = k.remat[0], k.remat[1], k.remat[2]
     per_block = w_none * a_none + w_sel * a_sel + w_full * a_full
     transient = backward_transient(k, n, tokens)
@@ -332,23 +333,20 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # the stage's input edge, kept for every micro-batch in flight on the first stage
     edge = tokens * (stream_bytes(n) + n["hidden_dropout"]) * n["h"] * rep_div
     edge_bytes = edge * (first * edge_in_flight + (1.0 - first))
-    stored = layers * per_block * in_flight
-    # LoRA: the first stage's first block keeps nothing from before its first adapter (each
-    # micro-batch in flight there); stored or rebuilt, as the block's policy says (the
-    # first blocks are the recomputed ones)
-    u_none, u_sel, _ = first_block_unsaved(k, n, tokens)
-    first_rebuilt = jnp.minimum(1.0, (w_sel + w_full) * layers)
-    w_rec0 = jnp.maximum(w_sel + w_full, 1e-6)
-    unsaved_rebuilt = first * first_rebuilt * (w_sel / w_rec0) * u_sel
-    unsaved = first * (1.0 - first_rebuilt) * u_none + unsaved_rebuilt
-    stored = stored - unsaved * edge_in_flight
-    # the block under backward is its own micro-batch's: what it adds on top of the stored
     # Recomputing a fraction of the blocks recomputes the first ones (Megatron's "block"
     # method, the validation step's `remat_plan`): the top block is a stored one whenever a
     # block is stored, the bottom block a recomputed one whenever a block is recomputed.
     # (Exact at whole blocks, smooth between for the relaxation.)
     w_rec = jnp.maximum(w_sel + w_full, 1e-6)
     remat_share = jnp.minimum(1.0, (w_sel + w_full) * layers)       # 1 if any block rebuilds
+    # LoRA: the first stage's first block keeps nothing from before its first adapter (each
+    # micro-batch in flight there); stored or rebuilt, as the block's policy says (the
+    # first blocks are the recomputed ones)
+    u_none, u_sel, _ = first_block_unsaved(k, n, tokens, inv)
+    unsaved_rebuilt = first * remat_share * (w_sel / w_rec) * u_sel
+    unsaved = first * (1.0 - remat_share) * u_none + unsaved_rebuilt
+    stored = layers * per_block * in_flight - unsaved * edge_in_flight
+    # the block under backward is its own micro-batch's: what it adds on top of the stored
     top_stored = jnp.minimum(1.0, w_none * layers)                  # 1 if any block is stored
     own_rec = (w_sel * (rebuilt_sel + transient) + w_full * (rebuilt_full + transient)) / w_rec
     top_own = top_stored * transient + (1.0 - top_stored) * own_rec
