@@ -981,3 +981,31 @@ def test_grouped_kv_heads_are_kept_expanded_by_materialised_attention_only(kv):
         extra = float(saved_bytes(k, n, tokens)[0]) - float(saved_bytes(k, n_off, tokens)[0])
         want = 0.0 if flash else tokens * ab * 2.0 * (8 - kv) * d
         assert extra == pytest.approx(want, rel=F32_RTOL, abs=1.0)
+
+
+def test_the_first_block_discount_counts_each_micro_batch_of_the_first_chunk_once():
+    """Under interleaved stages rank 0 holds its first chunk for more micro-batches than its
+    blocks' average (`first_chunk_in_flight` against `pipeline_in_flight`): the first block's
+    LoRA discount (here the first norm's input: every matrix wrapped) comes off each phase
+    that holds the stored blocks once per micro-batch of that chunk, the bottom phase too."""
+    from capopt.cost._inputs import rank_sequences
+    from capopt.cost.activations import first_block_unsaved
+    from capopt.cost.memory import end_stage_args, end_stage_memory
+    sc = make_scenario(llama_like(layers=8), count=4, global_batch=16, runtime="pytorch-eager",
+                       lora=LoRA(rank=8, targets=("attn", "mlp")))
+    cfg = Config(micro_batch=1, grad_accum=8, pp=2, vpp=2, dp=2)
+    k = knobs_from_config(cfg)
+    n = numbers_pytree(scenario_numbers(sc))
+    off = numbers_pytree(scenario_numbers(sc.replace(
+        runtime=sc.runtime.with_coeffs(frozen_inputs_dropped=0.0))))
+    first, _ = end_stage_args(k, n)
+    assert float(first["edge_in_flight"]) != float(first["in_flight"])
+    tokens = float(rank_sequences(k)) * 512
+    u = float(first_block_unsaved(k, n, tokens)[0]) * float(first["edge_in_flight"])
+    assert u > 0
+    u = u * (1.0 + float(n["rt_fragmentation"]))     # (a phase's total adds fragmentation)
+    on_m, off_m = end_stage_memory(k, n), end_stage_memory(k, off)
+    for phase in ("loss", "top", "bottom"):
+        key = f"phase_{phase}_bytes"
+        assert float(off_m[key][0] - on_m[key][0]) == pytest.approx(u, rel=1e-4), phase
+

@@ -502,8 +502,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "loss": at_head,
         "top": stored + edge_bytes + top_own,
         "rebuild": stored_remat + edge_bytes + rebuild_own,
-        "bottom": (edge_bytes + bottom_own - unsaved
-                   + (in_flight - 1.0) * (layers * per_block - unsaved)),
+        "bottom": (edge_bytes + bottom_own + (in_flight - 1.0) * layers * per_block
+                   - unsaved * edge_in_flight),
         # after the blocks' backward pass, the larger of: the embedding's backward (a runtime
         # that writes its dense gradient last: the table's gradient, a tied head's waiting
         # contribution and their sum, or the addition into an accumulated .grad; with FSDP
