@@ -171,3 +171,19 @@ def test_measurement_keys_survive_a_field_added_with_its_default():
     assert stable_text(Before(1)) == stable_text(After(1)) == "Spec(a=1)"
     assert stable_text(After(1, c=True)) != stable_text(Before(1))
     assert stable_text((Before(2, "y"), {"k": [1, 2]})) == "(Spec(a=2, b='y'), {'k': (1, 2)})"
+
+
+def test_nf4_draws_need_whole_blocks_in_every_matrix_stored_in_nf4():
+    """A 4-bit base stores every block matmul in NF4, wrapped or not: an MLP of odd width
+    cannot take one even when the adapters sit on the attention alone (16 bits can)."""
+    from capopt._model import ModelSpec
+    from capopt._specs import LoRA
+    from capopt.validation.random_configs import _lora_ok
+    m = ModelSpec(name="odd-mlp", family="decoder", hidden_size=128, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=2, intermediate_size=101,
+                  vocab_size=997, position_embedding="rotary", norm_type="rmsnorm",
+                  mlp_type="gated", hidden_act="silu")
+    assert not _lora_ok(m, LoRA(rank=4, targets=("attn",), base_bits=4))
+    assert _lora_ok(m, LoRA(rank=4, targets=("attn",), base_bits=16))
+    assert _lora_ok(m.replace(intermediate_size=128), LoRA(rank=4, targets=("attn",),
+                                                           base_bits=4))

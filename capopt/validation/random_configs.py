@@ -231,12 +231,13 @@ LORA_SINGLE_SETS = (("q", "v"), ("q", "k", "v"), ("mlp",), ("v", "o", "down"), (
 
 
 def _lora_ok(m: ModelSpec, lora: LoRA | None) -> bool:
-    """QLoRA's packed 4-bit base needs even widths and whole 64-weight blocks."""
+    """QLoRA's packed 4-bit base needs even widths and whole 64-weight blocks, in every
+    matrix it stores in NF4 (wrapped or not)."""
     if lora is None or lora.base_bits != 4:
         return True
     from .._inventory import inventory
     return all(t.shape[-1] % 2 == 0 and (t.shape[-2] * t.shape[-1]) % 64 == 0
-               for t in inventory(m, lora) if t.lora == "base")
+               for t in inventory(m, lora) if t.lora in ("base", "quant"))
 
 
 def features(sc: Scenario, cfg: Config, style: str) -> dict:
