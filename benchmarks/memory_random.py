@@ -92,11 +92,8 @@ def measurement_key(case: Case) -> str:
         # compiled with grouped dispatch (revision 1, every device routing the whole batch,
         # left the keys as they were)
         parts += (f"moe dispatch revision {MOE_REVISION}",)
-    from capopt._inventory import LORA_QUANT_REVISION, lora_quant_revised
-    if lora_quant_revised(sc.model, sc.workload.lora):
-        # a quantised base stores every block matmul quantised, wrapped or not (revision 2;
-        # revision 1, only the wrapped ones, left the keys as they were)
-        parts += (f"lora quantised base revision {LORA_QUANT_REVISION}",)
+    from capopt._inventory import lora_quant_key
+    parts += lora_quant_key(sc.model, sc.workload.lora)
     text = stable_text(parts)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 

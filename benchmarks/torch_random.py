@@ -13,8 +13,8 @@ tiny card and of an 8B-class card (``llama-3-8b``, seq 2048, micro-batch 1, full
 ``--lora``: every case fine-tunes with LoRA or QLoRA on one device instead (its own draw, its
 own results files); ``--lora --lora-targets single``: the same with adapters on single
 matrices (q and v, as PEFT's default for Llama-family models; q, k and v; the MLP alone; two
-mixed sets; `random_configs.LORA_SINGLE_SETS`), results ``torch_lora_single``. ``--tp``: every case is tensor-parallel alone (tp 2 or 4 on a fake group
-of that many ranks; half the cards with a vocabulary padded to a multiple of 128, so that the
+mixed sets; `random_configs.LORA_SINGLE_SETS`), results ``torch_lora_single``. ``--tp``:
+every case is tensor-parallel alone (tp 2 or 4 on a fake group of that many ranks; half the cards with a vocabulary padded to a multiple of 128, so that the
 embedding and head are split over it), its own results files too; ``--tp --tp-dp 2``: the
 same on a 2 x tp mesh, FSDP2 over the data-parallel dimension (torchtitan's 2-D);
 ``--tp --tp-sp``: tensor parallelism with sequence parallelism.
@@ -61,11 +61,8 @@ def measurement_key(case: Case) -> str:
         # measured with the fused RMSNorm backward (revision 2); revision 1 left the keys as
         # they were, and a card without RMSNorm measures the same under both
         parts += (f"torch tier revision {TORCH_TIER_REVISION}",)
-    from capopt._inventory import LORA_QUANT_REVISION, lora_quant_revised
-    if lora_quant_revised(sc.model, sc.workload.lora):
-        # a quantised base stores every block matmul quantised, wrapped or not (revision 2;
-        # revision 1, only the wrapped ones, left the keys as they were)
-        parts += (f"lora quantised base revision {LORA_QUANT_REVISION}",)
+    from capopt._inventory import lora_quant_key
+    parts += lora_quant_key(sc.model, sc.workload.lora)
     text = stable_text(parts)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 

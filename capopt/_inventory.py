@@ -43,10 +43,14 @@ LORA_SINGLE = tuple(name for group in LORA_MATRICES.values() for name in group)
 LORA_QUANT_REVISION = 2
 
 
-def lora_quant_revised(m: "ModelSpec", lora: "LoRA | None") -> bool:
-    """Whether a measurement of ``lora`` on ``m`` depends on `LORA_QUANT_REVISION`: a quantised
-    base with block matmuls it does not wrap."""
-    return lora is not None and any(t.lora == "quant" for t in inventory(m, lora))
+def lora_quant_key(m: "ModelSpec", lora: "LoRA | None") -> tuple[str, ...]:
+    """What a measurement key adds for ``lora`` on ``m``: `LORA_QUANT_REVISION` where the
+    measurement depends on it (a quantised base with block matmuls it does not wrap; the
+    first revision, only the wrapped ones quantised, left the keys as they were), else
+    nothing."""
+    if lora is None or not any(t.lora == "quant" for t in inventory(m, lora)):
+        return ()
+    return (f"lora quantised base revision {LORA_QUANT_REVISION}",)
 
 
 def lora_wrapped(targets) -> frozenset[str]:
@@ -243,4 +247,4 @@ def trainable(tensors) -> list[Tensor]:
 
 
 __all__ = ["LORA_MATRICES", "LORA_QUANT_REVISION", "LORA_SINGLE", "TP_ROLES", "Tensor",
-           "inventory", "lora_quant_revised", "lora_wrapped", "model_tensors", "trainable"]
+           "inventory", "lora_quant_key", "lora_wrapped", "model_tensors", "trainable"]
