@@ -141,23 +141,21 @@ def _wraps(policy, name: str) -> bool:
     return policy.lora is not None and name in lora_wrapped(policy.lora.targets)
 
 
-def _block_linear(policy, name: str) -> dict:
-    """A block matrix's LoRA arguments: wrapped (adapters) and quantised (an 8- or 4-bit
-    base quantises every block matmul, wrapped or not, as `capopt._inventory` lists)."""
-    quantised = policy.lora is not None and policy.lora.base_bits < 16
-    return dict(lora=_wraps(policy, name), quantised=quantised)
-
-
 class Linear(nnx.Module):
-    """``y = x @ kernel + bias`` with kernel (in, out); LoRA adapters and a quantised base."""
+    """``y = x @ kernel + bias`` with kernel (in, out); LoRA adapters and a quantised base.
+
+    ``matrix``: the block matmul it is, as the inventory names it (q, k, ..., down; "" for
+    any other): under LoRA it has adapters where the targets wrap it, and an 8- or 4-bit
+    base quantises every block matmul, wrapped or not (`capopt._inventory.inventory`)."""
 
     def __init__(self, din: int, dout: int, *, bias: bool, policy: Policy, rngs: KeyGen,
-                 lora: bool = False, quantised: bool = False):
+                 matrix: str = ""):
         self.din, self.dout = din, dout
         self.compute_dtype = policy.compute_dtype
         frozen = policy.lora is not None
         dtype = policy.frozen_dtype if frozen else policy.param_dtype
-        self.bits = policy.lora.base_bits if (frozen and (lora or quantised)) else 16
+        lora = bool(matrix) and _wraps(policy, matrix)
+        self.bits = policy.lora.base_bits if (frozen and matrix) else 16
         if self.bits == 16:
             self.kernel = nnx.Param(_normal(rngs, (din, dout), dtype))
         elif self.bits == 8:
@@ -376,12 +374,11 @@ class Attention(nnx.Module):
         self.causal, self.rotary = causal, spec.position_embedding == "rotary"
         self.rate = float(spec.attention_dropout)
         self.impl, self.chunk = policy.attention, policy.attention_chunk
-        def kw(name):
-            return dict(policy=policy, rngs=rngs, **_block_linear(policy, name))
-        self.q = Linear(h, self.heads * hd, bias=spec.attention_bias, **kw("q"))
-        self.k = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, **kw("k"))
-        self.v = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, **kw("v"))
-        self.o = Linear(self.heads * hd, h, bias=spec.attention_out_bias, **kw("o"))
+        kw = dict(policy=policy, rngs=rngs)
+        self.q = Linear(h, self.heads * hd, bias=spec.attention_bias, matrix="q", **kw)
+        self.k = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, matrix="k", **kw)
+        self.v = Linear(h, self.kv_heads * hd, bias=spec.attention_bias, matrix="v", **kw)
+        self.o = Linear(self.heads * hd, h, bias=spec.attention_out_bias, matrix="o", **kw)
         # a norm over each head's q and k (Qwen3, Gemma 3), before the rotary embedding
         self.q_norm = Norm(hd, spec.norm_type, policy=policy) if spec.qk_norm else None
         self.k_norm = Norm(hd, spec.norm_type, policy=policy) if spec.qk_norm else None
@@ -414,15 +411,14 @@ class LatentAttention(nnx.Module):
         self.kv_rank, self.causal = kvr, causal
         self.rate = float(spec.attention_dropout)
         self.impl, self.chunk = policy.attention, policy.attention_chunk
-        def kw(name):
-            return dict(policy=policy, rngs=rngs, **_block_linear(policy, name))
-        self.q_a = Linear(h, qr, bias=False, **kw("q_a")) if qr else None
+        kw = dict(policy=policy, rngs=rngs)
+        self.q_a = Linear(h, qr, bias=False, matrix="q_a", **kw) if qr else None
         self.q_a_norm = Norm(qr, spec.norm_type, policy=policy) if qr else None
-        self.q = Linear(qr or h, a * hd, bias=False, **kw("q"))
-        self.kv_a = Linear(h, kvr + rope, bias=False, **kw("kv_a"))
+        self.q = Linear(qr or h, a * hd, bias=False, matrix="q", **kw)
+        self.kv_a = Linear(h, kvr + rope, bias=False, matrix="kv_a", **kw)
         self.kv_a_norm = Norm(kvr, spec.norm_type, policy=policy)
-        self.kv_b = Linear(kvr, a * (hd - rope + self.v_dim), bias=False, **kw("kv_b"))
-        self.o = Linear(a * self.v_dim, h, bias=spec.attention_out_bias, **kw("o"))
+        self.kv_b = Linear(kvr, a * (hd - rope + self.v_dim), bias=False, matrix="kv_b", **kw)
+        self.o = Linear(a * self.v_dim, h, bias=spec.attention_out_bias, matrix="o", **kw)
 
     def __call__(self, x, key):
         b, s, _ = x.shape
@@ -444,13 +440,12 @@ class LatentAttention(nnx.Module):
 class MLP(nnx.Module):
     def __init__(self, spec: ModelSpec, *, policy: Policy, rngs: KeyGen, width: int = 0):
         h, f = spec.hidden_size, width or spec.intermediate_size
-        def kw(name):
-            return dict(policy=policy, rngs=rngs, **_block_linear(policy, name))
+        kw = dict(policy=policy, rngs=rngs)
         self.gated = spec.mlp_type == "gated"
         self.act = _act(spec.hidden_act)
-        self.gate = Linear(h, f, bias=spec.mlp_bias, **kw("gate")) if self.gated else None
-        self.up = Linear(h, f, bias=spec.mlp_bias, **kw("up"))
-        self.down = Linear(f, h, bias=spec.mlp_bias, **kw("down"))
+        self.gate = Linear(h, f, bias=spec.mlp_bias, matrix="gate", **kw) if self.gated else None
+        self.up = Linear(h, f, bias=spec.mlp_bias, matrix="up", **kw)
+        self.down = Linear(f, h, bias=spec.mlp_bias, matrix="down", **kw)
 
     def __call__(self, x):
         u = self.up(x)
