@@ -170,7 +170,8 @@ def torchtitan_runs(doc: dict) -> list[Run]:
         if not r.get("seq_len"):
             run.notes.append(f"sequence length {seq} from the torchtitan config the run used")
         if r.get("compile"):
-            run.notes.append("torch.compile: blocks priced as eager")
+            run.notes.append("torch.compile (compile = true): element-wise ops fused; "
+                             "activation memory as eager")
         if r.get("precision") == "float8" and recipe:
             run.notes.append(f"float8 {recipe.strip()} scaling: priced as tensorwise fp8-mixed")
         if r.get("async_tp"):
@@ -205,7 +206,8 @@ def torchtitan_runs(doc: dict) -> list[Run]:
             run.notes.append("compile: the loss compiled (loss = fused)")
         wl = Workload(seq_len=seq, global_batch=r["local_batch"] * dp,
                       precision=TITAN_PRECISION[r["precision"]], optimizer="adamw",
-                      grad_clip=True, loss="fused" if fused else "float32")
+                      grad_clip=True, loss="fused" if fused else "float32",
+                      compile=bool(r.get("compile")))
         card = load_card(r["model"])
         run.scenario = _scenario(label, card, gpu, r["gpus"], wl, runtime="torchtitan")
         run.config = cfg

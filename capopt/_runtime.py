@@ -304,6 +304,16 @@ SCHEMA: dict[str, Coeff] = {
     "ew_score": _c(2, "materialised softmax traffic per head and key"),
     "ew_score_dropout": _c(2.5, "attention dropout traffic per head and key"),
     "ew_bwd_factor": _c(2, "backward element-wise traffic per forward element"),
+    "ew_rmsnorm_extra": _c(0, "element-wise traffic an RMSNorm adds per normalised element "
+                              "beyond one fused kernel's read and write, in compute-dtype "
+                              "elements: an eager RMSNorm runs op by op (0 under "
+                              "training.compile)"),
+    "ew_rope_extra": _c(0, "element-wise traffic rotary embedding adds per rotated q and k "
+                           "element beyond one fused kernel's read and write (0 under "
+                           "training.compile)"),
+    "ew_glu_extra": _c(0, "element-wise traffic a gated MLP's activation adds per element of "
+                          "its width beyond one fused kernel reading both inputs and writing "
+                          "the product (0 under training.compile)"),
     # --- time: communication ---
     "nvlink_eff": _c(0.78, "NCCL bus bandwidth / NVLink bandwidth"),
     "net_eff": _c(0.9, "NCCL bus bandwidth / NIC line rate"),

@@ -30,6 +30,17 @@ OBJECTIVES = ("throughput", "cost_efficiency")
 LORA_TARGETS = (*LORA_MATRICES, *LORA_SINGLE)
 
 
+# The runtime-profile coefficients that price element-wise ops run one kernel per op (an
+# eager PyTorch step); `Workload.compile` fuses them (TorchInductor)
+EAGER_EW_COEFFS = ("ew_rmsnorm_extra", "ew_rope_extra", "ew_glu_extra")
+
+
+def eager_elementwise(runtime: RuntimeProfile) -> bool:
+    """Whether the runtime runs element-wise ops one by one (what compiling would fuse)."""
+    coeffs = runtime.coeff_dict()
+    return any(coeffs.get(k, 0.0) > 0.0 for k in EAGER_EW_COEFFS)
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -70,6 +81,7 @@ class Workload:
     grad_clip: bool = True
     lora: LoRA | None = None
     loss: str = "float32"                       # one of LOSSES
+    compile: bool = False                       # torch.compile: element-wise ops fused
     input_samples_per_s: float | None = None    # data-loader rate (None: not a limit)
     train_tokens: float | None = None           # for time-to-train
 
@@ -89,6 +101,9 @@ class Workload:
         if self.loss not in LOSSES:
             raise CapoptError(f"unknown loss {self.loss!r}", field="training.loss",
                               allowed=", ".join(LOSSES))
+        if not isinstance(self.compile, bool):
+            raise CapoptError(f"must be true or false, got {self.compile!r}",
+                              field="training.compile")
         if self.input_samples_per_s is not None and not self.input_samples_per_s > 0:
             raise CapoptError(f"must be > 0, got {self.input_samples_per_s!r}",
                               field="training.input_samples_per_s")
@@ -314,6 +329,12 @@ class Scenario:
             if getattr(self, name) not in allowed:
                 raise CapoptError(f"got {getattr(self, name)!r}", file=self.path,
                                   field=f"config.{name}", allowed=", ".join(allowed))
+        if self.workload.compile and not eager_elementwise(self.runtime):
+            raise CapoptError(f"the {self.runtime.name} runtime's element-wise ops are fused "
+                              "kernels already: compiling changes nothing it prices",
+                              file=self.path, field="training.compile",
+                              allowed="a runtime whose ops run eagerly (pytorch-eager, "
+                              "torchtitan, deepspeed, llm-foundry)")
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")

@@ -22,7 +22,8 @@ QUESTION_FLAGS = {
     "--per-node": "hardware.per_node", "--seq-len": "training.seq_len",
     "--global-batch": "training.global_batch", "--precision": "training.precision",
     "--optimizer": "training.optimizer", "--runtime": "training.runtime",
-    "--lora": "training.lora", "--loss": "training.loss", "--vram-gib": "budget.vram_gib",
+    "--lora": "training.lora", "--loss": "training.loss", "--compile": "training.compile",
+    "--vram-gib": "budget.vram_gib",
 }
 _FLAG_OF = {field: flag for flag, field in QUESTION_FLAGS.items()}
 
@@ -368,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "profiles` (default xla-gpu)")
         q.add_argument("--loss", metavar="KIND", help="float32 (default: logits upcast for "
                        "the cross-entropy) or fused (one kernel on the compute-dtype logits)")
+        q.add_argument("--compile", action="store_const", const=True, default=None,
+                       help="the step under torch.compile: element-wise ops fused (runtimes "
+                            "that run them eagerly: pytorch-eager, torchtitan, deepspeed, "
+                            "llm-foundry)")
         q.add_argument("--lora", type=_lora, metavar="RANK[:BITS[:TARGETS]]",
                        help="LoRA adapters of RANK; BITS 4 (QLoRA), 8 or 16 (default) for "
                             "the frozen base; TARGETS the wrapped matrices, comma-separated: "

@@ -242,6 +242,9 @@ def read_trl_sft(text: str) -> dict:
     line's --num_processes (1 without)."""
     d = yaml.safe_load(text)
     assert d["max_length"] == SC.seq_len and d["packing"] is True and d["loss_type"] == "nll"
+    if not d.get("use_peft"):
+        # full fine-tuning under autocast: float32 weights, the master copy bf16-mixed prices
+        assert d["dtype"] == "float32", d["dtype"]
     out = read_hf_trainer(json.dumps(d))
     m = re.search(r"--num_processes (\d+)", text)
     out["dp"] = int(m.group(1)) if m else 1
@@ -449,6 +452,31 @@ def test_no_clipping_is_written_as_such():
         emit("torchtitan", CONFIGS["zero3-full"], sc)       # torchtitan always clips
 
 
+def test_compile_is_written_where_the_format_switches_it_on_and_refused_elsewhere():
+    """``training.compile``: torchtitan's [compile] (components "model", with "loss" when
+    the loss is fused too: torchtitan 0.2.2 config/job_config.py Compile), the Trainer's
+    torch_compile (TrainingArguments, TRL's SFTConfig) and Accelerate's dynamo_config; the
+    other formats' files have no switch for it, and each refusal names the ones that do."""
+    from capopt._runtime import get_profile
+    sc = _with(SC.replace(runtime=get_profile("torchtitan")), compile=True)
+    cfg = CONFIGS["zero3-full"]
+    assert tomllib.loads(emit("torchtitan", cfg, sc))["compile"] == {
+        "enable": True, "components": ["model"]}
+    both = tomllib.loads(emit("torchtitan", cfg, _with(sc, loss="fused")))["compile"]
+    assert both == {"enable": True, "components": ["model", "loss"]}
+    for fmt in ("hf-trainer", "trl-sft"):
+        assert yaml.safe_load(emit(fmt, cfg, sc))["torch_compile"] is True
+        assert "torch_compile" not in yaml.safe_load(emit(fmt, cfg, _with(sc, compile=False)))
+    assert yaml.safe_load(emit("accelerate", cfg, sc))["dynamo_config"] == {
+        "dynamo_backend": "INDUCTOR"}
+    for fmt in FORMATS:
+        if fmt not in ("torchtitan", "hf-trainer", "trl-sft", "accelerate"):
+            with pytest.raises(CapoptError) as err:
+                emit(fmt, CONFIGS["dp-only"], sc)
+            assert "training.compile" in str(err.value), fmt
+            assert err.value.allowed == "torchtitan, accelerate, hf-trainer, trl-sft", fmt
+
+
 def test_a_fused_loss_is_torchtitans_compiled_loss_or_mpts_and_refused_elsewhere():
     """``loss = "fused"`` is torchtitan's compiled loss ([compile] enable, components
     ["loss"]: torchtitan/components/loss.py at v0.2.2) and MPT's flash-attn cross-entropy
@@ -573,6 +601,23 @@ def test_unknown_format_and_flash_off():
 # --------------------------------------------------------------------------------------------
 def _installed(*names):
     return all(importlib.util.find_spec(n) is not None for n in names)
+
+
+@pytest.mark.skipif(not _installed("transformers", "accelerate"),
+                    reason="transformers and accelerate are not installed")
+def test_the_trainer_and_accelerate_take_the_compile_switch(tmp_path):
+    from accelerate.commands.config.config_args import ClusterConfig
+    from transformers import HfArgumentParser, TrainingArguments
+    from capopt._runtime import get_profile
+    sc = _with(SC.replace(runtime=get_profile("torchtitan")), compile=True)
+    d = json.loads(emit("hf-trainer", CONFIGS["dp-only"], sc))
+    d["use_cpu"] = True                 # no GPU here: bf16 is refused without it
+    (tmp_path / "args.json").write_text(json.dumps(d))
+    (args,) = HfArgumentParser(TrainingArguments).parse_json_file(tmp_path / "args.json")
+    assert args.torch_compile is True
+    (tmp_path / "acc.yaml").write_text(emit("accelerate", CONFIGS["dp-only"], sc))
+    acc = ClusterConfig.from_yaml_file(tmp_path / "acc.yaml")
+    assert acc.dynamo_config == {"dynamo_backend": "INDUCTOR"}
 
 
 HF_CASES = ["dp-only", "zero3-full", "zero1", "offload", "fraction"]

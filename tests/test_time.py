@@ -213,6 +213,71 @@ def test_a_4bit_base_adds_its_dequantisation_traffic_and_nothing_else(runtime, r
     assert tq["step_s"] > t16["step_s"]
 
 
+# ---------------------------------------------------------------------------------------------
+# Eager element-wise ops, and torch.compile fusing them
+# ---------------------------------------------------------------------------------------------
+def _compile_pair(model, runtime, cfg):
+    out = []
+    for compiled in (False, True):
+        sc = make_scenario(model, runtime=runtime, count=1, seq_len=512,
+                           global_batch=cfg.micro_batch * cfg.grad_accum, compile=compiled)
+        out.append(est(cfg, sc))
+    return out
+
+
+@pytest.mark.parametrize("runtime, remat, passes", [
+    # a forward pass and ew_bwd_factor (2) passes of backward traffic; full recomputation
+    # repeats the forward; the torch tier's selective policy (matmul outputs saved) and
+    # torchtitan's per-op one replay every non-matmul op of the block
+    ("pytorch-eager", "none", 3), ("pytorch-eager", "full", 4),
+    ("pytorch-eager", "selective", 4), ("torchtitan", "selective", 4)])
+def test_compiling_removes_the_eager_ops_traffic_and_nothing_else(runtime, remat, passes):
+    """An eager step moves an RMSNorm's, rotary embedding's and SwiGLU's operands op by op
+    (the profile's ew_*_extra, from the ops of torchtitan's and transformers' Llama); under
+    compile each chain is one kernel. The difference is that traffic at HBM rate, and only
+    memory-bound time changes."""
+    model = llama_like(layers=4, hidden=256, heads=8, kv=2)        # head 32, f 688
+    cfg = Config(micro_batch=2, grad_accum=3, remat=remat)
+    eager, compiled = _compile_pair(model, runtime, cfg)
+    prof = get_profile(runtime)
+    h, q, kv, f, L = 256, 8 * 32, 2 * 32, 688, 4
+    per_token = (2 * prof.coeff("ew_rmsnorm_extra") * h + prof.coeff("ew_rope_extra") * (q + kv)
+                 + prof.coeff("ew_glu_extra") * f)
+    tokens = cfg.micro_batch * 512
+    want = (cfg.grad_accum * L * passes * tokens * 2.0 * per_token
+            / (TEST_GPU.mem_bw * prof.coeff("mem_eff")))
+    te, tc = eager["time"], compiled["time"]
+    # memory_bound_s holds the work and the launches its kernels leave exposed (fewer when the
+    # work is longer): the work itself differs by the traffic. 1e-4: a difference of float32
+    # sums ~40x its size (see the QLoRA test above)
+    work = (te["memory_bound_s"] - te["launch_s"]) - (tc["memory_bound_s"] - tc["launch_s"])
+    assert want > 0.0 and work == pytest.approx(want, rel=1e-4)
+    for key in ("compute_s", "optimizer_s", "bubble_s", "comm_exposed_s", "grad_accum_s",
+                "dequant_s"):
+        assert te[key] == pytest.approx(tc[key], rel=F32), key
+    assert tc["step_s"] < te["step_s"]
+    assert eager["memory"] == compiled["memory"]
+
+
+def test_compile_leaves_a_card_without_eager_chains_alone():
+    """GPT-2's shape (LayerNorm: one native_layer_norm kernel; GELU; learned positions) has
+    nothing an eager step runs op by op beyond the fused count: compiling changes nothing."""
+    cfg = Config(micro_batch=2, grad_accum=1, remat="none")
+    eager, compiled = _compile_pair(gpt_like(seq=512), "torchtitan", cfg)
+    assert compiled["time"]["memory_bound_s"] == eager["time"]["memory_bound_s"]
+    assert compiled["memory"] == eager["memory"]
+
+
+@pytest.mark.parametrize("runtime", ["pytorch", "megatron", "xla-gpu", "xla-cpu"])
+def test_compile_is_refused_where_the_ops_are_fused_already(runtime):
+    from capopt._errors import CapoptError
+    with pytest.raises(CapoptError) as err:
+        make_scenario(llama_like(), runtime=runtime, compile=True)
+    assert err.value.field == "training.compile" and "pytorch-eager" in err.value.allowed
+    with pytest.raises(CapoptError, match="training.compile"):
+        make_scenario(llama_like(), runtime="torchtitan", compile="yes")
+
+
 def test_an_8bit_base_and_a_runtime_without_the_rule_add_no_dequantisation():
     cfg = Config(micro_batch=2, grad_accum=1, remat="full")
     (q8, _), _ = _qlora_pair("pytorch", cfg, base_bits=8)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from capopt.report import render
@@ -205,6 +207,11 @@ def test_unsupported_configs_are_named():
         check_supported(_scenario(spec, precision="fp8-mixed"), Config())
     with pytest.raises(Unsupported, match="optimizers"):
         check_supported(_scenario(spec, optimizer="lion"), Config())
+    # the tier runs eager ops: a compiled step saves what Inductor's partitioner chooses
+    sc = _scenario(spec)
+    compiled = sc.replace(workload=dataclasses.replace(sc.workload, compile=True))
+    with pytest.raises(Unsupported, match="eagerly"):
+        check_supported(compiled, Config())
 
 
 @needs_torch

@@ -104,7 +104,17 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     e_rope = e_rope + tf * n["qk_norm"] * 2.0 * (q + kv) / tp    # per-head q/k norms: read, write
     e_s = (tf * (n["rt_ew_score"] + n["attn_dropout"] * n["rt_ew_score_dropout"])
            * n["a"] / tp * s * (1.0 - k.flash))
-    fwd = e_h + e_f + e_rope + e_s
+    # An eager step runs a Python RMSNorm, rotary embedding and gated activation op by op,
+    # each op reading and writing its operands in HBM (``ew_*_extra``, what they move beyond
+    # one fused kernel's read and write); compiling fuses each chain into one kernel
+    eager = 1.0 - n["compile"]
+    rms = 1.0 - n["layernorm"]
+    e_eager = tf * eager * (
+        rms * n["rt_ew_rmsnorm_extra"] * (n["norms_per_layer"] * h * rep
+                                          + n["qk_norm"] * (q + kv) / tp)
+        + n["rotary"] * n["rt_ew_rope_extra"] * (q + kv) / tp
+        + n["gated"] * n["rt_ew_glu_extra"] * mlp_width(n) / tp)
+    fwd = e_h + e_f + e_rope + e_s + e_eager
     # Selective recomputation repeats what its policy does not save, as the memory model has
     # it (`selective_saves_dots`): 0, the attention core's softmax and dropout (Korthikanti);
     # 1, every non-matmul op of the forward (XLA's dots_with_no_batch_dims_saveable).

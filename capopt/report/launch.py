@@ -75,7 +75,15 @@ def _expresses(fmt: str, config: Config, scenario: Scenario) -> bool:
 _FUSED_LOSS = ("torchtitan", "llm-foundry")
 
 
+# the formats whose file switches torch.compile on for the model (``training.compile``)
+_COMPILE = ("torchtitan", "accelerate", "hf-trainer", "trl-sft")
+
+
 def _run(fmt: str, config: Config, scenario: Scenario) -> str:
+    if scenario.workload.compile and fmt not in _COMPILE:
+        raise _Unexpressible("training.compile", True, "capopt writes torch.compile into "
+                             "torchtitan's file ([compile] enable), Accelerate's "
+                             "(dynamo_config) and the Trainer's (torch_compile) only")
     if scenario.workload.loss == "fused" and fmt not in _FUSED_LOSS:
         raise _Unexpressible("training.loss", "fused", f"capopt writes its fused loss (a "
                              "cross-entropy on the compute-dtype logits) into torchtitan's "
@@ -484,9 +492,12 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
         ac = {"mode": kind}
     sections = {"optimizer": {"name": _TITAN_OPTIMIZERS[w.optimizer]}, "training": training,
                 "parallelism": parallelism, "activation_checkpoint": ac}
-    if w.loss == "fused":
-        # torch.compile'd cross-entropy (torchtitan/components/loss.py build_cross_entropy_loss)
-        sections["compile"] = {"enable": True, "components": ["loss"]}
+    # torch.compile per block (components "model": torchtitan's apply_compile) and of the
+    # cross-entropy ("loss": components/loss.py build_cross_entropy_loss); torchtitan 0.2.2
+    # config/job_config.py Compile, whose default components are both
+    components = (["model"] if w.compile else []) + (["loss"] if w.loss == "fused" else [])
+    if components:
+        sections["compile"] = {"enable": True, "components": components}
     lines = _header("torchtitan", c, sc)
     lines.append(f"# [model] name and flavor: set them to torchtitan's for {sc.model.name}")
     for name, body in sections.items():
@@ -576,6 +587,10 @@ def _emit_accelerate(c: Config, sc: Scenario) -> str:
         script.append(f"Accelerator(gradient_accumulation_steps={c.grad_accum})")
         if w.grad_clip:
             script.append("accelerator.clip_grad_norm_(model.parameters(), max_norm=1.0)")
+    if w.compile:
+        # accelerate 1.16 commands/config/config_args.py ClusterConfig.dynamo_config:
+        # accelerator.prepare(model) wraps it in torch.compile with this backend
+        cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     lines = _header("accelerate", c, sc)
     lines.append("# set in the training script (Accelerate takes these in code):")
     lines += [f"#   {s}" for s in script]
@@ -632,6 +647,8 @@ def _training_args(c: Config, sc: Scenario) -> dict:
                  "optim": optim, **extra}
     if every > 1:
         out["activation_checkpointing_kwargs"] = {"every_n_layers": every}
+    if w.compile:
+        out["torch_compile"] = True             # the Trainer compiles the model (inductor)
     if c.zero_stage == 1 or c.offload_optimizer:
         # ZeRO-1 and optimizer offload go through DeepSpeed; "auto" takes the Trainer's values
         if w.optimizer not in _DS_OPTIMIZERS:
@@ -660,7 +677,8 @@ def _training_args(c: Config, sc: Scenario) -> dict:
 # capopt's matrices -> Hugging Face Llama-family module names (LlamaAttention, LlamaMLP)
 _PEFT_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
                  "gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
-# the frozen model's dtype under LoRA (ModelConfig.dtype; a 4-bit base computes in it too)
+# the frozen model's dtype under LoRA (ModelConfig.dtype; a 4-bit base computes in it too);
+# full fine-tuning loads float32 weights, the master copy mixed precision keeps under autocast
 _TRL_DTYPE = {"fp32": "float32", "bf16-mixed": "bfloat16", "fp16-mixed": "float16"}
 
 
@@ -673,7 +691,7 @@ def _emit_trl_sft(c: Config, sc: Scenario) -> str:
     # every sequence seq_len tokens (packed), the loss on the whole logits as capopt prices
     # it (nll: the model's own cross-entropy, logits upcast; TRL's chunked_nll never holds them)
     out.update(max_length=sc.seq_len, packing=True, loss_type="nll",
-               dtype=_TRL_DTYPE[w.precision])
+               dtype=_TRL_DTYPE[w.precision] if w.lora is not None else "float32")
     lora, notes = w.lora, []
     if lora is not None:
         if c.zero_stage or c.offload_optimizer:

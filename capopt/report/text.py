@@ -96,12 +96,15 @@ def assumed_rates_line(thr: dict) -> str:
 
 
 def training_label(sc) -> str:
-    """What the scenario trains, when not the whole model: `` (QLoRA r16 on q+v)``."""
-    lora = sc.workload.lora
-    if lora is None:
-        return ""
-    kind = {4: "QLoRA", 8: "LoRA (8-bit base)", 16: "LoRA"}[lora.base_bits]
-    return f" ({kind} r{lora.rank} on {'+'.join(lora.targets)})"
+    """What the scenario trains, when not the whole model, and how when compiled:
+    `` (QLoRA r16 on q+v)``, `` (torch.compile)``."""
+    lora, parts = sc.workload.lora, []
+    if lora is not None:
+        kind = {4: "QLoRA", 8: "LoRA (8-bit base)", 16: "LoRA"}[lora.base_bits]
+        parts.append(f"{kind} r{lora.rank} on {'+'.join(lora.targets)}")
+    if sc.workload.compile:
+        parts.append("torch.compile")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def optimize_table(res) -> str:

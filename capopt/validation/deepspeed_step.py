@@ -62,6 +62,8 @@ def check_supported(scenario: Scenario, config: Config) -> None:
                           "materialised attention on such a card")
     if w.loss == "fused":
         raise Unsupported("the deepspeed tier runs the plain cross-entropy")
+    if w.compile:
+        raise Unsupported("the deepspeed tier runs the step eagerly, not compiled")
     if config.tp > 1 or config.pp > 1 or config.ep > 1 or config.cp > 1 or config.vpp > 1:
         raise Unsupported("the deepspeed tier runs data parallelism only (tp = pp = ep = cp = "
                           "vpp = 1)")

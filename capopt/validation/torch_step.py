@@ -61,6 +61,9 @@ def check_supported(scenario: Scenario, config: Config) -> None:
     if w.loss == "fused" and config.tp > 1:
         raise _unsupported("the torch tier's fused cross-entropy runs on whole (not "
                            "vocabulary-parallel) logits: tp = 1")
+    if w.compile:
+        raise _unsupported("the torch tier runs the step eagerly: a compiled step keeps what "
+                           "TorchInductor's partitioner saves, which it does not replay")
     if w.precision not in PRECISIONS:
         raise _unsupported(f"the torch tier runs precisions {', '.join(PRECISIONS)}, "
                            f"not {w.precision!r}")
