@@ -108,7 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tp-sp", action="store_true",
                     help="with --tp: sequence parallelism too, on cards without learned "
                          "positions (results: torch_tp_sp.json[l])")
-    ap.add_argument("--runtime", default="pytorch-eager", choices=["pytorch-eager", "torchtitan"],
+    ap.add_argument("--runtime", default="pytorch-eager",
+                    choices=["pytorch-eager", "torchtitan", "hf"],
                     help="the runtime profile that predicts and that the tier runs "
                          "(torchtitan: results torch_random_torchtitan.json[l])")
     ap.add_argument("--measurements", default=None,

@@ -288,6 +288,13 @@ SCHEMA: dict[str, Coeff] = {
                                       "non-matmul values under a policy that saves matmul "
                                       "outputs only)"),
     "lora_dequant_kernels": _c(0, "kernels per dequantisation of one wrapped 4-bit matrix"),
+    "lora_input_cast": _c(0, "1: a wrapped matrix of a 16-bit base casts its input to the "
+                             "adapters' dtype before them (PEFT's lora.Linear): under "
+                             "autocast with float32 adapters each keeps its own compute-dtype "
+                             "copy of its input for the adapter's gradient"),
+    "lora_quant_adapters_lowp": _c(0, "1: under a 4- or 8-bit base and mixed precision the "
+                                      "adapters, their gradients and optimizer state are "
+                                      "bfloat16 (2 bytes), not the precision's float32"),
     # --- time: kernels ---
     "gemm_eff_max": _c(0.8, "large GEMMs' share of the dtype's dense peak"),
     "gemm_half_scale": _c(1, "GEMM half-efficiency dimension, in roofline ridge points"),

@@ -1009,3 +1009,59 @@ def test_the_first_block_discount_counts_each_micro_batch_of_the_first_chunk_onc
         key = f"phase_{phase}_bytes"
         assert float(off_m[key][0] - on_m[key][0]) == pytest.approx(u, rel=1e-4), phase
 
+
+
+# --------------------------------------------------------------------------------------------
+# The hf runtime: PEFT's input cast and TRL's bfloat16 adapters on a quantised base
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("targets, copies", [
+    # q, k, v read the first norm's output, gate and up the second's: a copy a matrix in
+    # place of one kept for all of them (o and down have one reader: no change)
+    (("attn", "mlp"), (3 - 1) + (2 - 1)), (("q", "v"), 1), (("o", "down"), 0),
+    (("k",), 0)])
+def test_peft_casts_each_wrapped_input_for_its_adapter(targets, copies):
+    """hf's ``lora_input_cast`` (PEFT 0.21.2 lora.Linear: x cast to the float32 adapters,
+    autocast's cast of it back kept by lora_A): a 16-bit base keeps one compute-dtype copy
+    of its input a wrapped matrix; the stored activations grow by exactly the extra copies,
+    h wide, and nothing else changes."""
+    m = llama_like()
+    got = {}
+    for runtime in ("pytorch-eager", "hf"):
+        sc, cfg, k, n = _lora_numbers(targets, runtime=runtime, model=m)
+        got[runtime] = (saved_bytes(k, n, 1.0)[0], estimate(cfg, sc).to_dict()["memory"])
+    (eager, m0), (hf, m1) = got["pytorch-eager"], got["hf"]
+    # (a block's bytes per token, no recomputation)
+    assert float(hf - eager) == pytest.approx(copies * 2.0 * m.hidden_size, abs=1e-3)
+    for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        assert m1[key] == m0[key], key
+
+
+@pytest.mark.parametrize("precision, cast", [("bf16-mixed", 1), ("fp32", 0)])
+def test_peft_casts_nothing_on_a_quantised_base_or_without_autocast(precision, cast):
+    """bitsandbytes' LoRA layers cast only without autocast (requires_conversion), and in
+    float32 the adapters' dtype is the input's: no copies there."""
+    m = llama_like()
+    for bits in (4, 16):
+        sc0, _, k0, n0 = _lora_numbers(("attn", "mlp"), bits=bits, model=m)
+        sc0 = sc0.replace(workload=sc0.workload.__class__(
+            **{**sc0.workload.__dict__, "precision": precision}))
+        sc1 = sc0.replace(runtime=get_profile("hf"))
+        a0 = saved_bytes(k0, numbers_pytree(scenario_numbers(sc0)), 1.0)[0]
+        a1 = saved_bytes(k0, numbers_pytree(scenario_numbers(sc1)), 1.0)[0]
+        assert (float(a1) > float(a0)) == (bits == 16 and cast == 1), (bits, precision)
+
+
+def test_trl_keeps_a_quantised_models_adapters_in_bfloat16():
+    """hf's ``lora_quant_adapters_lowp`` (TRL 1.16 _prepare_peft_model: a quantised model's
+    trainable parameters cast to bfloat16; AdamW's moments follow): under QLoRA the adapters,
+    their gradients and AdamW's two moments take 2 bytes each, where pytorch-eager keeps
+    float32 (4); a 16-bit base's adapters stay float32 (PEFT's autocast_adapter_dtype)."""
+    m = llama_like()
+    for bits, ratio in ((4, 0.5), (16, 1.0)):
+        mem = {}
+        for runtime in ("pytorch-eager", "hf"):
+            sc, cfg, _, _ = _lora_numbers(("attn", "mlp"), bits=bits, runtime=runtime, model=m)
+            mem[runtime] = estimate(cfg, sc).to_dict()["memory"]
+        for key in ("grads_bytes", "optimizer_bytes", "trainable_bytes"):
+            assert mem["hf"][key] == pytest.approx(ratio * mem["pytorch-eager"][key],
+                                                   rel=1e-6), (bits, key)

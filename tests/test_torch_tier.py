@@ -442,6 +442,32 @@ def test_materialised_attention_keeps_grouped_k_and_v_expanded(kv):
 
 
 @needs_torch
+@pytest.mark.parametrize("targets, copies", [(("attn", "mlp"), 3), (("q", "v"), 1), (("o",), 0)],
+                         ids=["attn+mlp", "q+v", "o"])
+def test_peft_input_cast_keeps_a_copy_a_wrapped_matrix(targets, copies):
+    """The hf runtime's step casts a wrapped matrix's input to the float32 adapters first
+    (PEFT's lora.Linear ``_cast_input_dtype``); autocast casts it back for lora_A, which keeps
+    that copy. On three blocks without recomputation the step's peak (all blocks' saved
+    tensors live) grows by exactly the extra copies, bf16 and h wide: q, k, v keep three
+    where one norm output was kept (2 more), gate and up two (1 more); q and v, 1; o alone
+    (one reader), none. The cost model's activations grow by the same (test_memory)."""
+    import dataclasses
+
+    from capopt._specs import LoRA
+    from capopt.validation.torch_step import run_torch
+    spec = _spec(num_hidden_layers=3)
+    peaks = {}
+    for runtime in ("pytorch-eager", "hf"):
+        sc = _scenario(spec, seq=256, batch=4).replace(runtime=get_profile(runtime))
+        sc = sc.replace(workload=dataclasses.replace(
+            sc.workload, lora=LoRA(rank=8, targets=targets, base_bits=16)))
+        peaks[runtime] = run_torch(sc, Config(micro_batch=4))["measured"]["peak_bytes"]
+    tokens = 4 * 256
+    assert peaks["hf"] - peaks["pytorch-eager"] == (
+        copies * 2 * spec.hidden_size * tokens * spec.num_hidden_layers)
+
+
+@needs_torch
 def test_qlora_on_q_and_v_stores_every_block_matmul_in_nf4():
     """QLoRA as transformers + bitsandbytes + PEFT run it: every block linear layer is NF4
     (load_in_4bit), adapters only on q and v. The tier's parameter bytes are the cost

@@ -277,6 +277,22 @@ def op_checkpoint_widths(tensors, layers: int, topk: int = 1) -> dict[str, float
     return out
 
 
+def _attn_in_names(tensors) -> tuple[str, ...]:
+    """The block matrices that read the first norm's output (latent attention: q_a when the
+    queries have a latent, else q; kv_a)."""
+    q = "q_a" if any(t.matmul == "q_a" for t in tensors) else "q"
+    return (q, "k", "v", "kv_a")
+
+
+def _cast_copies(wrapped, group, layers: int) -> float:
+    """Input elements per token a block keeps again when each wrapped matrix of ``group``
+    (matrices reading one tensor) keeps its own copy of it: all their inputs, less one."""
+    widths = [t.shape[0] for t in wrapped if t.matmul in group and not t.expert]
+    total = sum(t.count * t.shape[0] for t in wrapped
+                if t.matmul in group and not t.expert) / layers
+    return max(total - (widths[0] if widths else 0.0), 0.0)
+
+
 def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> dict:
     """LoRA's numbers from the inventory: adapters and wrapped (base) matrices per block, the
     wrapped k/v part, bytes per base weight and the 8-bit bases' float32 per-column scales
@@ -324,6 +340,16 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
             # (q or k: the attention's scores need a gradient)
             ("lora_qk", ("q", "k", "q_a", "kv_a", "kv_b")),
             ("lora_o", ("o",)), ("lora_mlp_in", ("gate", "up")), ("lora_down", ("down",)))},
+        # PEFT's input cast (``lora_input_cast``), per token: the input widths kept again
+        # when every wrapped matrix keeps its own copy of its input and a frozen one keeps
+        # none: a tensor read by several wrapped matrices (the first norm's output: q or
+        # q_a, k, v, kv_a; the second's: gate, up) is kept once a matrix, not once (dense
+        # matrices; experts' are not wrapped this way)
+        "lora_cast_rep": sum(_cast_copies(base, group, layers)
+                             for group in (_attn_in_names(tensors), ("gate", "up"))),
+        "lora_base16": float(lora.base_bits == 16),
+        # (the widest input of a wrapped dense matrix, per token)
+        "lora_in_width": float(max((t.shape[0] for t in base if not t.expert), default=0)),
         # per token, the widths of every adapter's two matmul outputs (x A and x A B)
         "lora_out_width": sum(t.count * (t.shape[-1] + lora.rank) for t in base) / layers,
         # (of which the adapters of replicated matrices, whole on every tensor-parallel rank)
@@ -366,6 +392,12 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     m, w, hw, rt = sc.model, sc.workload, sc.hardware, sc.runtime
     prec = rt.precision(w.precision)
     c = rt.coeff_dict()
+    if (w.lora is not None and w.lora.base_bits < 16 and prec["param_bytes"] > prec["act_bytes"]
+            and c.get("lora_quant_adapters_lowp", 0.0) >= 0.5):
+        # a runtime that keeps a quantised model's adapters in bfloat16 (TRL's SFTTrainer):
+        # they, their gradients and their optimizer state are 2 bytes, nothing cast
+        prec = {**prec, "param_bytes": 2.0, "grad_bytes": 2.0, "state_bytes": 2.0,
+                "master_bytes": 0.0, "weight_copy_bytes": 0.0}
     s = float(sc.seq_len)
     n: dict[str, float] = {}
 
@@ -460,7 +492,8 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                  frozen_bytes=0.0, lora_rank=0.0, lora_attn_in=0.0, lora_qk=0.0, lora_o=0.0,
                  lora_mlp_in=0.0, lora_down=0.0, lora_out_width=0.0,
                  base_nf4=0.0, lora_base_mats=0.0, lora_expert=0.0, lora_base_expert=0.0,
-                 lora_base_expert_mats=0.0)
+                 lora_base_expert_mats=0.0, lora_cast_rep=0.0, lora_in_width=0.0,
+                 lora_base16=0.0)
 
     # --- workload, hardware, budget ---
     n.update(B=float(w.global_batch), N=float(sc.count), per_node=float(sc.per_node),

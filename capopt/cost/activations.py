@@ -117,6 +117,15 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # projection's cast of them): a runtime whose sequence parallelism gathers them whole
     # before the projections saves them whole (``sp_gathered_inputs_saved``)
     proj = (1.0 - mixed) * ab * (2.0 - frozen_in) * h + mixed * casts
+    # PEFT's lora.Linear casts its input to the adapters' dtype before them (``lora_input_cast``;
+    # a 16-bit base under autocast with adapters wider than the compute dtype): autocast casts
+    # it back for lora_A, which keeps that cast, so each wrapped matrix keeps a copy of its
+    # input of its own where one tensor was kept for all that read it (o's and down's inputs
+    # have one reader each: their copy takes the place of the original)
+    cast = (n["lora"] * n["rt_lora_input_cast"] * n["lora_base16"]
+            * (n["param_bytes"] > ab).astype(jnp.result_type(float)))
+    rep = rep + cast * ab * n["lora_cast_rep"]
+    proj = proj + cast * ab * n["lora_cast_rep"]
     # float32 router probabilities, in the blocks with experts
     rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"] * n["f_routed_frac"], 0.0)
     stats = n["rt_norm_stats"] + n["rt_layernorm_mean_saved"] * n["layernorm"]
@@ -280,7 +289,14 @@ def backward_transient(k: Knobs, n: dict, tokens):
                 * (mlp_saved + post_softmax) / k.tp)
     scores = jnp.maximum(scores - released, 0.0)
     ring = context_parallel_transient(k, n, tokens)
-    return tf * jnp.maximum(scores + ring, mlp) + stream
+    # PEFT's input cast (``lora_input_cast``, see `block_inventory`): while a wrapped matrix
+    # runs, its input's float32 cast and the input itself are live beside the compute-dtype
+    # copy its adapter keeps; the widest wrapped input (down's, f wide, when down is wrapped)
+    # at once, in the block's forward pass or its rebuild
+    cast = (n["lora"] * n["rt_lora_input_cast"] * n["lora_base16"]
+            * (n["param_bytes"] > ab).astype(jnp.result_type(float)))
+    cast_in = cast * tokens * (n["param_bytes"] + ab) * n["lora_in_width"] / k.tp
+    return tf * jnp.maximum(jnp.maximum(scores + ring, mlp), cast_in) + stream
 
 
 def context_parallel_transient(k: Knobs, n: dict, tokens):

@@ -176,7 +176,7 @@ def _flash_by_default(c: Config) -> None:
 
 # the runtime profile that prices a format's own rules, where capopt has one
 _OWN_PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron",
-                "llm-foundry": "llm-foundry"}
+                "llm-foundry": "llm-foundry", "hf-trainer": "hf", "trl-sft": "hf"}
 
 
 def _header(fmt: str, c: Config, sc: Scenario, mark: str = "#") -> list[str]:

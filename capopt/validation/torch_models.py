@@ -48,14 +48,17 @@ def check_spec(spec: ModelSpec) -> None:
 
 
 def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple = (),
-                      param_dtype=None, lora=None, frozen_dtype=None):
+                      param_dtype=None, lora=None, frozen_dtype=None, adapter_dtype=None,
+                      peft_cast: bool = False):
     """The ``nn.Module`` for ``spec``; ``checkpoint[i]`` is block i's recomputation ("none",
     "full" or "selective"); create it under a `FakeTensorMode` to allocate nothing.
 
     With ``lora`` (a `capopt.LoRA`), the matrices of its targets become `lora_linear` modules
     (a frozen base in ``frozen_dtype``, or NF4 for ``base_bits = 4``, and trainable adapters
-    in ``param_dtype``), and every other parameter is frozen in ``frozen_dtype``: a
-    Hugging Face model loaded in its compute dtype with PEFT adapters kept in float32."""
+    in ``param_dtype``, or ``adapter_dtype`` where given), and every other parameter is
+    frozen in ``frozen_dtype``: a Hugging Face model loaded in its compute dtype with PEFT
+    adapters kept in float32. ``peft_cast``: a 16-bit base's wrapped matrices cast their
+    input to the adapters' dtype before them, as PEFT's ``lora.Linear`` does."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -67,14 +70,16 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
         wrapped = lora_wrapped(lora.targets)
         LoRALinear = lora_linear_module()
         base = frozen_dtype or dtype
+        adapters = adapter_dtype or dtype
 
         def linear(name, i, o, b):
             if name in wrapped:
                 return LoRALinear(i, o, b, rank=lora.rank, bits=lora.base_bits,
-                                  base_dtype=base, adapter_dtype=dtype)
+                                  base_dtype=base, adapter_dtype=adapters,
+                                  cast_input=peft_cast)
             if lora.base_bits < 16:          # quantised at load, not wrapped
                 return LoRALinear(i, o, b, rank=0, bits=lora.base_bits, base_dtype=base,
-                                  adapter_dtype=dtype)
+                                  adapter_dtype=adapters)
             return nn.Linear(i, o, bias=b, dtype=base)
     else:
         def linear(name, i, o, b):
@@ -309,8 +314,11 @@ def lora_linear_module():
             return grad @ w, None, None, None, None, None
 
     class LoRALinear(nn.Module):
-        def __init__(self, din, dout, bias, *, rank, bits, base_dtype, adapter_dtype):
+        def __init__(self, din, dout, bias, *, rank, bits, base_dtype, adapter_dtype,
+                     cast_input=False):
             super().__init__()
+            # PEFT's lora.Linear (16-bit base) casts x to the adapters' dtype before them
+            self.cast_input = cast_input and bits == 16
             if bits not in (4, 16):
                 raise _unsupported(f"the torch tier runs LoRA on a 16-bit or NF4 base, not "
                                    f"{bits}-bit")
@@ -347,6 +355,8 @@ def lora_linear_module():
                         y = y + self.bias.to(dtype)
             if self.lora_a is None:
                 return y
+            if self.cast_input:
+                x = x.to(self.lora_a.dtype)
             return y + F.linear(F.linear(x, self.lora_a), self.lora_b)
 
     return LoRALinear

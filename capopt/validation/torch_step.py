@@ -230,6 +230,17 @@ def _loss_context(model):
     return contextlib.nullcontext()
 
 
+def _adapter_dtype(scenario: Scenario, param_dtype, autocast):
+    """The LoRA adapters' dtype: the parameters', or bfloat16 on a quantised base under mixed
+    precision in a runtime that casts them so (``lora_quant_adapters_lowp``: TRL)."""
+    import torch
+    lora = scenario.workload.lora
+    if (lora is not None and lora.base_bits < 16 and autocast is not None
+            and scenario.runtime.coeff("lora_quant_adapters_lowp") >= 0.5):
+        return torch.bfloat16
+    return param_dtype
+
+
 def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> dict[str, Any]:
     """Measure one steady-state step: ``{"measured": {...}, "details": {...}}``; with
     ``explain``, ``details["live_at_peak"]`` lists what was live at the peak (category, op,
@@ -261,7 +272,9 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
         # LoRA: the model in its compute dtype, frozen; the adapters in param_dtype
         model = build_torch_model(spec, flash=config.flash_attention, checkpoint=plan,
                                   param_dtype=param_dtype, lora=w.lora,
-                                  frozen_dtype=autocast or param_dtype)
+                                  frozen_dtype=autocast or param_dtype,
+                                  adapter_dtype=_adapter_dtype(scenario, param_dtype, autocast),
+                                  peft_cast=scenario.runtime.coeff("lora_input_cast") >= 0.5)
         model.train()
         if config.tp > 1:
             from .torch_tp import parallelize
