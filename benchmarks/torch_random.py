@@ -100,6 +100,9 @@ def main(argv=None) -> int:
                     help="with --lora: the target sets drawn: attention / attention and MLP "
                          "(groups), or single-matrix sets such as q and v (single; results: "
                          "torch_lora_single.json[l])")
+    ap.add_argument("--lora-dropout", action="store_true",
+                    help="with --lora: PEFT's adapter dropout on every case, 0.05 or 0.1 "
+                         "(results: torch_lora_dropout*.json[l])")
     ap.add_argument("--tp", action="store_true",
                     help="tensor-parallel cases (tp 2 or 4, dp 1; results: torch_tp.json[l])")
     ap.add_argument("--tp-dp", type=int, default=1,
@@ -122,7 +125,8 @@ def main(argv=None) -> int:
                     help="only recompute the predictions for what is already measured")
     args = ap.parse_args(argv)
     single = args.lora and args.lora_targets == "single"
-    stem = (f"torch_lora{'_single' if single else ''}" if args.lora else
+    stem = (f"torch_lora{'_single' if single else ''}"
+            f"{'_dropout' if args.lora_dropout else ''}" if args.lora else
             f"torch_tp{'' if args.tp_dp == 1 else f'{args.tp_dp}d'}"
             f"{'_sp' if args.tp_sp else ''}" if args.tp else
             "torch_random") + (f"_seed{args.seed}" if args.seed else "") + (
@@ -130,6 +134,7 @@ def main(argv=None) -> int:
     args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
     args.out = args.out or str(RESULTS / f"{stem}.json")
     groups_of = GROUPS + (("lora", "lora_rank", "lora_targets") if args.lora else ()) + (
+        ("lora_dropout",) if args.lora_dropout else ()) + (
         ("vocab",) if args.tp else ()) + (("sequence_parallel",) if args.tp_sp else ())
     from capopt.validation.predict import judged_torch_measurement, predicted_torch_terms
     from capopt.validation.runner import load_results
@@ -143,7 +148,8 @@ def main(argv=None) -> int:
     cases = draw_torch_cases(args.cases, args.seed, lora=args.lora,
                              tp=(2, 4) if args.tp else (), tp_dp=args.tp_dp,
                              tp_sp=args.tp_sp,
-                             lora_targets=LORA_SINGLE_SETS if single else LORA_TARGET_SETS)
+                             lora_targets=LORA_SINGLE_SETS if single else LORA_TARGET_SETS,
+                             lora_dropout=(0.05, 0.1) if args.lora_dropout else ())
     if args.runtime != "pytorch-eager":
         from capopt._runtime import get_profile
         rt = get_profile(args.runtime)
@@ -179,6 +185,8 @@ def main(argv=None) -> int:
         lora = case.scenario.workload.lora
         if lora is not None:
             feats.update(lora_rank=lora.rank, lora_targets="+".join(lora.targets))
+            if args.lora_dropout:
+                feats["lora_dropout"] = lora.dropout
         feats["vocab"] = ("split over tp" if case.scenario.model.vocab_size % case.config.tp == 0
                           else "replicated")
         points.append({"case": case.name, "split": case.split, "describe": describe(case),

@@ -204,10 +204,10 @@ def _lora(raw, file) -> LoRA | None:
     if not isinstance(raw, dict):
         raise CapoptError("must be a table like { rank = 16, targets = [...], base_bits = 4 }",
                           file=file, field="training.lora")
-    unknown = set(raw) - {"rank", "targets", "base_bits"}
+    unknown = set(raw) - {"rank", "targets", "base_bits", "dropout"}
     if unknown:
         raise CapoptError(f"unknown key {sorted(unknown)[0]!r}", file=file,
-                          field="training.lora", allowed="rank, targets, base_bits")
+                          field="training.lora", allowed="rank, targets, base_bits, dropout")
     targets = raw.get("targets", ("attn", "mlp"))
     if isinstance(targets, str):                    # one name: a list of one
         targets = (targets,)
@@ -216,7 +216,7 @@ def _lora(raw, file) -> LoRA | None:
                           field="training.lora.targets", allowed=", ".join(LORA_TARGETS))
     try:
         return LoRA(rank=raw.get("rank", 16), targets=tuple(targets),
-                    base_bits=raw.get("base_bits", 16))
+                    base_bits=raw.get("base_bits", 16), dropout=raw.get("dropout", 0.0))
     except CapoptError as e:
         raise e.in_file(file) from None
 

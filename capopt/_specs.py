@@ -52,6 +52,7 @@ class LoRA:
     rank: int = 16
     targets: tuple[str, ...] = ("attn", "mlp")
     base_bits: int = 16       # 16: base weights in the compute dtype; 8; 4: NF4 (QLoRA)
+    dropout: float = 0.0      # PEFT's lora_dropout: on each wrapped matrix's adapter input
 
     def __post_init__(self):
         if not _is_int(self.rank) or self.rank < 1:
@@ -68,6 +69,10 @@ class LoRA:
         if self.base_bits not in (4, 8, 16):
             raise CapoptError(f"got {self.base_bits!r}", field="training.lora.base_bits",
                               allowed="4, 8, 16")
+        if (isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float))
+                or not 0.0 <= self.dropout < 1.0):
+            raise CapoptError(f"got {self.dropout!r}", field="training.lora.dropout",
+                              allowed="a probability from 0 (none) to below 1")
 
 
 @dataclass(frozen=True)
@@ -329,6 +334,11 @@ class Scenario:
             if getattr(self, name) not in allowed:
                 raise CapoptError(f"got {getattr(self, name)!r}", file=self.path,
                                   field=f"config.{name}", allowed=", ".join(allowed))
+        lora = self.workload.lora
+        if lora is not None and lora.dropout > 0 and self.runtime.name.startswith("xla"):
+            raise CapoptError(f"the {self.runtime.name} step runs no adapter dropout",
+                              file=self.path, field="training.lora.dropout",
+                              allowed="0, or a PyTorch runtime (PEFT's lora_dropout)")
         if self.workload.compile and not eager_elementwise(self.runtime):
             raise CapoptError(f"the {self.runtime.name} runtime's element-wise ops are fused "
                               "kernels already: compiling changes nothing it prices",

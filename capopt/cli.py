@@ -303,20 +303,26 @@ _gib = _number(float, "a number of GiB", lambda v: math.isfinite(v) and v > 0,
 
 
 def _lora(text: str) -> dict:
-    """``RANK``, ``RANK:BITS`` or ``RANK:BITS:TARGETS`` (comma-separated, e.g. ``q,v``) as the
-    scenario's ``training.lora`` table (the targets are checked with the scenario)."""
+    """``RANK``, ``RANK:BITS``, ``RANK:BITS:TARGETS`` (comma-separated, e.g. ``q,v``) or
+    ``RANK:BITS:TARGETS:DROPOUT`` as the scenario's ``training.lora`` table (the targets and
+    the dropout are checked with the scenario)."""
     rank, _, rest = text.partition(":")
-    bits, _, targets = rest.partition(":")
+    bits, _, rest = rest.partition(":")
+    targets, _, dropout = rest.partition(":")
     try:
         out = {"rank": int(rank)}
         if bits:
             out["base_bits"] = int(bits)
+        if dropout:
+            out["dropout"] = float(dropout)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed: RANK, RANK:BITS or "
-                                         "RANK:BITS:TARGETS, e.g. 16, 64:4 or 16:16:q,v") from None
-    if rest.count(":") > 1 or (":" in rest and not targets):
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed: RANK:BITS:TARGETS with TARGETS "
-                                         "comma-separated, e.g. 16:4:q,v")
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: RANK, RANK:BITS, "
+                                         "RANK:BITS:TARGETS or RANK:BITS:TARGETS:DROPOUT, e.g. "
+                                         "16, 64:4, 16:16:q,v or 16:4:q,v:0.05") from None
+    if ":" in dropout or (text.count(":") >= 2 and not targets) or (
+            text.count(":") == 3 and not dropout):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: RANK:BITS:TARGETS:DROPOUT with "
+                                         "TARGETS comma-separated, e.g. 16:4:q,v:0.05")
     if targets:
         out["targets"] = [t.strip() for t in targets.split(",")]
     return out
@@ -373,11 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the step under torch.compile: element-wise ops fused (runtimes "
                             "that run them eagerly: pytorch-eager, torchtitan, deepspeed, "
                             "llm-foundry)")
-        q.add_argument("--lora", type=_lora, metavar="RANK[:BITS[:TARGETS]]",
+        q.add_argument("--lora", type=_lora, metavar="RANK[:BITS[:TARGETS[:DROPOUT]]]",
                        help="LoRA adapters of RANK; BITS 4 (QLoRA), 8 or 16 (default) for "
                             "the frozen base; TARGETS the wrapped matrices, comma-separated: "
                             "attn, mlp (default: both) or single ones (q, k, v, o, gate, up, "
-                            "down; q,v is PEFT's default for Llama)")
+                            "down; q,v is PEFT's default for Llama); DROPOUT PEFT's "
+                            "lora_dropout (default 0)")
         q.add_argument("--vram-gib", type=_gib, metavar="GIB",
                        help="memory per GPU to plan for (default: the GPU's)")
 

@@ -559,6 +559,19 @@ def test_trl_writes_lora_and_the_quantised_base(targets, modules, bits):
     assert d["activation_checkpointing"] is True and d["per_device_train_batch_size"] == 4
 
 
+def test_trl_writes_the_adapter_dropout_priced():
+    """``training.lora.dropout`` is TRL's lora_dropout (ModelConfig; TRL's own default is
+    0.05, so capopt's 0 is written out too)."""
+    import dataclasses
+    sc = load_scenario("qlora-llama2-7b-24gb")
+    cfg = Config(micro_batch=4, grad_accum=4, remat="full")
+    for p in (0.0, 0.05):
+        lora = dataclasses.replace(sc.workload.lora, dropout=p)
+        d = yaml.safe_load(emit("trl-sft", cfg, sc.replace(
+            workload=dataclasses.replace(sc.workload, lora=lora))))
+        assert d["lora_dropout"] == p
+
+
 def test_trl_refuses_lora_it_cannot_name_or_shard():
     from capopt._cards import load_card
     sc = load_scenario("qlora-llama2-7b-24gb")

@@ -1065,3 +1065,33 @@ def test_trl_keeps_a_quantised_models_adapters_in_bfloat16():
         for key in ("grads_bytes", "optimizer_bytes", "trainable_bytes"):
             assert mem["hf"][key] == pytest.approx(ratio * mem["pytorch-eager"][key],
                                                    rel=1e-6), (bits, key)
+
+
+@pytest.mark.parametrize("runtime", ["pytorch-eager", "hf"])
+def test_adapter_dropout_keeps_a_dropped_copy_and_a_mask_a_wrapped_matrix(runtime):
+    """PEFT's lora_dropout (lora_B(lora_A(dropout(x))), one nn.Dropout a wrapped matrix):
+    each adapter keeps its own dropped copy of its input and dropout its 1-byte mask. On q,
+    k, v (one norm output), gate and up (another), o and down: three copies where one was
+    kept, two where one, o's and down's copies in place of their inputs, and a mask each.
+    Under hf's cast the copies were there already: only the masks are new."""
+    import dataclasses
+    m = llama_like()
+    h, f = m.hidden_size, m.intermediate_size
+    per_token = {}
+    for p in (0.0, 0.1):
+        sc, cfg, k, _ = _lora_numbers(("attn", "mlp"), runtime=runtime, model=m)
+        sc = sc.replace(workload=dataclasses.replace(
+            sc.workload, lora=dataclasses.replace(sc.workload.lora, dropout=p)))
+        per_token[p] = float(saved_bytes(k, numbers_pytree(scenario_numbers(sc)), 1.0)[0])
+    masks = 3 * h + 2 * h + h + f
+    copies = 0 if runtime == "hf" else 2.0 * ((3 - 1) * h + (2 - 1) * h)
+    assert per_token[0.1] - per_token[0.0] == pytest.approx(masks + copies, abs=1e-3)
+
+
+def test_adapter_dropout_is_refused_where_the_step_runs_none():
+    from capopt._errors import CapoptError
+    with pytest.raises(CapoptError) as err:
+        make_scenario(llama_like(), runtime="xla-gpu", lora=LoRA(rank=8, dropout=0.05))
+    assert err.value.field == "training.lora.dropout"
+    with pytest.raises(CapoptError, match="training.lora.dropout"):
+        LoRA(rank=8, dropout=1.0)

@@ -108,6 +108,9 @@ def test_flags_override_a_files_values(capsys):
     (["--model", "llama-3-8b", "--gpu", "h100-sxm-80gb", "--seq-len", "128",
       "--global-batch", "8", "--lora", "16:4:qv"], "--lora"),
     (["--model", "llama-3-8b", "--gpu", "h100-sxm-80gb", "--lora", "16:4:q,v:k"], "--lora"),
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm-80gb", "--seq-len", "128",
+      "--global-batch", "8", "--runtime", "hf", "--lora", "16:4:q,v:1.5"], "--lora"),
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm-80gb", "--lora", "16:4:q,v:0.1:2"], "--lora"),
     # (GPT-2's MLP has no gate: a target set that wraps nothing, as PEFT refuses it)
     (["--model", "gpt2-124m", "--gpu", "h100-sxm-80gb", "--seq-len", "128",
       "--global-batch", "8", "--lora", "16:16:gate"], "--lora"),
@@ -296,3 +299,20 @@ def test_compile_on_the_command_line(capsys):
     assert compiled["time"]["step_s"] < eager["time"]["step_s"]
     code, out, err = run(capsys, "plan", *args, "--compile")
     assert code == 0 and "llama-3-8b (torch.compile) on 1x" in out.splitlines()[0]
+
+
+def test_adapter_dropout_on_the_command_line(capsys):
+    """``--lora RANK:BITS:TARGETS:DROPOUT``: PEFT's lora_dropout, shown in the header and
+    adding to the activations (a mask and a copy per wrapped input), nothing to the rest."""
+    args = ["--model", "llama-3-8b", "--gpu", "h100-sxm-80gb", "--seq-len", "2048",
+            "--global-batch", "8", "--runtime", "hf", "--set", "micro_batch=1"]
+    code, out, err = run(capsys, "plan", *args, "--lora", "16:4:q,v", "--json")
+    assert code == 0, err
+    plain = json.loads(out)["memory"]
+    code, out, err = run(capsys, "plan", *args, "--lora", "16:4:q,v:0.05", "--json")
+    assert code == 0, err
+    dropped = json.loads(out)["memory"]
+    assert dropped["activations_bytes"] > plain["activations_bytes"]
+    assert dropped["params_bytes"] == plain["params_bytes"]
+    code, out, err = run(capsys, "plan", *args, "--lora", "16:4:q,v:0.05")
+    assert code == 0 and "(QLoRA r16 on q+v, dropout 0.05)" in out.splitlines()[0]

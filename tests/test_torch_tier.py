@@ -468,6 +468,37 @@ def test_peft_input_cast_keeps_a_copy_a_wrapped_matrix(targets, copies):
 
 
 @needs_torch
+@pytest.mark.parametrize("runtime, precision, bits", [
+    ("pytorch-eager", "fp32", 16), ("hf", "bf16-mixed", 16), ("hf", "bf16-mixed", 4)])
+@pytest.mark.parametrize("targets", [("attn", "mlp"), ("q", "v"), ("o", "down")],
+                         ids=["attn+mlp", "q+v", "o+down"])
+def test_adapter_dropout_adds_what_the_profile_counts(runtime, precision, bits, targets):
+    """PEFT's adapter dropout (the tier: native_dropout, CUDA's bool mask, on each wrapped
+    matrix's adapter input, after hf's cast): on three blocks without recomputation the
+    step's peak grows by what the cost model adds, to float32 rounding (64 bytes of a
+    ~5e7-byte sum): a dropped copy a wrapped matrix where one input was shared, a mask
+    each, and none in the first block before its first adapter (an input needing no
+    gradient: dropout records nothing)."""
+    import dataclasses
+
+    from capopt._specs import LoRA
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec(num_hidden_layers=3)
+    cfg = Config(micro_batch=4)
+    measured, predicted = {}, {}
+    for p in (0.0, 0.1):
+        sc = _scenario(spec, seq=256, batch=4, precision=precision)
+        sc = sc.replace(runtime=get_profile(runtime), workload=dataclasses.replace(
+            sc.workload, lora=LoRA(rank=8, targets=targets, base_bits=bits, dropout=p)))
+        measured[p] = run_torch(sc, cfg)["measured"]["peak_bytes"]
+        predicted[p] = predicted_torch_terms(cfg, sc)["peak_bytes"]
+    grew = measured[0.1] - measured[0.0]
+    assert grew > 0
+    assert predicted[0.1] - predicted[0.0] == pytest.approx(grew, abs=64)
+
+
+@needs_torch
 def test_qlora_on_q_and_v_stores_every_block_matmul_in_nf4():
     """QLoRA as transformers + bitsandbytes + PEFT run it: every block linear layer is NF4
     (load_in_4bit), adapters only on q and v. The tier's parameter bytes are the cost

@@ -348,6 +348,20 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
         "lora_cast_rep": sum(_cast_copies(base, group, layers)
                              for group in (_attn_in_names(tensors), ("gate", "up"))),
         "lora_base16": float(lora.base_bits == 16),
+        # PEFT's lora_dropout on each wrapped matrix's adapter input: per token, the inputs
+        # of the wrapped matrices (each one a dropped copy and a 1-byte mask), of which those
+        # reading the two norms' outputs (the rest: o's, down's, latent attention's second
+        # matrices, split by tp)
+        "lora_dropout": float(lora.dropout > 0),
+        "lora_in_total": sum(t.count * t.shape[0] for t in base if not t.expert) / layers,
+        "lora_in_rep": sum(t.count * t.shape[0] for t in base if not t.expert and t.matmul
+                           in (*_attn_in_names(tensors), "gate", "up")) / layers,
+        # (by reader, for the first block, where an input computed before any adapter needs
+        # no gradient and its dropout keeps no mask)
+        **{f"lora_in_{key}": sum(t.count * t.shape[0] for t in base
+                                 if not t.expert and t.matmul in names) / layers
+           for key, names in (("attn", _attn_in_names(tensors)), ("mlp", ("gate", "up")),
+                              ("o", ("o",)), ("down", ("down",)))},
         # (the widest input of a wrapped dense matrix, per token)
         "lora_in_width": float(max((t.shape[0] for t in base if not t.expert), default=0)),
         # per token, the widths of every adapter's two matmul outputs (x A and x A B)
@@ -493,6 +507,8 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                  lora_mlp_in=0.0, lora_down=0.0, lora_out_width=0.0,
                  base_nf4=0.0, lora_base_mats=0.0, lora_expert=0.0, lora_base_expert=0.0,
                  lora_base_expert_mats=0.0, lora_cast_rep=0.0, lora_in_width=0.0,
+                 lora_dropout=0.0, lora_in_total=0.0, lora_in_rep=0.0, lora_in_attn=0.0,
+                 lora_in_mlp=0.0, lora_in_o=0.0, lora_in_down=0.0,
                  lora_base16=0.0)
 
     # --- workload, hardware, budget ---

@@ -69,6 +69,14 @@ def stream_bytes(n: dict):
     return (1.0 - mixed) * n["act_bytes"] + mixed * n["param_bytes"]
 
 
+def lora_input_cast(n: dict):
+    """1 where PEFT's lora.Linear casts a wrapped matrix's input to its adapters' dtype and
+    autocast casts it back (``lora_input_cast``: a 16-bit base, adapters wider than the
+    compute dtype), else 0."""
+    return (n["lora"] * n["rt_lora_input_cast"] * n["lora_base16"]
+            * (n["param_bytes"] > n["act_bytes"]).astype(jnp.result_type(float)))
+
+
 def mlp_width(n: dict):
     """MLP width per token of one block, averaged over the blocks: the routed experts' top-k x
     capacity factor slots ``f`` wide, in the blocks that have them, plus what every token goes
@@ -122,10 +130,16 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # it back for lora_A, which keeps that cast, so each wrapped matrix keeps a copy of its
     # input of its own where one tensor was kept for all that read it (o's and down's inputs
     # have one reader each: their copy takes the place of the original)
-    cast = (n["lora"] * n["rt_lora_input_cast"] * n["lora_base16"]
-            * (n["param_bytes"] > ab).astype(jnp.result_type(float)))
-    rep = rep + cast * ab * n["lora_cast_rep"]
-    proj = proj + cast * ab * n["lora_cast_rep"]
+    cast = lora_input_cast(n)
+    # PEFT's lora_dropout (``training.lora.dropout`` > 0; peft 0.21.2 lora.Linear:
+    # lora_B(lora_A(dropout(x))), nn.Dropout a module per wrapped matrix): each wrapped
+    # matrix's adapter reads a dropped copy of its own, which lora_A keeps, and dropout keeps
+    # its 1-byte mask; the copies take the place of the one tensor its readers shared
+    drop = n["lora"] * n["lora_dropout"]
+    copies = jnp.maximum(cast, drop)
+    masks = drop * (n["lora_in_total"] - n["lora_in_rep"])      # o's and down's: tp-split
+    rep = rep + copies * ab * n["lora_cast_rep"] + drop * n["lora_in_rep"]
+    proj = proj + copies * ab * n["lora_cast_rep"] + drop * n["lora_in_rep"]
     # float32 router probabilities, in the blocks with experts
     rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"] * n["f_routed_frac"], 0.0)
     stats = n["rt_norm_stats"] + n["rt_layernorm_mean_saved"] * n["layernorm"]
@@ -141,7 +155,7 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # the compute dtype) and ``norm_stats`` float32 statistics per head for its backward; its
     # output goes on to the rotary embedding, whose backward needs only the angles
     attn = attn + n["qk_norm"] * (ab * (q + kw) + 4.0 * n["rt_norm_stats"] * (a + kv))
-    tp = attn + ab * mlp * width
+    tp = attn + ab * mlp * width + masks
     # latent attention: the latents' norms keep their inputs and the projections after them
     # their outputs, replicated over tp (``latent_w``), with float32 statistics per norm
     latent = ab * n["latent_w"] + 4.0 * n["rt_norm_stats"] * n["latent_norms"]
@@ -193,10 +207,15 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     no_m = 1.0 - n["lora_mlp_in"]
     v_only = n["lora_attn_in"] * (1.0 - n["lora_qk"]) * (1.0 - k.flash)
     mlp_pre = jnp.maximum(mlp - (1.0 - frozen_down), 0.0) * ab * width
-    first_rep = dropped * (norm_in + no_a * no_o * norm_in)
+    # (with adapter dropout: no mask for an input computed before the block's first adapter,
+    # dropout's input needing no gradient: q, k, v's always, gate and up's without an
+    # adapter in the attention, o's without one on q, k or v, down's without any before it)
+    first_rep = dropped * (norm_in + no_a * no_o * norm_in
+                           + drop * (n["lora_in_attn"] + no_a * no_o * n["lora_in_mlp"]))
     first_tp = dropped * (no_a * (attn - ab * ow * (1.0 - frozen_o)
                                   + no_o * (ab * ow * (1.0 - frozen_o) + no_m * mlp_pre))
-                          + v_only * ab * (q + kw))
+                          + v_only * ab * (q + kw)
+                          + drop * no_a * (n["lora_in_o"] + no_o * no_m * n["lora_in_down"]))
     first_scores = dropped * (no_a * scores
                               + v_only * jnp.maximum(materialised - a * s * ab, 0.0))
 
@@ -293,9 +312,12 @@ def backward_transient(k: Knobs, n: dict, tokens):
     # runs, its input's float32 cast and the input itself are live beside the compute-dtype
     # copy its adapter keeps; the widest wrapped input (down's, f wide, when down is wrapped)
     # at once, in the block's forward pass or its rebuild
-    cast = (n["lora"] * n["rt_lora_input_cast"] * n["lora_base16"]
-            * (n["param_bytes"] > ab).astype(jnp.result_type(float)))
-    cast_in = cast * tokens * (n["param_bytes"] + ab) * n["lora_in_width"] / k.tp
+    cast = lora_input_cast(n)
+    drop = n["lora"] * n["lora_dropout"]
+    # (with dropout as well: its output, float32 after the cast; without the cast, the input
+    # itself beside the dropped copy the adapter keeps)
+    cast_in = (jnp.maximum(cast, drop) * tokens * n["lora_in_width"] / k.tp
+               * (ab + cast * n["param_bytes"] * (1.0 + drop)))
     return tf * jnp.maximum(jnp.maximum(scores + ring, mlp), cast_in) + stream
 
 

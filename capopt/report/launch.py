@@ -709,8 +709,9 @@ def _emit_trl_sft(c: Config, sc: Scenario) -> str:
             modules = [_PEFT_MODULES[x] for x in _PEFT_MODULES if x in wrapped]
             notes.append("# lora_target_modules: Hugging Face Llama-family names (Llama, "
                          "Mistral, Qwen2, Gemma); other models name them otherwise")
-        # (no adapter dropout: PEFT would keep a dropped copy of each wrapped input)
-        out.update(use_peft=True, lora_r=lora.rank, lora_dropout=0.0,
+        # (the adapters' dropout as priced: PEFT keeps a dropped copy of each wrapped input
+        # and its mask; TRL's own default, 0.05, is written out when capopt's is 0)
+        out.update(use_peft=True, lora_r=lora.rank, lora_dropout=float(lora.dropout),
                    lora_target_modules=modules)
         if lora.base_bits == 4:
             # NF4 with its block scales quantised again, as capopt counts NF4's bytes

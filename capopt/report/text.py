@@ -101,7 +101,8 @@ def training_label(sc) -> str:
     lora, parts = sc.workload.lora, []
     if lora is not None:
         kind = {4: "QLoRA", 8: "LoRA (8-bit base)", 16: "LoRA"}[lora.base_bits]
-        parts.append(f"{kind} r{lora.rank} on {'+'.join(lora.targets)}")
+        parts.append(f"{kind} r{lora.rank} on {'+'.join(lora.targets)}"
+                     + (f", dropout {lora.dropout:g}" if lora.dropout else ""))
     if sc.workload.compile:
         parts.append("torch.compile")
     return f" ({', '.join(parts)})" if parts else ""

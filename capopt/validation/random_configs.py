@@ -330,15 +330,16 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
                      ranks: tuple[int, ...] = (1, 8), lora: bool = False,
                      tp: tuple[int, ...] = (), tp_dp: int = 1,
                      tp_sp: bool = False,
-                     lora_targets: tuple[tuple[str, ...], ...] = LORA_TARGET_SETS
-                     ) -> list[Case]:
+                     lora_targets: tuple[tuple[str, ...], ...] = LORA_TARGET_SETS,
+                     lora_dropout: tuple[float, ...] = ()) -> list[Case]:
     """``n`` cases the torch tier runs, drawn as `draw_cases` draws (the same card styles and
     sizes, micro-batches, sequences, accumulation, remat, flash), with the torch tier's
     precisions and optimizers; a card's configs take the data-parallel degrees of ``ranks``
     in turn (more than one: FSDP2 as ZeRO-2 or ZeRO-3, drawn); split by card shape the same
     way. ``lora``: every case fine-tunes with LoRA or QLoRA (rank 4, 8 or 16; attention or
     attention and MLP, or one of ``lora_targets``; a 16-bit or NF4 base; the target set
-    must wrap a matrix of the card), on one device, as the tier runs them. ``tp``:
+    must wrap a matrix of the card; with ``lora_dropout``, PEFT's adapter dropout drawn from
+    those probabilities), on one device, as the tier runs them. ``tp``:
     every case is tensor-parallel, its degree drawn from ``tp`` among those the card's heads
     and widths allow (a card none allows is skipped), and half the cards have their
     vocabulary padded to a multiple of 128 as Megatron-LM pads it (so that the embedding and
@@ -365,6 +366,9 @@ def draw_torch_cases(n: int = 60, seed: int = 0, *, hardware: Hardware | None = 
                                   base_bits=int(_pick(rng, (16, 4))))
                 if not _lora_ok(m, wl["lora"]):         # NF4 needs whole blocks: 16-bit
                     wl["lora"] = dataclasses.replace(wl["lora"], base_bits=16)
+                if lora_dropout:                        # (no draw without: seeds unchanged)
+                    wl["lora"] = dataclasses.replace(
+                        wl["lora"], dropout=float(_pick(rng, lora_dropout)))
             zero = int(_pick(rng, (2, 3))) if dp > 1 else 0
             cfg = cfg.replace(dp=dp, zero_stage=zero, sequence_parallel=False, ep=1)
             if tp:

@@ -76,7 +76,7 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
             if name in wrapped:
                 return LoRALinear(i, o, b, rank=lora.rank, bits=lora.base_bits,
                                   base_dtype=base, adapter_dtype=adapters,
-                                  cast_input=peft_cast)
+                                  cast_input=peft_cast, dropout=lora.dropout)
             if lora.base_bits < 16:          # quantised at load, not wrapped
                 return LoRALinear(i, o, b, rank=0, bits=lora.base_bits, base_dtype=base,
                                   adapter_dtype=adapters)
@@ -288,7 +288,8 @@ def nf4_dequantize_op():
 def lora_linear_module():
     """``LoRALinear(in, out, bias, rank, bits, base_dtype, adapter_dtype)``: y = x W^T + b +
     (x A^T) B^T with W and b frozen and A (rank x in), B (out x rank) trained, as PEFT's
-    ``lora.Linear`` (alpha / rank = 1, no adapter dropout). ``bits`` 16: W a frozen parameter
+    ``lora.Linear`` (alpha / rank = 1; ``dropout``: PEFT's lora_dropout on the adapter's
+    input). ``bits`` 16: W a frozen parameter
     in ``base_dtype``; 4: W stored in NF4 (`nf4_dequantize_op`) and dequantised to the compute
     dtype at each use, forward and backward (bitsandbytes' ``Linear4bit``: the dequantised
     weight is a temporary; backward dequantises it again for the input's gradient)."""
@@ -315,8 +316,9 @@ def lora_linear_module():
 
     class LoRALinear(nn.Module):
         def __init__(self, din, dout, bias, *, rank, bits, base_dtype, adapter_dtype,
-                     cast_input=False):
+                     cast_input=False, dropout=0.0):
             super().__init__()
+            self.dropout = dropout              # PEFT's lora_dropout, on the adapter's input
             # PEFT's lora.Linear (16-bit base) casts x to the adapters' dtype before them
             self.cast_input = cast_input and bits == 16
             if bits not in (4, 16):
@@ -357,6 +359,9 @@ def lora_linear_module():
                 return y
             if self.cast_input:
                 x = x.to(self.lora_a.dtype)
+            if self.dropout > 0 and self.training:
+                # (native_dropout: CUDA's bool mask, as F.dropout runs there)
+                x = torch.native_dropout(x, self.dropout, True)[0]
             return y + F.linear(F.linear(x, self.lora_a), self.lora_b)
 
     return LoRALinear
