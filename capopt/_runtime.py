@@ -252,6 +252,11 @@ SCHEMA: dict[str, Coeff] = {
                                       "released (an eager backward, op by op)"),
     "mlp_grad_saved": _c(0, "compute-dtype MLP input gradients live in one block's backward, "
                             "per f-wide projection"),
+    "frozen_down_grads": _c(0, "1: when LoRA leaves down frozen and its input unsaved "
+                               "(frozen_inputs_dropped), one block's MLP backward holds the "
+                               "product's gradient and the ones it becomes (gated: two, "
+                               "GELU: one), f wide in the compute dtype, on top of what the "
+                               "block saved"),
     # --- the loss ---
     "logits_act_copies": _c(1, "compute-dtype logits-sized buffers at the loss (16-bit)"),
     "logits_fp32_copies": _c(2, "float32 logits-sized buffers at the loss"),

@@ -290,11 +290,12 @@ def backward_transient(k: Knobs, n: dict, tokens):
     per_head = n["rt_score_grad_copies"] * seqs * n["a"] * 4.0 / k.tp
     scores = per_head * n["s"] * ((1.0 - fl) * n["s"]
                                   + fl * jnp.minimum(n["rt_attn_chunk_queries"], n["s"]))
-    # (``mlp_grad_saved``: the gate's and up's gradients; with a frozen down under LoRA in a
-    # runtime that keeps no input for it, the incoming gradient too, whose place the
-    # product's release frees otherwise)
+    # (``frozen_down_grads``: with a frozen, unwrapped down under LoRA in a runtime that keeps
+    # no input for it, the MLP's backward holds the product's gradient and the two it
+    # becomes on top of what the block saved, no input of down's freed before them)
     frozen_down = n["lora"] * n["rt_frozen_inputs_dropped"] * (1.0 - n["lora_down"])
-    mlp = (tokens * ab * n["rt_mlp_grad_saved"] * (1.0 + n["gated"] + frozen_down)
+    mlp = (tokens * ab * (n["rt_mlp_grad_saved"] * (1.0 + n["gated"])
+                          + frozen_down * n["rt_frozen_down_grads"] * (2.0 + n["gated"]))
            * mlp_width(n) / k.tp)
     stream = tokens * stream_bytes(n) * 2.0 * n["h"] * shard(k.sp, k.tp)
     # ``score_grad_after_release``: the score gradients of materialised attention peak in the
