@@ -41,6 +41,13 @@ def eager_elementwise(runtime: RuntimeProfile) -> bool:
     return any(coeffs.get(k, 0.0) > 0.0 for k in EAGER_EW_COEFFS)
 
 
+def eager_runtimes() -> list[str]:
+    """The built-in runtimes whose element-wise ops run eagerly (where compiling changes
+    something)."""
+    from ._runtime import get_profile, list_profiles
+    return [name for name in list_profiles() if eager_elementwise(get_profile(name))]
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -343,8 +350,8 @@ class Scenario:
             raise CapoptError(f"the {self.runtime.name} runtime's element-wise ops are fused "
                               "kernels already: compiling changes nothing it prices",
                               file=self.path, field="training.compile",
-                              allowed="a runtime whose ops run eagerly (pytorch-eager, "
-                              "torchtitan, deepspeed, llm-foundry)")
+                              allowed="a runtime whose ops run eagerly ("
+                              + ", ".join(eager_runtimes()) + ")")
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")

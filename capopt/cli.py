@@ -377,8 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "the cross-entropy) or fused (one kernel on the compute-dtype logits)")
         q.add_argument("--compile", action="store_const", const=True, default=None,
                        help="the step under torch.compile: element-wise ops fused (runtimes "
-                            "that run them eagerly: pytorch-eager, torchtitan, deepspeed, "
-                            "llm-foundry)")
+                            "that run them eagerly: pytorch-eager and the profiles built on "
+                            "it, hf, torchtitan, deepspeed, llm-foundry)")
         q.add_argument("--lora", type=_lora, metavar="RANK[:BITS[:TARGETS[:DROPOUT]]]",
                        help="LoRA adapters of RANK; BITS 4 (QLoRA), 8 or 16 (default) for "
                             "the frozen base; TARGETS the wrapped matrices, comma-separated: "
