@@ -14,8 +14,9 @@ tiny card and of an 8B-class card (``llama-3-8b``, seq 2048, micro-batch 1, full
 own results files); ``--lora --lora-targets single``: the same with adapters on single
 matrices (q and v, as PEFT's default for Llama-family models; q, k and v; the MLP alone; two
 mixed sets; `random_configs.LORA_SINGLE_SETS`), results ``torch_lora_single``. ``--tp``:
-every case is tensor-parallel alone (tp 2 or 4 on a fake group of that many ranks; half the cards with a vocabulary padded to a multiple of 128, so that the
-embedding and head are split over it), its own results files too; ``--tp --tp-dp 2``: the
+every case is tensor-parallel alone (tp 2 or 4 on a fake group of that many ranks; half
+the cards with a vocabulary padded to a multiple of 128, so that the embedding and head are
+split over it), its own results files too; ``--tp --tp-dp 2``: the
 same on a 2 x tp mesh, FSDP2 over the data-parallel dimension (torchtitan's 2-D);
 ``--tp --tp-sp``: tensor parallelism with sequence parallelism.
 

@@ -377,6 +377,16 @@ class Scenario:
         return dataclasses.replace(self, **changes)
 
 
+def lora_adapters_bf16(sc: Scenario) -> bool:
+    """Whether the runtime keeps a quantised base's LoRA adapters, their gradients and their
+    optimizer state in bfloat16 under mixed precision (``lora_quant_adapters_lowp``: TRL's
+    SFTTrainer casts a quantised model's trainable parameters so)."""
+    lora, prec = sc.workload.lora, sc.runtime.precision(sc.workload.precision)
+    return (lora is not None and lora.base_bits < 16
+            and prec["param_bytes"] > prec["act_bytes"]
+            and sc.runtime.coeff("lora_quant_adapters_lowp") >= 0.5)
+
+
 def stable_text(x: Any) -> str:
     """A text of what ``x`` holds, for keys that must outlive the code: a dataclass as its
     class name and the fields that differ from their defaults (so a field added with a

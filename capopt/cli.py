@@ -306,9 +306,9 @@ def _lora(text: str) -> dict:
     """``RANK``, ``RANK:BITS``, ``RANK:BITS:TARGETS`` (comma-separated, e.g. ``q,v``) or
     ``RANK:BITS:TARGETS:DROPOUT`` as the scenario's ``training.lora`` table (the targets and
     the dropout are checked with the scenario)."""
-    rank, _, rest = text.partition(":")
-    bits, _, rest = rest.partition(":")
-    targets, _, dropout = rest.partition(":")
+    parts = text.split(":")
+    rank, bits, targets = (parts + ["", ""])[:3]
+    dropout = ":".join(parts[3:])
     try:
         out = {"rank": int(rank)}
         if bits:
@@ -319,8 +319,7 @@ def _lora(text: str) -> dict:
         raise argparse.ArgumentTypeError(f"{text!r}: allowed: RANK, RANK:BITS, "
                                          "RANK:BITS:TARGETS or RANK:BITS:TARGETS:DROPOUT, e.g. "
                                          "16, 64:4, 16:16:q,v or 16:4:q,v:0.05") from None
-    if ":" in dropout or (text.count(":") >= 2 and not targets) or (
-            text.count(":") == 3 and not dropout):
+    if len(parts) > 4 or "" in parts[2:]:         # a field named but empty, or a fifth
         raise argparse.ArgumentTypeError(f"{text!r}: allowed: RANK:BITS:TARGETS:DROPOUT with "
                                          "TARGETS comma-separated, e.g. 16:4:q,v:0.05")
     if targets:

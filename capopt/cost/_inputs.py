@@ -20,7 +20,7 @@ import numpy as np
 from .._runtime import (INT8_SCALE_BYTES, NF4_BYTES_PER_WEIGHT, adafactor_state_elems,
                         adam8bit_moment_bytes)
 from .._inventory import inventory, trainable
-from .._specs import Config, LoRA, Scenario
+from .._specs import Config, LoRA, Scenario, lora_adapters_bf16
 
 DTYPE = jnp.float32
 
@@ -284,22 +284,18 @@ def _attn_in_names(tensors) -> tuple[str, ...]:
     return (q, "k", "v", "kv_a")
 
 
-def _cast_copies(wrapped, group, layers: int) -> float:
-    """Input elements per token a block keeps again when each wrapped matrix of ``group``
-    (matrices reading one tensor) keeps its own copy of it: all their inputs, less one."""
-    widths = [t.shape[0] for t in wrapped if t.matmul in group and not t.expert]
-    total = sum(t.count * t.shape[0] for t in wrapped
-                if t.matmul in group and not t.expert) / layers
-    return max(total - (widths[0] if widths else 0.0), 0.0)
-
-
 def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> dict:
     """LoRA's numbers from the inventory: adapters and wrapped (base) matrices per block, the
     wrapped k/v part, bytes per base weight and the 8-bit bases' float32 per-column scales
     (split by tp on column-parallel matrices, replicated on row-parallel ones)."""
     per = lambda ts: sum(t.elements for t in ts) / layers  # noqa: E731
+    # per token, the inputs of the dense matrices among ``ts`` (experts' are per slot)
+    inputs = lambda ts: sum(t.count * t.shape[0] for t in ts if not t.expert) / layers  # noqa
     adapters = [t for t in tensors if t.lora == "adapter"]
     base = [t for t in tensors if t.lora == "base"]
+    # the wrapped dense matrices reading the first norm's output, and the second's
+    attn_in = [t for t in base if t.matmul in _attn_in_names(tensors) and not t.expert]
+    mlp_in = [t for t in base if t.matmul in ("gate", "up") and not t.expert]
     # the matrices stored in ``base_bits``: the wrapped ones, and under an 8- or 4-bit base
     # every other block matmul too (``quant``, `capopt._inventory.inventory`)
     stored = [t for t in tensors if t.lora in ("base", "quant")]
@@ -335,8 +331,7 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
         # norm's output (q or latent attention's q_a, k, v, kv_a), the attention's output
         # (o), the second norm's output (gate, up), the MLP's activation (down)
         **{key: float(any(t.matmul in names for t in base)) for key, names in (
-            ("lora_attn_in", ("k", "v", "kv_a", "q_a" if any(t.matmul == "q_a" for t in tensors)
-                              else "q")),
+            ("lora_attn_in", _attn_in_names(tensors)),
             # (q or k: the attention's scores need a gradient)
             ("lora_qk", ("q", "k", "q_a", "kv_a", "kv_b")),
             ("lora_o", ("o",)), ("lora_mlp_in", ("gate", "up")), ("lora_down", ("down",)))},
@@ -345,23 +340,21 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
         # none: a tensor read by several wrapped matrices (the first norm's output: q or
         # q_a, k, v, kv_a; the second's: gate, up) is kept once a matrix, not once (dense
         # matrices; experts' are not wrapped this way)
-        "lora_cast_rep": sum(_cast_copies(base, group, layers)
-                             for group in (_attn_in_names(tensors), ("gate", "up"))),
+        "lora_cast_rep": sum(max(inputs(ts) - (ts[0].shape[0] if ts else 0.0), 0.0)
+                             for ts in (attn_in, mlp_in)),
         "lora_base16": float(lora.base_bits == 16),
         # PEFT's lora_dropout on each wrapped matrix's adapter input: per token, the inputs
         # of the wrapped matrices (each one a dropped copy and a 1-byte mask), of which those
         # reading the two norms' outputs (the rest: o's, down's, latent attention's second
         # matrices, split by tp)
         "lora_dropout": float(lora.dropout > 0),
-        "lora_in_total": sum(t.count * t.shape[0] for t in base if not t.expert) / layers,
-        "lora_in_rep": sum(t.count * t.shape[0] for t in base if not t.expert and t.matmul
-                           in (*_attn_in_names(tensors), "gate", "up")) / layers,
+        "lora_in_total": inputs(base),
         # (by reader, for the first block, where an input computed before any adapter needs
         # no gradient and its dropout keeps no mask)
-        **{f"lora_in_{key}": sum(t.count * t.shape[0] for t in base
-                                 if not t.expert and t.matmul in names) / layers
-           for key, names in (("attn", _attn_in_names(tensors)), ("mlp", ("gate", "up")),
-                              ("o", ("o",)), ("down", ("down",)))},
+        "lora_in_attn": inputs(attn_in),
+        "lora_in_mlp": inputs(mlp_in),
+        "lora_in_o": inputs([t for t in base if t.matmul == "o"]),
+        "lora_in_down": inputs([t for t in base if t.matmul == "down"]),
         # (the widest input of a wrapped dense matrix, per token)
         "lora_in_width": float(max((t.shape[0] for t in base if not t.expert), default=0)),
         # per token, the widths of every adapter's two matmul outputs (x A and x A B)
@@ -406,8 +399,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     m, w, hw, rt = sc.model, sc.workload, sc.hardware, sc.runtime
     prec = rt.precision(w.precision)
     c = rt.coeff_dict()
-    if (w.lora is not None and w.lora.base_bits < 16 and prec["param_bytes"] > prec["act_bytes"]
-            and c.get("lora_quant_adapters_lowp", 0.0) >= 0.5):
+    if lora_adapters_bf16(sc):
         # a runtime that keeps a quantised model's adapters in bfloat16 (TRL's SFTTrainer):
         # they, their gradients and their optimizer state are 2 bytes, nothing cast
         prec = {**prec, "param_bytes": 2.0, "grad_bytes": 2.0, "state_bytes": 2.0,
@@ -507,7 +499,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                  lora_mlp_in=0.0, lora_down=0.0, lora_out_width=0.0,
                  base_nf4=0.0, lora_base_mats=0.0, lora_expert=0.0, lora_base_expert=0.0,
                  lora_base_expert_mats=0.0, lora_cast_rep=0.0, lora_in_width=0.0,
-                 lora_dropout=0.0, lora_in_total=0.0, lora_in_rep=0.0, lora_in_attn=0.0,
+                 lora_dropout=0.0, lora_in_total=0.0, lora_in_attn=0.0,
                  lora_in_mlp=0.0, lora_in_o=0.0, lora_in_down=0.0,
                  lora_base16=0.0)
 

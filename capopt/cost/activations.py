@@ -69,6 +69,12 @@ def stream_bytes(n: dict):
     return (1.0 - mixed) * n["act_bytes"] + mixed * n["param_bytes"]
 
 
+def lora_frozen_dropped(n: dict):
+    """1 under LoRA in a runtime that keeps no input for a frozen matmul
+    (``frozen_inputs_dropped``), else 0."""
+    return n["lora"] * n["rt_frozen_inputs_dropped"]
+
+
 def lora_input_cast(n: dict):
     """1 where PEFT's lora.Linear casts a wrapped matrix's input to its adapters' dtype and
     autocast casts it back (``lora_input_cast``: a 16-bit base, adapters wider than the
@@ -115,7 +121,7 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # reads (the first's: q, k, v; the second's: gate, up) is not kept, nor the MLP's
     # activation when down has no adapter, nor (materialised attention) the attention's
     # output when o has none: a flash kernel keeps its output for its own backward
-    dropped = n["lora"] * n["rt_frozen_inputs_dropped"]
+    dropped = lora_frozen_dropped(n)
     frozen_in = dropped * ((1.0 - n["lora_attn_in"]) + (1.0 - n["lora_mlp_in"]))
     frozen_down = dropped * (1.0 - n["lora_down"])
     frozen_o = dropped * (1.0 - n["lora_o"]) * (1.0 - k.flash)
@@ -137,9 +143,10 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # its 1-byte mask; the copies take the place of the one tensor its readers shared
     drop = n["lora"] * n["lora_dropout"]
     copies = jnp.maximum(cast, drop)
-    masks = drop * (n["lora_in_total"] - n["lora_in_rep"])      # o's and down's: tp-split
-    rep = rep + copies * ab * n["lora_cast_rep"] + drop * n["lora_in_rep"]
-    proj = proj + copies * ab * n["lora_cast_rep"] + drop * n["lora_in_rep"]
+    norm_outs = n["lora_in_attn"] + n["lora_in_mlp"]           # the two norms' readers
+    masks = drop * (n["lora_in_total"] - norm_outs)             # o's and down's: tp-split
+    rep = rep + copies * ab * n["lora_cast_rep"] + drop * norm_outs
+    proj = proj + copies * ab * n["lora_cast_rep"] + drop * norm_outs
     # float32 router probabilities, in the blocks with experts
     rep = rep + jnp.where(n["E"] > 1, 4.0 * n["E"] * n["f_routed_frac"], 0.0)
     stats = n["rt_norm_stats"] + n["rt_layernorm_mean_saved"] * n["layernorm"]
@@ -293,7 +300,7 @@ def backward_transient(k: Knobs, n: dict, tokens):
     # (``frozen_down_grads``: with a frozen, unwrapped down under LoRA in a runtime that keeps
     # no input for it, the MLP's backward holds the product's gradient and the two it
     # becomes on top of what the block saved, no input of down's freed before them)
-    frozen_down = n["lora"] * n["rt_frozen_inputs_dropped"] * (1.0 - n["lora_down"])
+    frozen_down = lora_frozen_dropped(n) * (1.0 - n["lora_down"])
     mlp = (tokens * ab * (n["rt_mlp_grad_saved"] * (1.0 + n["gated"])
                           + frozen_down * n["rt_frozen_down_grads"] * (2.0 + n["gated"]))
            * mlp_width(n) / k.tp)

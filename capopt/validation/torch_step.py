@@ -42,7 +42,7 @@ import time
 import warnings
 from typing import Any
 
-from .._specs import Config, Scenario
+from .._specs import Config, Scenario, lora_adapters_bf16
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
@@ -230,17 +230,6 @@ def _loss_context(model):
     return contextlib.nullcontext()
 
 
-def _adapter_dtype(scenario: Scenario, param_dtype, autocast):
-    """The LoRA adapters' dtype: the parameters', or bfloat16 on a quantised base under mixed
-    precision in a runtime that casts them so (``lora_quant_adapters_lowp``: TRL)."""
-    import torch
-    lora = scenario.workload.lora
-    if (lora is not None and lora.base_bits < 16 and autocast is not None
-            and scenario.runtime.coeff("lora_quant_adapters_lowp") >= 0.5):
-        return torch.bfloat16
-    return param_dtype
-
-
 def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> dict[str, Any]:
     """Measure one steady-state step: ``{"measured": {...}, "details": {...}}``; with
     ``explain``, ``details["live_at_peak"]`` lists what was live at the peak (category, op,
@@ -273,7 +262,10 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
         model = build_torch_model(spec, flash=config.flash_attention, checkpoint=plan,
                                   param_dtype=param_dtype, lora=w.lora,
                                   frozen_dtype=autocast or param_dtype,
-                                  adapter_dtype=_adapter_dtype(scenario, param_dtype, autocast),
+                                  # (bfloat16 on a quantised base where the runtime
+                                  # keeps them so: `capopt._specs.lora_adapters_bf16`)
+                                  adapter_dtype=(torch.bfloat16 if lora_adapters_bf16(scenario)
+                                                 else param_dtype),
                                   peft_cast=scenario.runtime.coeff("lora_input_cast") >= 0.5)
         model.train()
         if config.tp > 1:
