@@ -450,6 +450,25 @@ class RuntimeProfile:
         return "\n".join(lines) + "\n"
 
 
+def _precision_rows(tables: dict, file: str) -> tuple:
+    """A profile's ``[precision."name"]`` tables as `RuntimeProfile.precisions` rows."""
+    precisions = []
+    for pname, fields in tables.items():
+        missing = set(PRECISION_FIELDS) - set(fields)
+        if missing:
+            raise CapoptError(f"missing {sorted(missing)}", file=file,
+                              field=f"precision.{pname}")
+        unknown = set(fields) - set(PRECISION_FIELDS) - set(OPTIONAL_PRECISION_FIELDS)
+        if unknown:
+            raise CapoptError(f"unknown key {sorted(unknown)[0]!r}", file=file,
+                              field=f"precision.{pname}",
+                              allowed=", ".join(PRECISION_FIELDS + OPTIONAL_PRECISION_FIELDS))
+        row = [(k, fields[k]) for k in PRECISION_FIELDS]
+        row.append(("attention_dtype", fields.get("attention_dtype", fields["matmul_dtype"])))
+        precisions.append((pname, tuple(row)))
+    return tuple(precisions)
+
+
 def _parse(data: dict, file: str) -> RuntimeProfile:
     allowed = {"name", "source", "base", "coeffs", "precision", "notes"}
     unknown = set(data) - allowed
@@ -468,27 +487,17 @@ def _parse(data: dict, file: str) -> RuntimeProfile:
             inherited = _load_builtin(base).coeff_dict()
             given = {**inherited, **given}
         coeffs = _check_policy(complete_coeffs(given, file), file)
-        precisions = []
-        for pname, fields in data["precision"].items():
-            missing = set(PRECISION_FIELDS) - set(fields)
-            if missing:
-                raise CapoptError(f"missing {sorted(missing)}", file=file,
-                                  field=f"precision.{pname}")
-            unknown = set(fields) - set(PRECISION_FIELDS) - set(OPTIONAL_PRECISION_FIELDS)
-            if unknown:
-                raise CapoptError(f"unknown key {sorted(unknown)[0]!r}", file=file,
-                                  field=f"precision.{pname}",
-                                  allowed=", ".join(PRECISION_FIELDS + OPTIONAL_PRECISION_FIELDS))
-            row = [(k, fields[k]) for k in PRECISION_FIELDS]
-            row.append(("attention_dtype", fields.get("attention_dtype", fields["matmul_dtype"])))
-            precisions.append((pname, tuple(row)))
+        if base is not None and "precision" not in data:
+            precisions = _load_builtin(base).precisions     # none of its own: the base's
+        else:
+            precisions = _precision_rows(data["precision"], file)
     except KeyError as e:
         raise CapoptError(f"missing table {e.args[0]!r}", file=file, field=str(e.args[0]))
     except (TypeError, ValueError) as e:
         raise CapoptError(f"bad value: {e}", file=file, field="coeffs")
     return RuntimeProfile(
         name=str(data.get("name", Path(file).stem)), source=str(data.get("source", "")),
-        coeffs=tuple(sorted(coeffs.items())), precisions=tuple(precisions),
+        coeffs=tuple(sorted(coeffs.items())), precisions=precisions,
         notes=tuple(sorted((k, str(v)) for k, v in data.get("notes", {}).items())))
 
 

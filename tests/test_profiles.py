@@ -35,6 +35,20 @@ def test_an_unknown_base_profile_is_named(tmp_path):
     assert "nope" in str(e.value) and "base" in str(e.value)
 
 
+def test_a_profile_without_precision_tables_takes_its_bases(tmp_path):
+    """``hf`` has no precision tables of its own: the base's (pytorch-eager) byte widths. A
+    profile with neither tables nor a base is refused, naming the missing table."""
+    assert get_profile("hf").precisions == get_profile("pytorch-eager").precisions
+    p = tmp_path / "prof.toml"
+    p.write_text('name = "p"\nbase = "torchtitan"\n\n[coeffs]\nresid_saved = 3.0\n')
+    prof = get_profile(str(p))
+    assert prof.precisions == get_profile("torchtitan").precisions
+    assert prof.coeff("resid_saved") == 3.0
+    p.write_text('name = "p"\n\n[coeffs]\n')
+    with pytest.raises(CapoptError, match="precision"):
+        get_profile(str(p))
+
+
 def _write(tmp_path, coeffs: str):
     p = tmp_path / "prof.toml"
     p.write_text(f'name = "p"\nsource = "test"\n\n[coeffs]\n{coeffs}\n\n'
