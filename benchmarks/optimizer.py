@@ -3,6 +3,7 @@
     python benchmarks/optimizer.py [--scenarios 300] [--out benchmarks/results/optimizer.json]
     python benchmarks/optimizer.py --context-parallel 60     # section 5 alone, into --out
     python benchmarks/optimizer.py --virtual-stages 100      # section 6 alone, into --out
+    python benchmarks/optimizer.py --hybrid-shard 100        # section 7 alone, into --out
 
 1. Optimality: seeded random scenarios (real cards, catalog GPUs, 1-64 devices, random
    precision / optimizer / runtime / budget) whose exhaustive search finds a fitting config:
@@ -24,6 +25,8 @@
 6. With interleaved pipeline stages searched (``--virtual-stages N``): section 1 over
    scenarios of 8-64 devices and few micro-batches a step (torchtitan or megatron,
    ``vpp = "auto"``, pp searched or drawn from 2-8).
+7. With hybrid sharding searched (``--hybrid-shard N``): section 1 over multi-node scenarios
+   (16-512 devices, torchtitan or megatron, ``dp_replicate = "auto"``).
 
 The optimality section runs the default method, the relaxed solve: it measures the optimiser,
 not the small-space shortcut of ``--method auto``.
@@ -128,6 +131,30 @@ def random_pipeline_scenario(rng: random.Random) -> dict:
     return d
 
 
+HSDP_CARDS = ["gpt2-124m", "gpt2-1.5b", "tiny-llama", "llama-3.2-1b", "llama-2-7b",
+              "llama-3-8b"]
+
+
+def random_multinode_scenario(rng: random.Random) -> dict:
+    """A multi-node scenario whose runtime runs hybrid sharding, every knob searched
+    (``dp_replicate`` too): for the optimality of the rounded number of replicas, which the
+    relaxation holds at 1."""
+    count = rng.choice([16, 32, 64, 128, 256, 512])
+    return {
+        "name": f"random-hsdp-{rng.randrange(10**9)}",
+        "model": {"card": rng.choice(HSDP_CARDS)},
+        "hardware": {"gpu": rng.choice(["a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb"]),
+                     "count": count},
+        "training": {"seq_len": rng.choice([1024, 2048, 4096]),
+                     "global_batch": count * rng.choice([1, 2, 4]),
+                     "precision": "bf16-mixed", "optimizer": "adamw", "grad_clip": True,
+                     "runtime": rng.choice(["torchtitan", "megatron"])},
+        "config": {"micro_batch": "auto", "grad_accum": "auto", "dp": "auto", "tp": "auto",
+                   "pp": "auto", "zero_stage": "auto", "sequence_parallel": "auto",
+                   "remat": "auto", "dp_replicate": "auto"},
+    }
+
+
 def optimality(n_scenarios: int, seed: int, draw=random_scenario) -> dict:
     rng = random.Random(seed)
     rows, skipped = [], 0
@@ -155,7 +182,9 @@ def optimality(n_scenarios: int, seed: int, draw=random_scenario) -> dict:
             "warm_s": warm, "exhaustive_s": ex.solve_s,
             "cp": ex.best.config.cp, "optimizer_cp": gr.best.config.cp if gr.best else None,
             "vpp": ex.best.config.vpp,
-            "optimizer_vpp": gr.best.config.vpp if gr.best else None})
+            "optimizer_vpp": gr.best.config.vpp if gr.best else None,
+            "dp_replicate": ex.best.config.dp_replicate,
+            "optimizer_dp_replicate": gr.best.config.dp_replicate if gr.best else None})
         if len(rows) % 25 == 0:
             print(f"  {len(rows)}/{n_scenarios} scenarios "
                   f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
@@ -382,8 +411,16 @@ def main() -> int:
     ap.add_argument("--virtual-stages", type=int, default=0, metavar="N",
                     help="run only the optimality of N pipeline scenarios with vpp searched "
                          "and replace the 'virtual_stages' section of --out")
+    ap.add_argument("--hybrid-shard", type=int, default=0, metavar="N",
+                    help="run only the optimality of N multi-node scenarios with dp_replicate "
+                         "searched and replace the 'hybrid_shard' section of --out")
     args = ap.parse_args()
 
+    if args.hybrid_shard:
+        return knob_section(args, "hybrid_shard", args.hybrid_shard,
+                            random_multinode_scenario, "dp_replicate",
+                            "hybrid sharding searched (16-512 devices, torchtitan / megatron)",
+                            "uses dp_replicate > 1")
     if args.virtual_stages:
         return knob_section(args, "virtual_stages", args.virtual_stages,
                             random_pipeline_scenario, "vpp",
@@ -443,7 +480,8 @@ def main() -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # the sections run on their own (context parallelism, virtual stages) are kept
+    # the sections run on their own (context parallelism, virtual stages, hybrid sharding)
+    # are kept
     data = json.loads(out.read_text()) if out.exists() else {}
     data.update({"machine": f"{os.cpu_count()} CPU cores", "optimality": opt,
                  "load_average_at_end": os.getloadavg(), "cold": cold_rows,

@@ -176,9 +176,6 @@ def torchtitan_runs(doc: dict) -> list[Run]:
             run.notes.append(f"float8 {recipe.strip()} scaling: priced as tensorwise fp8-mixed")
         if r.get("async_tp"):
             run.notes.append("async TP: modelled as the profile's tensor-parallel overlap")
-        if rep > 1:
-            run.unexpressed = "HSDP (shard within a group, replicate across)"
-            continue
         # a pipeline splits the local batch into micro-batches: pipeline_parallel_microbatches,
         # by default as many as pipeline ranks (pipeline_llama.py / pipelining_utils.py at
         # 9dec370); an interleaved schedule runs two stages per rank (generate_split_points)
@@ -189,12 +186,19 @@ def torchtitan_runs(doc: dict) -> list[Run]:
         chunks = 2 if pp > 1 and "interleaved" in (r.get("pp_schedule") or "").lower() else 1
         # context parallelism: FSDP2 shards over dp_shard x cp (ParallelDims' fsdp mesh),
         # capopt's dp; the batch is split over the dp_shard replicas
+        # hybrid sharding: FSDP2 over dp_shard x cp, replicated dp_replicate times (DDP when
+        # the shard group is one rank)
+        sharded = shard * cp > 1
         cfg = Config(micro_batch=r["local_batch"] // micro, grad_accum=micro, dp=dp * cp,
-                     tp=tp, pp=pp, cp=cp, vpp=chunks, zero_stage=3 if dp * cp > 1 else 0,
+                     tp=tp, pp=pp, cp=cp, vpp=chunks, zero_stage=3 if sharded else 0,
+                     dp_replicate=rep if sharded else 1,
                      sequence_parallel=tp > 1, remat=TITAN_AC[r.get("activation_checkpoint")],
                      flash_attention=True)
         if cp > 1:
-            run.notes.append(f"context parallelism {cp}: FSDP over dp_shard x cp = {dp * cp}")
+            run.notes.append(f"context parallelism {cp}: FSDP over dp_shard x cp = "
+                             f"{shard * cp}")
+        if rep > 1 and sharded:
+            run.notes.append(f"HSDP: {rep} replicas of the FSDP group (dp_replicate)")
         if pp > 1:
             run.notes.append(f"{micro} pipeline micro-batches of {cfg.micro_batch}, "
                              f"{chunks} stage(s) per rank")

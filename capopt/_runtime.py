@@ -176,6 +176,12 @@ SCHEMA: dict[str, Coeff] = {
                               "--context-parallel-size: each rank holds 1/cp of every "
                               "sequence, keys and values are exchanged in the attention, the "
                               "state is sharded over dp x cp; 0: cp > 1 is refused"),
+    "hybrid_shard": _c(0, "1: hybrid sharding (dp_replicate > 1) as FSDP2 runs it over a 2-D "
+                          "(replicate, shard) mesh (torchtitan's data_parallel_replicate_degree) "
+                          "or Megatron-Core's --num-distributed-optimizer-instances: the state "
+                          "split over the shard group, each reduce-scatter of gradients "
+                          "followed by an in-place all-reduce of the shard across the replicas; "
+                          "0: dp_replicate > 1 is refused"),
     "interleaved_pipeline": _c(0, "1: interleaved 1F1B (vpp > 1 virtual stages a pipeline "
                                   "rank, each a chunk of L / (pp x vpp) blocks) as torch's "
                                   "ScheduleInterleaved1F1B or Megatron-Core's "

@@ -167,6 +167,9 @@ KNOBS: dict[str, KnobSpec] = {k.name: k for k in [
              "the data-parallel group, attention exchanging keys and values (divides dp)"),
     KnobSpec("vpp", "int", 1, "virtual pipeline stages per pipeline rank (interleaved 1F1B): "
              "each rank runs vpp chunks of its blocks; 1 = plain 1F1B"),
+    KnobSpec("dp_replicate", "int", 1, "hybrid sharding (HSDP): dp is split into dp_replicate "
+             "replicas, each ZeRO-sharding the state over its dp / dp_replicate ranks and "
+             "all-reducing its gradient shard across the replicas; 1 = shard over all of dp"),
     KnobSpec("sequence_parallel", "bool", "auto", "shard norms/dropout over tp"),
     KnobSpec("remat", "remat", "auto",
              "activation checkpointing: none | selective | full, or the fraction of layers "
@@ -227,9 +230,15 @@ class Config:
     # interleaved 1F1B: each pipeline rank runs ``vpp`` model chunks of L / (pp x vpp) blocks
     # (Narayanan et al. 2021; Megatron's virtual pipeline size, torch's ScheduleInterleaved1F1B)
     vpp: int = 1
+    # hybrid sharding (HSDP: torchtitan's data_parallel_replicate_degree, FSDP's HYBRID_SHARD,
+    # Megatron-Core's --num-distributed-optimizer-instances): dp is ``dp_replicate`` replicas
+    # of a shard group of dp / dp_replicate ranks (cp included, as torchtitan's fsdp mesh is
+    # dp_shard x cp) over which ZeRO splits the state (`shard_group`)
+    dp_replicate: int = 1
 
     def __post_init__(self):
-        for name in ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "vpp"):
+        for name in ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "vpp",
+                     "dp_replicate"):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise CapoptError(f"must be a positive integer, got {v!r}", field=f"config.{name}")
@@ -254,6 +263,11 @@ class Config:
         return self.dp * self.tp * self.pp
 
     @property
+    def shard_group(self) -> int:
+        """Ranks ZeRO splits the state over: ``dp / dp_replicate`` (all of dp without HSDP)."""
+        return max(self.dp // self.dp_replicate, 1)
+
+    @property
     def replicas(self) -> int:
         """Data-parallel replicas the batch is split over (`data_replicas`)."""
         return data_replicas(self.dp, self.cp)
@@ -271,14 +285,14 @@ class Config:
 
     def key_dict(self) -> dict:
         """`to_dict` less the knobs added after stored measurement keys were first written,
-        where they hold their default (``cp`` = ``vpp`` = 1): a key built from it names the same config
-        it always did."""
+        where they hold their default (``cp`` = ``vpp`` = ``dp_replicate`` = 1): a key built
+        from it names the same config it always did."""
         return {k: v for k, v in self.to_dict().items() if not (k in _LATER_KNOBS
                                                                    and v == _LATER_KNOBS[k])}
 
 
 # knobs added to `Config` after measurement keys were stored, with their defaults
-_LATER_KNOBS = {"cp": 1, "vpp": 1}
+_LATER_KNOBS = {"cp": 1, "vpp": 1, "dp_replicate": 1}
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,33 @@ RULES: tuple[Rule, ...] = (
                            f"chunks (the causal load balancer's head and tail; seq_len "
                            f"{sc.workload.seq_len}, family {sc.model.family})"),
           lambda d: 1),
+    # hybrid sharding: dp = dp_replicate x (the shard group), the shard group counting the
+    # context-parallel ranks (torchtitan's dp_replicate x dp_shard x cp); a shard group of one
+    # rank is plain replication (DDP), ZeRO-0
+    _rule("config.dp_replicate", "dp_replicate dp cp",
+          lambda c, sc: (c["dp_replicate"] > 1) & ((c["dp"] % (c["dp_replicate"] * c["cp"]) != 0)
+                                                   | (c["dp"] < 2 * c["dp_replicate"])),
+          lambda cfg, sc: f"dp_replicate {cfg.dp_replicate} must divide dp / cp = "
+                          f"{cfg.dp}/{cfg.cp} and leave a shard group of at least 2 ranks "
+                          "(dp = dp_replicate x shard group, cp inside the group)",
+          lambda d: 1),
+    _rule("config.dp_replicate", "dp_replicate zero_stage",
+          lambda c, sc: (c["dp_replicate"] > 1) & (c["zero_stage"] == 0),
+          lambda cfg, sc: f"dp_replicate {cfg.dp_replicate} replicates a ZeRO-sharded group: "
+                          "it needs zero_stage 1, 2 or 3 (without sharding every rank is a "
+                          "replica already)",
+          lambda d: 1),
+    _rule("config.dp_replicate", "dp_replicate ep",
+          lambda c, sc: (c["dp_replicate"] > 1) & (c["ep"] > 1),
+          lambda cfg, sc: "hybrid sharding (dp_replicate > 1) with expert parallelism is not "
+                          "priced: the experts' data-parallel group would span the replicas",
+          lambda d: 1),
+    _rule("config.dp_replicate", "dp_replicate",
+          lambda c, sc: (c["dp_replicate"] > 1) & (sc.runtime.coeff("hybrid_shard") == 0),
+          lambda cfg, sc: f"hybrid sharding (dp_replicate > 1) is not supported by the "
+                          f"{sc.runtime.name} runtime (--runtime torchtitan, pytorch-eager, hf "
+                          "or megatron runs it)",
+          lambda d: 1),
     _rule("config.vpp", "vpp pp",
           lambda c, sc: (c["vpp"] > 1) & (c["pp"] == 1),
           lambda cfg, sc: f"vpp {cfg.vpp} needs pipeline parallelism (pp > 1)",
@@ -153,7 +180,7 @@ RULES: tuple[Rule, ...] = (
 
 # the knobs of a config as integer columns (booleans as 0/1)
 _INT_KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "vpp", "zero_stage",
-              "sequence_parallel")
+              "sequence_parallel", "dp_replicate")
 
 
 def broken(cols: Columns, sc: Scenario, known: set[str] | frozenset | None = None

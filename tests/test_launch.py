@@ -46,6 +46,9 @@ CONFIGS = {
                      sequence_parallel=True, remat="selective"),
     "pp-vpp-fsdp": Config(micro_batch=1, grad_accum=64, dp=4, pp=2, vpp=2, zero_stage=3,
                           remat="full"),
+    # hybrid sharding: 2 replicas of a 4-rank FSDP group
+    "hsdp-zero3": Config(micro_batch=1, grad_accum=32, dp=8, dp_replicate=2, zero_stage=3,
+                         remat="full"),
 }
 # which formats carry which config (the rest must refuse it)
 EXPRESSES = {
@@ -61,6 +64,7 @@ EXPRESSES = {
     "cp-zero3": {"megatron", "torchtitan"},
     "pp-vpp": {"megatron"},
     "pp-vpp-fsdp": {"torchtitan"},
+    "hsdp-zero3": {"megatron", "torchtitan"},
 }
 
 
@@ -77,7 +81,7 @@ def expected(c: Config) -> dict:
     return {"micro_batch": c.micro_batch, "grad_accum": c.grad_accum, "dp": c.dp, "tp": c.tp,
             "pp": c.pp, "zero_stage": c.zero_stage, "sequence_parallel": c.sequence_parallel,
             "remat": _remat(c), "offload_optimizer": c.offload_optimizer, "grad_clip": True,
-            "precision": "bf16-mixed", "cp": c.cp, "vpp": c.vpp}
+            "precision": "bf16-mixed", "cp": c.cp, "vpp": c.vpp, "dp_replicate": c.dp_replicate}
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,7 +104,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     for name in ("tensor-model-parallel-size", "pipeline-model-parallel-size", "micro-batch-size",
                  "global-batch-size", "seq-length", "expert-model-parallel-size",
                  "context-parallel-size", "recompute-num-layers",
-                 "num-virtual-stages-per-pipeline-rank"):
+                 "num-virtual-stages-per-pipeline-rank", "num-distributed-optimizer-instances"):
         p.add_argument(f"--{name}", type=int, default=1 if "parallel-size" in name else None)
     for name in ("sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "bf16",
                  "fp16", "optimizer-cpu-offload", "overlap-grad-reduce", "overlap-param-gather",
@@ -148,6 +152,7 @@ def read_megatron(text: str) -> dict:
     return {"micro_batch": a.micro_batch_size,
             "grad_accum": a.global_batch_size // (a.micro_batch_size * dp), "dp": dp * cp,
             "cp": cp, "vpp": a.num_virtual_stages_per_pipeline_rank or 1,
+            "dp_replicate": a.num_distributed_optimizer_instances or 1,
             "tp": a.tensor_model_parallel_size, "pp": a.pipeline_model_parallel_size,
             "zero_stage": stage, "sequence_parallel": a.sequence_parallel, "remat": remat,
             "offload_optimizer": a.optimizer_cpu_offload, "grad_clip": a.clip_grad == 1.0,
@@ -160,7 +165,10 @@ def read_torchtitan(text: str) -> dict:
     replicas = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
     cp = par.get("context_parallel_degree", 1)
     dp = replicas * cp                  # FSDP2 shards over dp_shard x cp (ParallelDims' fsdp)
-    if par["data_parallel_shard_degree"] * cp == 1:
+    sharded = par["data_parallel_shard_degree"] * cp > 1
+    # HSDP: FSDP2 over the shard group, replicated dp_replicate times (DDP when unsharded)
+    hsdp = par["data_parallel_replicate_degree"] if sharded else 1
+    if not sharded:
         stage = 0
     else:
         stage = 2 if par.get("fsdp_reshard_after_forward") == "never" else 3
@@ -177,7 +185,8 @@ def read_torchtitan(text: str) -> dict:
     else:
         remat = ac["mode"]
     return {"micro_batch": micro, "grad_accum": tr["global_batch_size"] // (micro * replicas),
-            "dp": dp, "cp": cp, "vpp": vpp, "tp": par["tensor_parallel_degree"], "pp": pp,
+            "dp": dp, "cp": cp, "vpp": vpp, "dp_replicate": hsdp,
+            "tp": par["tensor_parallel_degree"], "pp": pp,
             "zero_stage": stage,
             # torchtitan's TP shards norms over the sequence: SP whenever tp > 1
             "sequence_parallel": par["tensor_parallel_degree"] > 1, "remat": remat,
@@ -323,6 +332,7 @@ def test_each_knob_reads_back(fmt, name):
     got = READERS[fmt](text)
     got.setdefault("cp", 1)             # formats with no context-parallel degree: 1
     got.setdefault("vpp", 1)            # nor virtual pipeline stages
+    got.setdefault("dp_replicate", 1)   # nor hybrid sharding
     assert got == expected(cfg)
     assert text == emit(fmt, cfg, SC)                        # deterministic
     assert text.endswith("\n")

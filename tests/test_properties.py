@@ -73,7 +73,8 @@ def _stack(configs) -> Knobs:
                  tp=f("tp"), pp=f("pp"), ep=f("ep"), zero=zero,
                  remat=np.asarray([c.remat_weights() for c in configs], np.float32),
                  sp=f("sequence_parallel"), offload=f("offload_optimizer"),
-                 flash=f("flash_attention"), cp=f("cp"), vpp=f("vpp"))
+                 flash=f("flash_attention"), cp=f("cp"), vpp=f("vpp"),
+                 dpr=f("dp_replicate"))
 
 
 def _totals(sc, configs) -> dict:

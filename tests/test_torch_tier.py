@@ -241,6 +241,29 @@ def test_fsdp2_over_a_fake_group_shards_the_states_and_gathers_blocks():
 
 
 @needs_torch
+@pytest.mark.parametrize("zero", [2, 3])
+def test_hybrid_sharding_runs_fsdp2_over_a_two_dimensional_mesh(zero):
+    """dp = 8 as 2 replicas of a 4-rank FSDP2 group (a (replicate, shard) mesh, FSDP2's HSDP;
+    its all-reduce of each reduce-scattered shard works in place): rank 0 holds what FSDP2
+    over 4 ranks holds, to the byte, and more optimizer state than FSDP2 over all 8; the cost
+    model predicts the same peak for the two (how close that peak is to the tier's is the
+    FSDP2 benchmarks' question, benchmarks/torch_random.py)."""
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    spec = _spec(num_hidden_layers=2)
+    hsdp_sc, one_sc = _scenario(spec, seq=128, batch=16), _scenario(spec, seq=128, batch=8)
+    hsdp = Config(micro_batch=2, dp=8, dp_replicate=2, zero_stage=zero)
+    one = Config(micro_batch=2, dp=4, zero_stage=zero)
+    h, o = run_torch(hsdp_sc, hsdp)["measured"], run_torch(one_sc, one)["measured"]
+    for term in ("peak_bytes", "params_bytes", "optimizer_bytes"):
+        assert h[term] == o[term], term
+    full = run_torch(hsdp_sc, hsdp.replace(dp_replicate=1))["measured"]
+    assert full["optimizer_bytes"] < h["optimizer_bytes"]
+    ph = predicted_torch_terms(hsdp, hsdp_sc)["peak_bytes"]
+    assert ph == pytest.approx(predicted_torch_terms(one, one_sc)["peak_bytes"], rel=1e-6)
+
+
+@needs_torch
 def test_zero3_gathers_the_root_again_at_the_head_and_the_profile_says_where():
     """FSDP2 ZeRO-3 with a root group much larger than a block (a 32k vocabulary on a 256-wide
     model): the root is resharded after the forward pass (the tier passes

@@ -12,15 +12,18 @@ from capopt.search._space import build_lattice
 from conftest import llama_like, make_scenario
 
 KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "vpp", "zero_stage",
-         "sequence_parallel")
+         "sequence_parallel", "dp_replicate")
 
 
 def _random_configs(rng: random.Random, n: int) -> list[Config]:
+    # (hybrid sharding drawn from its own stream: the other knobs are the draws they were)
+    own = random.Random(rng.random())
     return [Config(micro_batch=rng.choice([1, 2, 3, 4, 8]), grad_accum=rng.choice([1, 2, 4, 16]),
                    dp=rng.choice([1, 2, 3, 4, 8]), tp=rng.choice([1, 2, 3, 4, 8, 16]),
                    pp=rng.choice([1, 2, 3, 4]), ep=rng.choice([1, 2, 4, 8]),
                    zero_stage=rng.choice([0, 1, 2, 3]), sequence_parallel=rng.random() < 0.5,
-                   cp=rng.choice([1, 1, 2, 4, 64]), vpp=rng.choice([1, 1, 2, 3, 4]))
+                   cp=rng.choice([1, 1, 2, 4, 64]), vpp=rng.choice([1, 1, 2, 3, 4]),
+                   dp_replicate=own.choice([1, 1, 1, 1, 2, 4]))
             for _ in range(n)]
 
 

@@ -34,6 +34,8 @@ class Knobs:
     sp, offload, flash: in [0, 1]
     cp: the context-parallel degree, a sub-group of dp (`capopt._specs.Config.cp`)
     vpp: virtual pipeline stages a pipeline rank (interleaved 1F1B; `capopt._specs.Config.vpp`)
+    dpr: hybrid-sharding replicas of the ZeRO shard group (`capopt._specs.Config.dp_replicate`;
+         the group is ``dp / dpr``, `shard_group`); 1 where a caller leaves it out
     """
 
     micro_batch: jax.Array
@@ -49,6 +51,7 @@ class Knobs:
     flash: jax.Array
     cp: jax.Array
     vpp: jax.Array
+    dpr: jax.Array = 1.0
 
     def replace(self, **changes) -> "Knobs":
         return dataclasses.replace(self, **changes)
@@ -56,6 +59,11 @@ class Knobs:
 
 jax.tree_util.register_dataclass(
     Knobs, data_fields=[f.name for f in dataclasses.fields(Knobs)], meta_fields=[])
+
+
+def shard_group(k: Knobs):
+    """Ranks ZeRO splits the state over: ``dp / dpr`` (all of dp without hybrid sharding)."""
+    return k.dp / k.dpr
 
 
 def runtime_knobs(k: Knobs, n: dict) -> Knobs:
@@ -105,7 +113,7 @@ def knobs_from_config(cfg: Config, layers: float | None = None) -> Knobs:
         tp=f(cfg.tp), pp=f(cfg.pp), ep=f(cfg.ep), zero=jnp.asarray(zero),
         remat=jnp.asarray(cfg.remat_weights(layers), DTYPE), sp=f(cfg.sequence_parallel),
         offload=f(cfg.offload_optimizer), flash=f(cfg.flash_attention), cp=f(cfg.cp),
-        vpp=f(cfg.vpp))
+        vpp=f(cfg.vpp), dpr=f(cfg.dp_replicate))
 
 
 def stack_knobs(configs: list[Config], layers: float | None = None) -> Knobs:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ._inputs import Knobs, rank_sequences
+from ._inputs import Knobs, rank_sequences, shard_group
 from .activations import (backward_transient, block_inventory, first_block_unsaved,
                           saved_bytes, shard, split_over, stream_bytes)
 
@@ -152,9 +152,9 @@ def zero_shard(frac, total, expert, k: Knobs):
     """One device's share of ``total`` elements, ``expert`` of them in experts, when ``frac``
     of the state is ZeRO-sharded: dense tensors over the data-parallel group, expert tensors
     (already split over ep) over the expert-data-parallel group dp / ep, as DeepSpeed-MoE
-    does."""
+    does; under hybrid sharding, dense tensors over the shard group (`shard_group`)."""
     edp = jnp.maximum(k.dp / k.ep, 1.0)
-    return (total - expert) * shard(frac, k.dp) + expert * shard(frac, edp)
+    return (total - expert) * shard(frac, shard_group(k)) + expert * shard(frac, edp)
 
 
 def zero_shares(k: Knobs, n):
@@ -234,10 +234,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     _, vocab_rep = tp_replication(k, n)
     vocab_share = vocab_rep + (1.0 - vocab_rep) / k.tp
     f_opt, f_grad, f_param, z2_kept = zero_shares(k, n)
-    dp = k.dp
-    # ZeRO splits state over the data-parallel group; expert tensors, already split over ep,
-    # only over the expert-data-parallel group (dp / ep), as DeepSpeed-MoE does.
-    edp = jnp.maximum(dp / k.ep, 1.0)
+    # ZeRO splits state over the data-parallel group (under hybrid sharding, over its shard
+    # group, `shard_group`); expert tensors, already split over ep, only over the
+    # expert-data-parallel group (dp / ep), as DeepSpeed-MoE does.
+    dp = shard_group(k)
+    edp = jnp.maximum(k.dp / k.ep, 1.0)
     if first_stage is True or first_stage is False:
         first = 1.0 if first_stage else 0.0
     else:                                   # an array (e.g. under `jax.vmap`): 1 or 0

@@ -61,7 +61,7 @@ import jax.numpy as jnp
 
 from .._terms import COMM_KINDS, STEP_TERMS
 from . import comm
-from ._inputs import Knobs, rank_sequences
+from ._inputs import Knobs, rank_sequences, shard_group
 from .activations import mlp_width
 from .flops import compute_times, model_flops, recompute_flops, step_tokens
 from .memory import (expert_layer_params, gathered_param_bytes, lora_per_device, loss_copies,
@@ -296,6 +296,7 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     arrays of extras (e.g. under `jax.vmap`).
     """
     tp, dp, ab = k.tp, k.dp, n["act_bytes"]
+    zdp = shard_group(k)                 # the ranks ZeRO's collectives run over
     tokens = rank_sequences(k) * n["s"]
     per_node = n["per_node"]
     w_full = k.remat[2]
@@ -334,15 +335,20 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     #     all-reduce of a block's output, the ZeRO-3 gather (one more, forward and backward,
     #     for the stage's embedding / head) and reduce-scatter, and the pipeline's re-gather
     #     of a tensor-parallel-split activation, and FSDP's ZeRO-2 gather (once, forward) ---
+    #     and, under hybrid sharding, the all-reduce of each reduce-scattered gradient shard
+    #     across the replicas (``scatter / zdp`` bytes over dp_replicate ranks, tp x zdp apart)
     tp_per, tp_nodes = comm.group_layout(tp, 1.0, per_node)
-    dp_per, dp_nodes = comm.group_layout(dp, tp, per_node)
-    one_ar, gather_coll, scatter_coll, regather_coll, gather2_coll = _unstack(
+    dp_per, dp_nodes = comm.group_layout(zdp, tp, per_node)
+    rep_per, rep_nodes = comm.group_layout(k.dpr, tp * zdp, per_node)
+    one_ar, gather_coll, scatter_coll, regather_coll, gather2_coll, replica_ar = _unstack(
         comm.ring_collectives_s(
-            _col(act_bytes, gather, scatter, act_bytes, gather_once), _col(tp, dp, dp, tp, dp),
-            _col(tp_per, dp_per, dp_per, tp_per, dp_per),
-            _col(tp_nodes, dp_nodes, dp_nodes, tp_nodes, dp_nodes), n,
-            count=_col(1.0, colls * (2.0 + regathers) + 2.0, colls + 1.0, 1.0, colls + 1.0),
-            passes=jnp.asarray([2.0, 1.0, 1.0, 1.0, 1.0])), 5)
+            _col(act_bytes, gather, scatter, act_bytes, gather_once, scatter / zdp),
+            _col(tp, zdp, zdp, tp, zdp, k.dpr),
+            _col(tp_per, dp_per, dp_per, tp_per, dp_per, rep_per),
+            _col(tp_nodes, dp_nodes, dp_nodes, tp_nodes, dp_nodes, rep_nodes), n,
+            count=_col(1.0, colls * (2.0 + regathers) + 2.0, colls + 1.0, 1.0, colls + 1.0,
+                       colls + 1.0),
+            passes=jnp.asarray([2.0, 1.0, 1.0, 1.0, 1.0, 2.0])), 6)
 
     # --- tensor parallelism: all-reduces of the block's output, per block ---
     ar_per_block = 2.0 * (1.0 - n["mlp"]) + n["mlp"]          # attention + MLP (plain MLP: 1)
@@ -385,14 +391,14 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     # (none of it per micro-batch under a pipeline schedule without per-micro-batch sync,
     # ``zero_pp_nosync``: once a step instead, in `time_terms`)
     per_mb = 1.0 - pp_nosync(k, n)
-    gather_s = gather_coll + fetch_s(gather, dp, n)
-    z3 = per_mb * k.zero[3] * (gather_s + scatter_coll)
+    gather_s = gather_coll + fetch_s(gather, zdp, n)
+    z3 = per_mb * k.zero[3] * (gather_s + scatter_coll + replica_ar)
     # --- ZeRO-2 as FSDP's SHARD_GRAD_OP (``zero2_per_group``): each group gathered once per
     #     micro-batch for its forward pass (the unsharded copy kept to its backward pass, a
     #     recomputed block's too) and its gradients reduce-scattered as it is differentiated,
     #     one collective each per group, prefetched and overlapped as ZeRO-3's ---
     z3 = z3 + per_mb * _coeff(n, "zero2_per_group") * k.zero[2] * (
-        gather2_coll + fetch_s(gather_once, dp, n) + scatter_coll)
+        gather2_coll + fetch_s(gather_once, zdp, n) + scatter_coll + replica_ar)
 
     # --- pipeline: send activations forward and gradients back, once per model chunk ---
     v = k.vpp
@@ -476,8 +482,11 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
 
     # --- once per step: gradient synchronisation across data-parallel replicas ---
     tp, dp, per_node = k.tp, k.dp, n["per_node"]
+    zdp = shard_group(k)                 # ZeRO's group: dp, or the shard group under HSDP
     z = k.zero
     dp_per, dp_nodes = comm.group_layout(dp, tp, per_node)
+    zdp_per, zdp_nodes = comm.group_layout(zdp, tp, per_node)
+    rep_per, rep_nodes = comm.group_layout(k.dpr, tp * zdp, per_node)
     trainable = mem["trainable_params"]
     grads = trainable * n["grad_bytes"]
     # buckets of dp_bucket_bytes, each collective bucketed on its own bytes; or, where the
@@ -499,10 +508,14 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     buckets, gather_buckets = bucketed(grads), bucketed(params_out)
     # the all-reduce (ZeRO 0), the reduce-scatter (ZeRO 1, 2) and the re-gather of the
     # updated parameters (ZeRO 1, 2) over the data-parallel group, in one evaluation
-    allreduce, scatter, gathered = _unstack(comm.ring_collectives_s(
-        _col(grads, grads, params_out), dp, dp_per, dp_nodes, n,
-        count=_col(buckets, buckets, gather_buckets),
-        passes=jnp.asarray([2.0, 1.0, 1.0])), 3)
+    # (ZeRO-1/2 under hybrid sharding: the reduce-scatter and the gather over the shard group,
+    # each reduce-scattered bucket's shard then all-reduced across the replicas)
+    allreduce, scatter, gathered, replica_ar = _unstack(comm.ring_collectives_s(
+        _col(grads, grads, params_out, grads / zdp), _col(dp, zdp, zdp, k.dpr),
+        _col(dp_per, zdp_per, zdp_per, rep_per), _col(dp_nodes, zdp_nodes, zdp_nodes, rep_nodes),
+        n, count=_col(buckets, buckets, gather_buckets, buckets),
+        passes=jnp.asarray([2.0, 1.0, 1.0, 2.0])), 4)
+    scatter = scatter + replica_ar
     # the share of the gradient reduction issued during the backward pass: ``overlap_dp``, or
     # every bucket but the last (``overlap_dp_buckets``: each bucket is reduced as soon as its
     # gradients are ready, the last when the backward pass has ended)
@@ -539,7 +552,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     # stage.py perform_reduce_grad, v2.13)
     ns = pp_nosync(k, n) * (z[2] + z[3])
     ns_gather, ns_scatter = _unstack(comm.ring_collectives_s(
-        _col(trainable * _weight_bytes(n), grads), dp, dp_per, dp_nodes, n,
+        _col(trainable * _weight_bytes(n), grads), zdp, zdp_per, zdp_nodes, n,
         count=_col(layers + 1.0, layers + 1.0), passes=jnp.asarray([1.0, 1.0])), 2)
     ns_gather_exposed, ns_gather_hidden = comm.overlap(ns * ns_gather, st["fwd"],
                                                        n["rt_overlap_zero"])
@@ -556,7 +569,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     per_param = (n["grad_bytes"] * (1.0 + n["grad_clip"]) + 2.0 * n["opt_bytes"]
                  + has_master * (2.0 * n["master_bytes"] + n["param_bytes"])
                  + (1.0 - has_master) * 2.0 * n["param_bytes"])
-    update_s = (trainable * shard(f_opt, dp) * per_param
+    update_s = (trainable * shard(f_opt, zdp) * per_param
                 / (n["mem_bw"] * n["rt_mem_eff"]))
     # its kernels: ``optimizer_kernels_per_layer`` per block of the stage, launched once a step
     opt_kernels = layers * _coeff(n, "optimizer_kernels_per_layer")

@@ -95,6 +95,12 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
                              "it (ring attention, the state sharded over dp x cp) is "
                              "torchtitan's context_parallel_degree and Megatron's "
                              "--context-parallel-size")
+    if config.dp_replicate > 1 and fmt not in _HYBRID_SHARD:
+        raise _Unexpressible("config.dp_replicate", config.dp_replicate, "hybrid sharding "
+                             "(the state sharded over dp / dp_replicate ranks, replicated "
+                             "across dp_replicate groups) is torchtitan's "
+                             "data_parallel_replicate_degree and Megatron's "
+                             "--num-distributed-optimizer-instances")
     if config.vpp > 1 and fmt not in _CONTEXT_PARALLEL:
         raise _Unexpressible("config.vpp", config.vpp, "interleaved pipeline stages are "
                              "torchtitan's Interleaved1F1B schedule and Megatron's "
@@ -105,6 +111,8 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
 # the formats that write a context-parallel degree (``config.cp``) and virtual pipeline
 # stages (``config.vpp``)
 _CONTEXT_PARALLEL = ("torchtitan", "megatron")
+# the formats that write hybrid sharding (``config.dp_replicate``)
+_HYBRID_SHARD = ("torchtitan", "megatron")
 
 
 def _show(value) -> str:
@@ -338,6 +346,11 @@ def _megatron_args(c: Config, sc: Scenario) -> list[str]:
         # Megatron's data-parallel size is world / (tp x pp x cp); its distributed optimizer
         # shards over data x context parallel ranks (parallel_state.py), capopt's dp
         args.append(f"--context-parallel-size {c.cp}")
+    if c.dp_replicate > 1:
+        # the distributed optimizer (or Megatron-FSDP) sharded over dp / N ranks, its
+        # gradient reduce-scatter followed by an all-reduce across the N instances
+        # (param_and_grad_buffer.py start_grad_sync; megatron-core 0.16.1)
+        args.append(f"--num-distributed-optimizer-instances {c.dp_replicate}")
     if c.sequence_parallel:
         args.append("--sequence-parallel")
     # Megatron derives accumulation: global / (micro x data-parallel size)
@@ -446,8 +459,9 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
                              "over the context-parallel ranks with FSDP2 whenever cp > 1 "
                              "(ParallelDims: fsdp = dp_shard x cp)")
     # FSDP2 shards over dp_shard x cp (torchtitan/distributed/parallel_dims.py): capopt's dp
-    # counts both, so the shard degree written is dp / cp
-    shard = c.dp if c.zero_stage in (2, 3) else 1
+    # counts both, so the shard degree written is dp / cp; hybrid sharding (HSDP) replicates
+    # that group dp_replicate times
+    shard = c.shard_group if c.zero_stage in (2, 3) else 1
     parallelism = {"data_parallel_replicate_degree": c.dp // shard,
                    "data_parallel_shard_degree": shard // c.cp,
                    "tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,

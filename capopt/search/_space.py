@@ -18,7 +18,8 @@ from .._validity import broken
 from ..cost._inputs import DTYPE, Knobs
 
 COLUMNS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "zero_stage",
-           "sequence_parallel", "remat", "offload_optimizer", "flash_attention", "cp", "vpp")
+           "sequence_parallel", "remat", "offload_optimizer", "flash_attention", "cp", "vpp",
+           "dp_replicate")
 # the virtual pipeline stages "auto" tries: up to 8 a rank (Narayanan et al. 2021 ran 2-4;
 # the bubble falls as 1 / vpp while every chunk adds sends and warmup activations)
 AUTO_VPP = tuple(range(1, 9))
@@ -141,7 +142,8 @@ class Lattice:
                      dp=f(c["dp"]), tp=f(c["tp"]), pp=f(c["pp"]), ep=f(c["ep"]),
                      zero=jnp.asarray(zero), remat=jnp.asarray(rw),
                      sp=f(c["sequence_parallel"]), offload=f(c["offload_optimizer"]),
-                     flash=f(c["flash_attention"]), cp=f(c["cp"]), vpp=f(c["vpp"]))
+                     flash=f(c["flash_attention"]), cp=f(c["cp"]), vpp=f(c["vpp"]),
+                     dpr=f(c["dp_replicate"]))
 
     def config(self, row: int) -> Config:
         c = {k: v[row] for k, v in self.cols.items()}
@@ -152,7 +154,7 @@ class Lattice:
                       remat=self.remat_table[int(c["remat"])],
                       offload_optimizer=bool(c["offload_optimizer"]),
                       flash_attention=bool(c["flash_attention"]), cp=int(c["cp"]),
-                      vpp=int(c["vpp"]))
+                      vpp=int(c["vpp"]), dp_replicate=int(c["dp_replicate"]))
 
     def key(self, row: int) -> tuple:
         return tuple(int(self.cols[k][row]) for k in COLUMNS)
@@ -188,6 +190,7 @@ class Space:
         self._ep = sc.knob("ep").values
         self._cp = sc.knob("cp").values
         self._vpp = sc.knob("vpp").values
+        self._dpr = sc.knob("dp_replicate").values
         self._experts = m.num_local_experts if m.is_moe else 1
 
     def per_replica(self, dp: int, cp: int = 1) -> int | None:
@@ -218,6 +221,13 @@ class Space:
         cand = [c for c in divisors(dp) if self._cp is None or c in self._cp]
         return self._keep(cand, "cp", dp=dp)
 
+    def replica_degrees(self, dp: int, cp: int = 1) -> list[int]:
+        """Hybrid-sharding replicas next to ``dp`` / ``cp``: the scenario's (every divisor of
+        dp / cp under "auto"), that leave a shard group and that the runtime runs
+        (`capopt._validity`); whether the ZeRO stage and ep allow them is the row's rule."""
+        cand = [r for r in divisors(max(dp // cp, 1)) if self._dpr is None or r in self._dpr]
+        return self._keep(cand, "dp_replicate", dp=dp, cp=cp)
+
     def expert_degrees(self, dp: int) -> list[int]:
         if self._experts == 1:
             return [1] if (self._ep is None or 1 in self._ep) else []
@@ -240,10 +250,11 @@ class Space:
         return [v for v, ok in zip(values, _allowed(self.sc, cols)) if ok]
 
     def choices(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
-                offloads=None, flashes=None, cp: int = 1, vpp: int = 1) -> list[list]:
+                offloads=None, flashes=None, cp: int = 1, vpp: int = 1, dprs=None
+                ) -> list[list]:
         """Allowed values of the inner knobs for one (dp, tp, pp), context-parallel degree
         ``cp`` and virtual stages ``vpp``, in `COLUMNS` order less grad_accum / dp / tp / pp
-        / cp / vpp, each restricted to the given subset (None: all)."""
+        / cp / vpp, each restricted to the given subset (None: all); dp_replicate last."""
         dp, tp, pp = fact
         pick = lambda allowed, want: [v for v in allowed if want is None or v in want]  # noqa
         return [pick(self.micro_batches(dp, cp, pp, vpp), mbs),
@@ -252,7 +263,8 @@ class Space:
                 [int(v) for v in pick(self.seq_parallel(tp), sps)],
                 pick(range(len(self.remat_table)), remats),
                 [int(v) for v in pick(self.offloads, offloads)],
-                [int(v) for v in pick(self.flashes, flashes)]]
+                [int(v) for v in pick(self.flashes, flashes)],
+                pick(self.replica_degrees(dp, cp), dprs)]
 
     def outer(self, fact, cps=None, vpps=None) -> list[tuple[int, int]]:
         """The (cp, vpp) pairs allowed next to one (dp, tp, pp), restricted to ``cps`` /
@@ -276,22 +288,35 @@ class Space:
             k = grid.shape[1]
             per = self.per_replica(dp, cp)
             full = lambda v: np.full(k, v)  # noqa: E731
-            out.append(np.stack([grid[0], per // grid[0], full(dp), full(tp), full(pp),
-                                 grid[1], grid[2], grid[3], grid[4], grid[5], grid[6],
-                                 full(cp), full(vpp)], 1).astype(np.int64))
+            rows = np.stack([grid[0], per // grid[0], full(dp), full(tp), full(pp),
+                             grid[1], grid[2], grid[3], grid[4], grid[5], grid[6],
+                             full(cp), full(vpp), grid[7]], 1).astype(np.int64)
+            if (grid[7] > 1).any():     # hybrid sharding's rules read inner knobs (zero, ep)
+                rows = rows[_allowed(self.sc, {c: rows[:, i] for i, c in enumerate(COLUMNS)
+                                               if c != "remat"})]
+            out.append(rows)
         return np.concatenate(out) if out else np.zeros((0, len(COLUMNS)), np.int64)
 
     def rows_for(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
-                 offloads=None, flashes=None, cps=None, vpps=None) -> list[tuple]:
+                 offloads=None, flashes=None, cps=None, vpps=None, dprs=None) -> list[tuple]:
         """Real rows for one (dp, tp, pp), restricted to the given subsets of values."""
         arr = self.block(fact, mbs, eps, zeros, sps, remats, offloads, flashes, cps=cps,
-                         vpps=vpps)
+                         vpps=vpps, dprs=dprs)
         return [tuple(r) for r in arr.tolist()]
 
     def size(self) -> int:
         """How many real configs the scenario allows (without building them)."""
-        return sum(math.prod(len(c) for c in self.choices(f, cp=cp, vpp=v))
-                   for f in self.facts for cp, v in self.outer(f))
+        total = 0
+        for f in self.facts:
+            for cp, v in self.outer(f):
+                ch = self.choices(f, cp=cp, vpp=v)
+                rest = math.prod(len(c) for c in ch[:1] + ch[3:7])
+                eps, zeros, dprs = ch[1], ch[2], ch[7]
+                # dp_replicate > 1 only beside a ZeRO stage and without expert parallelism
+                total += rest * (len(eps) * len(zeros) * dprs.count(1)
+                                 + eps.count(1) * sum(z > 0 for z in zeros)
+                                 * sum(r > 1 for r in dprs))
+        return total
 
     def lattice(self, rows: list[tuple] | np.ndarray) -> "Lattice":
         arr = np.asarray(rows, np.int64).reshape(-1, len(COLUMNS))

@@ -150,7 +150,7 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
     """Configs one move away: another factorisation, the next micro-batch, any other value of
     one categorical knob, another context-parallel degree (at the same tokens per rank),
     another number of virtual pipeline stages."""
-    mb, ga, dp, tp, pp, ep, z, s, r, o, f, cp, vpp = row
+    mb, ga, dp, tp, pp, ep, z, s, r, o, f, cp, vpp, dpr = row
     out: list[tuple] = []
     here = np.log2([dp, tp, pp])
     dists = (np.abs(np.log2(np.asarray(space.facts, np.float64)) - here).sum(1).tolist()
@@ -165,13 +165,15 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
         vpps = [vpp] if vpp in space.virtual_degrees(fact[2]) else None
         mbs = _nearest(space.micro_batches(fact[0], cp if cps else 1, fact[2],
                                            vpp if vpps else 1), mb * dp / fact[0], 1.0)
+        dprs = ([dpr] if dpr in space.replica_degrees(fact[0], cp if cps else 1) else None)
         out += space.rows_for(fact, mbs, [ep] if ep in space.expert_degrees(fact[0]) else None,
                               None,
                               [bool(s)] if bool(s) in space.seq_parallel(fact[1]) else None,
-                              [r], [bool(o)], [bool(f)], cps=cps, vpps=vpps)
+                              [r], [bool(o)], [bool(f)], cps=cps, vpps=vpps, dprs=dprs)
 
-    def here(*subsets):            # this layout, context-parallel degree and virtual stages
-        return space.rows_for((dp, tp, pp), *subsets, cps=[cp], vpps=[vpp])
+    def here(*subsets, dprs=(dpr,)):   # this layout, cp, virtual stages and replicas
+        return space.rows_for((dp, tp, pp), *subsets, cps=[cp], vpps=[vpp],
+                              dprs=None if dprs is None else list(dprs))
     # Micro-batch and ZeRO stage trade memory for speed together: move them jointly.
     out += here(None, [ep], None, [bool(s)], [r], [bool(o)], [bool(f)])
     out += here([mb], None, [z], [bool(s)], [r], [bool(o)], [bool(f)])
@@ -180,13 +182,14 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
     out += here([mb], [ep], [z], [bool(s)], None, [bool(o)], [bool(f)])
     out += here([mb], [ep], [z], [bool(s)], [r], None, [bool(f)])
     out += here([mb], [ep], [z], [bool(s)], [r], [bool(o)], None)
+    out += here([mb], [ep], None, [bool(s)], [r], [bool(o)], [bool(f)], dprs=None)
     for other in space.context_degrees(dp):
         if other != cp:
             out += space.rows_for((dp, tp, pp), _nearest(space.micro_batches(dp, other, pp,
                                                                              vpp),
                                                          mb * other / cp, 1.0),
                                   [ep], None, [bool(s)], [r], [bool(o)], [bool(f)],
-                                  cps=[other], vpps=[vpp])
+                                  cps=[other], vpps=[vpp])   # (every replica count)
     for other in space.virtual_degrees(pp):
         if other != vpp:
             out += space.rows_for((dp, tp, pp), _nearest(space.micro_batches(dp, cp, pp, other),

@@ -161,10 +161,12 @@ def _state_tensors(opt):
                 yield v
 
 
-def _fake_mesh(dp: int, tp: int):
+def _fake_mesh(dp: int, tp: int, replicate: int = 1):
     """A ``(dp, tp)`` device mesh of CPU ranks (dimensions "dp" and "tp") over PyTorch's fake
     process group (this process is rank 0; collectives return tensors of the right shape
-    and move nothing). Built outside `FakeTensorMode`: the mesh reads its rank table."""
+    and move nothing); with hybrid sharding (``replicate`` > 1) dp is two dimensions,
+    "replicate" and "shard", and "dp" names the pair (what `fully_shard` takes for HSDP).
+    Built outside `FakeTensorMode`: the mesh reads its rank table."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -174,7 +176,11 @@ def _fake_mesh(dp: int, tp: int):
         dist.destroy_process_group()
     if not dist.is_initialized():
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    return init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    if replicate == 1:
+        return init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh("cpu", (replicate, dp // replicate, tp),
+                            mesh_dim_names=("replicate", "shard", "tp"))
+    return {"dp": mesh["replicate", "shard"], "tp": mesh["tp"]}
 
 
 class _TrackResize:
@@ -256,7 +262,8 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     fsdp_mp = (scenario.runtime.coeff("fsdp_mixed_precision") >= 0.5 and config.dp > 1
                and config.zero_stage in (2, 3) and autocast is not None)
     t0 = time.perf_counter()
-    mesh = _fake_mesh(config.dp, config.tp) if config.dp * config.tp > 1 else None
+    mesh = (_fake_mesh(config.dp, config.tp, config.dp_replicate) if config.dp * config.tp > 1
+            else None)
     with FakeTensorMode(allow_non_fake_inputs=False):
         # LoRA: the model in its compute dtype, frozen; the adapters in param_dtype
         model = build_torch_model(spec, flash=config.flash_attention, checkpoint=plan,
@@ -275,7 +282,8 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
             # FSDP2, torchtitan's wrapping: each block its own group, the root (embeddings,
             # final norm, head) another; ZeRO-3 frees a block's unsharded parameters after
             # its forward pass, ZeRO-2 keeps them to its backward pass (with tp: over the
-            # data-parallel dimension, after tensor parallelism, as torchtitan's 2-D)
+            # data-parallel dimension, after tensor parallelism, as torchtitan's 2-D; hybrid
+            # sharding: over a (replicate, shard) mesh, FSDP2's HSDP)
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
             reshard = config.zero_stage == 3
             kw = {}
