@@ -112,6 +112,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tp-sp", action="store_true",
                     help="with --tp: sequence parallelism too, on cards without learned "
                          "positions (results: torch_tp_sp.json[l])")
+    ap.add_argument("--optimizer-in-backward", action="store_true",
+                    help="the same draw with each parameter stepped in the backward pass "
+                         "(training.optimizer_in_backward): no clipping, one micro-batch a "
+                         "step (the batch shrunk to it), fp16-mixed draws left out")
     ap.add_argument("--runtime", default="pytorch-eager",
                     choices=["pytorch-eager", "torchtitan", "hf"],
                     help="the runtime profile that predicts and that the tier runs "
@@ -130,7 +134,8 @@ def main(argv=None) -> int:
             f"{'_dropout' if args.lora_dropout else ''}" if args.lora else
             f"torch_tp{'' if args.tp_dp == 1 else f'{args.tp_dp}d'}"
             f"{'_sp' if args.tp_sp else ''}" if args.tp else
-            "torch_random") + (f"_seed{args.seed}" if args.seed else "") + (
+            "torch_random") + ("_oib" if args.optimizer_in_backward else "") + (
+        f"_seed{args.seed}" if args.seed else "") + (
         f"_{args.runtime}" if args.runtime != "pytorch-eager" else "")
     args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
     args.out = args.out or str(RESULTS / f"{stem}.json")
@@ -151,6 +156,18 @@ def main(argv=None) -> int:
                              tp_sp=args.tp_sp,
                              lora_targets=LORA_SINGLE_SETS if single else LORA_TARGET_SETS,
                              lora_dropout=(0.05, 0.1) if args.lora_dropout else ())
+    if args.optimizer_in_backward:
+        # (the same draw: no clipping, one micro-batch a step; fp16's loss scaler needs every
+        # gradient before the step, so fp16-mixed draws are left out)
+        kept = [c for c in cases if c.scenario.workload.precision != "fp16-mixed"]
+        print(f"{len(kept)} of {len(cases)} drawn configs outside fp16-mixed, stepped in the "
+              "backward pass")
+        cases = [dataclasses.replace(
+            c, config=c.config.replace(grad_accum=1),
+            features={**c.features, "clipping": "no clip", "grad_accum": "accum 1"},
+            scenario=c.scenario.replace(workload=dataclasses.replace(
+                c.scenario.workload, grad_clip=False, optimizer_in_backward=True,
+                global_batch=c.config.micro_batch * c.config.dp))) for c in kept]
     if args.runtime != "pytorch-eager":
         from capopt._runtime import get_profile
         rt = get_profile(args.runtime)
@@ -161,7 +178,8 @@ def main(argv=None) -> int:
                  if c.scenario.workload.precision in names]
         print(f"{len(cases)} of {len(cases) + skipped} drawn configs in precisions the "
               f"{args.runtime} profile prices ({', '.join(sorted(names))})")
-    timing = [] if (args.lora or args.tp or args.runtime != "pytorch-eager") else timing_cases()
+    timing = [] if (args.lora or args.tp or args.runtime != "pytorch-eager"
+                    or args.optimizer_in_backward) else timing_cases()
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)
     every = cases + [c for _, c in timing]

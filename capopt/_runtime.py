@@ -176,6 +176,11 @@ SCHEMA: dict[str, Coeff] = {
                               "--context-parallel-size: each rank holds 1/cp of every "
                               "sequence, keys and values are exchanged in the attention, the "
                               "state is sharded over dp x cp; 0: cp > 1 is refused"),
+    "optimizer_in_backward": _c(0, "1: training.optimizer_in_backward as torchtitan's "
+                                   "early_step_in_backward runs it: one optimizer a "
+                                   "parameter, stepped from the parameter's post-accumulate-"
+                                   "grad hook (FSDP2: after its group's reduce-scatter), its "
+                                   "gradient then freed; 0: refused"),
     "hybrid_shard": _c(0, "1: hybrid sharding (dp_replicate > 1) as FSDP2 runs it over a 2-D "
                           "(replicate, shard) mesh (torchtitan's data_parallel_replicate_degree) "
                           "or Megatron-Core's --num-distributed-optimizer-instances: the state "

@@ -94,6 +94,10 @@ class Workload:
     lora: LoRA | None = None
     loss: str = "float32"                       # one of LOSSES
     compile: bool = False                       # torch.compile: element-wise ops fused
+    # each parameter stepped by its own optimizer as soon as its gradient is accumulated, the
+    # gradient freed at once (torchtitan's early_step_in_backward, torchtune's
+    # optimizer_in_bwd): no step after the backward pass, so no clipping and no accumulation
+    optimizer_in_backward: bool = False
     input_samples_per_s: float | None = None    # data-loader rate (None: not a limit)
     train_tokens: float | None = None           # for time-to-train
 
@@ -113,9 +117,20 @@ class Workload:
         if self.loss not in LOSSES:
             raise CapoptError(f"unknown loss {self.loss!r}", field="training.loss",
                               allowed=", ".join(LOSSES))
-        if not isinstance(self.compile, bool):
-            raise CapoptError(f"must be true or false, got {self.compile!r}",
-                              field="training.compile")
+        for name in ("compile", "optimizer_in_backward"):
+            if not isinstance(getattr(self, name), bool):
+                raise CapoptError(f"must be true or false, got {getattr(self, name)!r}",
+                                  field=f"training.{name}")
+        if self.optimizer_in_backward and self.grad_clip:
+            raise CapoptError("an optimizer stepped in the backward pass updates each "
+                              "parameter before the global gradient norm exists: it cannot "
+                              "clip", field="training.optimizer_in_backward",
+                              allowed="false, or true with training.grad_clip = false")
+        if self.optimizer_in_backward and self.precision == "fp16-mixed":
+            raise CapoptError("fp16's dynamic loss scaling skips a step when any gradient "
+                              "overflows, which needs every gradient before the step",
+                              field="training.optimizer_in_backward",
+                              allowed="false, or another precision")
         if self.input_samples_per_s is not None and not self.input_samples_per_s > 0:
             raise CapoptError(f"must be > 0, got {self.input_samples_per_s!r}",
                               field="training.input_samples_per_s")
@@ -366,6 +381,13 @@ class Scenario:
                               file=self.path, field="training.compile",
                               allowed="a runtime whose ops run eagerly ("
                               + ", ".join(eager_runtimes()) + ")")
+        if (self.workload.optimizer_in_backward
+                and self.runtime.coeff("optimizer_in_backward") < 0.5):
+            raise CapoptError(f"the {self.runtime.name} runtime has no optimizer step in the "
+                              "backward pass", file=self.path,
+                              field="training.optimizer_in_backward",
+                              allowed="false, or a runtime that runs it (torchtitan, "
+                                      "pytorch-eager)")
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")

@@ -160,6 +160,17 @@ RULES: tuple[Rule, ...] = (
                           f"of pp {cfg.pp}, got {cfg.grad_accum} (the interleaved schedule "
                           "runs micro-batches in groups of pp)",
           lambda d: 1),
+    # an optimizer stepped in the backward pass (torchtitan's early_step_in_backward): it would
+    # step every micro-batch, and torchtitan's build_optimizers refuses pp and ep with it
+    _rule("config.grad_accum", "grad_accum",
+          lambda c, sc: (c["grad_accum"] > 1) & sc.workload.optimizer_in_backward,
+          lambda cfg, sc: f"grad_accum {cfg.grad_accum}: an optimizer stepped in the backward "
+                          "pass would step every micro-batch (training.optimizer_in_backward "
+                          "needs grad_accum 1)"),
+    _rule("config.pp", "pp ep",
+          lambda c, sc: ((c["pp"] > 1) | (c["ep"] > 1)) & sc.workload.optimizer_in_backward,
+          lambda cfg, sc: "an optimizer stepped in the backward pass runs without pipeline or "
+                          "expert parallelism (torchtitan's build_optimizers refuses both)"),
     _rule("config.sequence_parallel", "sequence_parallel tp",
           lambda c, sc: (c["sequence_parallel"] != 0) & (c["tp"] == 1),
           lambda cfg, sc: "sequence parallelism needs tp > 1",

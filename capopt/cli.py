@@ -23,6 +23,8 @@ QUESTION_FLAGS = {
     "--global-batch": "training.global_batch", "--precision": "training.precision",
     "--optimizer": "training.optimizer", "--runtime": "training.runtime",
     "--lora": "training.lora", "--loss": "training.loss", "--compile": "training.compile",
+    "--optimizer-in-backward": "training.optimizer_in_backward",
+    "--no-clip": "training.grad_clip",
     "--vram-gib": "budget.vram_gib",
 }
 _FLAG_OF = {field: flag for flag, field in QUESTION_FLAGS.items()}
@@ -378,6 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the step under torch.compile: element-wise ops fused (runtimes "
                             "that run them eagerly: pytorch-eager and the profiles built on "
                             "it, hf, torchtitan, deepspeed, llm-foundry)")
+        q.add_argument("--no-clip", action="store_const", const=False, default=None,
+                       help="no clipping by the global gradient norm (default: clip)")
+        q.add_argument("--optimizer-in-backward", action="store_const", const=True,
+                       default=None, help="each parameter stepped as its gradient is "
+                       "accumulated, the gradient freed at once (torchtitan's "
+                       "early_step_in_backward; needs no clipping, no accumulation)")
         q.add_argument("--lora", type=_lora, metavar="RANK[:BITS[:TARGETS[:DROPOUT]]]",
                        help="LoRA adapters of RANK; BITS 4 (QLoRA), 8 or 16 (default) for "
                             "the frozen base; TARGETS the wrapped matrices, comma-separated: "

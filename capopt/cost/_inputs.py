@@ -493,6 +493,13 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     n["opt_states"] = OPT_STATES.get(opt) or (2.0 if opt == "adamw-8bit" else 1.0)
     n["grad_clip"] = float(w.grad_clip)
     n["adam"] = float(opt in ("adam", "adamw"))
+    # an optimizer stepped in the backward pass (``training.optimizer_in_backward``): one a
+    # trainable tensor, so a block's update launches one kernel a trainable tensor
+    n["opt_in_bwd"] = float(w.optimizer_in_backward)
+    trained = inventory(m, w.lora) if w.lora is not None else inventory(m)
+    n["tensors_per_layer"] = sum(
+        t.count for t in trained if t.where == "block"
+        and ((t.lora == "adapter") == (w.lora is not None))) / max(L, 1)
 
     # --- LoRA / QLoRA ---
     if w.lora is not None:

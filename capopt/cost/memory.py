@@ -307,6 +307,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     fused = n["rt_grads_fused"]
     keep_all = 1.0 - fused * (1.0 - n["grad_clip"])
     keep_all = keep_all * (1.0 - fused * accumulating)     # XLA adds into the accumulator
+    # (an optimizer stepped in the backward pass, ``opt_in_bwd``, frees each gradient once its
+    # parameter is stepped: none is kept)
+    oib = n["opt_in_bwd"]
+    keep_all = keep_all * (1.0 - oib)
     accum = accumulating * n["rt_accum_buffer"] * grads_all
     # a runtime whose .grad is the accumulator (no buffer of its own, gradients kept): from
     # the second micro-batch on, every gradient is live in every phase
@@ -482,17 +486,31 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # update, ``zero1_step_grad_partition``: the rest are reduced and freed at the boundary)
     f_step = f_grad + k.zero[..., 1] * n["rt_zero1_step_grad_partition"]
     grads_step = (zero_shard(f_step, trainable, trainable_expert, k) + embed_whole) * gb
+    # stepped in the backward pass (``opt_in_bwd``), the update runs one tensor at a time:
+    # the largest trainable tensor on the device (the vocabulary table or head on their
+    # stages, else a block's largest matrix; LoRA: a block's adapters together, a bound)
+    # with its gradient, the moments' temporaries on it
+    one_tensor = jnp.maximum(jnp.maximum(
+        first * (1 - lora) * n["P_embed_tp"] * vocab_share,
+        logits_mb * (1 - lora) * n["P_head_tp"] * vocab_share),
+        lora * lora_tp + (1 - lora) * largest_module(k, n)) * shard(f_opt, dp)
+    update_temps = ((1.0 - oib) * zero_shard(f_opt, trainable, trainable_expert, k)
+                    + oib * one_tensor)
     grads = {
-        "loss": accum + jnp.maximum(embed_grad + at_loss * keep_all * head_grad, in_grad),
-        "top": accum + jnp.maximum(embed_grad + keep_all * head_grad, in_grad) + grad_layer
-        + dp_bwd,
+        # (the head's gradient where it is produced, at the loss's backward or at the top
+        # block's: kept, or, stepped in the backward pass, the tensor being stepped)
+        "loss": accum + jnp.maximum(embed_grad + at_loss * jnp.maximum(keep_all, oib)
+                                    * head_grad, in_grad),
+        "top": accum + jnp.maximum(embed_grad + jnp.maximum(keep_all, (1.0 - at_loss) * oib)
+                                   * head_grad, in_grad) + grad_layer + dp_bwd,
         # (pending: only what the blocks above have produced, the stored ones)
         "rebuild": accum + grad_layer + jnp.maximum(embed_grad + jnp.maximum(
             kept_rebuild, jnp.minimum(pending, multi_dp * (head_grad + layers * stored_share
                                                            * grad_layer))), in_grad) + dp_bwd,
         "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
                                       in_grad) + grad_layer + dp_bwd,
-        "update": accum + jnp.maximum(keep_all * (grads_step + embed_grad), pending) + flat,
+        "update": accum + jnp.maximum(keep_all * (grads_step + embed_grad), pending) + flat
+        + oib * one_tensor * gb,
         "forward": accum + in_grad,
         "regather": accum + jnp.maximum(embed_grad, in_grad),
     }
@@ -519,8 +537,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
             # (or the step's gradient copies, ``update_flat_grad_copies``: after the
             # backward pass, before the update)
             jnp.maximum(n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
-                        * zero_shard(f_opt, trainable, trainable_expert, k),
-                        step_grad_copies)) + 0.0 * stored,
+                        * update_temps, step_grad_copies)) + 0.0 * stored,
         "forward": at_head,
         "regather": at_head,
     }

@@ -572,7 +572,11 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     update_s = (trainable * shard(f_opt, zdp) * per_param
                 / (n["mem_bw"] * n["rt_mem_eff"]))
     # its kernels: ``optimizer_kernels_per_layer`` per block of the stage, launched once a step
-    opt_kernels = layers * _coeff(n, "optimizer_kernels_per_layer")
+    # (stepped in the backward pass, ``opt_in_bwd``: one fused kernel a trainable tensor,
+    # torchtitan's per-parameter optimizers; the same update work, inside the backward pass)
+    oib = n["opt_in_bwd"]
+    opt_kernels = layers * ((1.0 - oib) * _coeff(n, "optimizer_kernels_per_layer")
+                            + oib * n["tensors_per_layer"])
     opt_launch = launch_exposed(update_s, opt_kernels, n)
     optimizer_s = update_s + opt_launch
     offload_s = ((1.0 - n["rt_overlap_offload"]) * 2.0 * mem["host_optimizer_bytes"]

@@ -90,6 +90,10 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
                              "file ([compile] components = [\"loss\"]) and llm-foundry's "
                              "(loss_fn: fused_crossentropy) only; "
                              f"{fmt}'s own fused losses keep other buffers, not priced here")
+    if scenario.workload.optimizer_in_backward and fmt != "torchtitan":
+        raise _Unexpressible("training.optimizer_in_backward", True, "capopt writes the "
+                             "optimizer step in the backward pass into torchtitan's file "
+                             "([optimizer] early_step_in_backward) only")
     if config.cp > 1 and fmt not in _CONTEXT_PARALLEL:
         raise _Unexpressible("config.cp", config.cp, "context parallelism as capopt prices "
                              "it (ring attention, the state sharded over dp x cp) is "
@@ -445,7 +449,9 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
     if c.zero_stage == 0 and c.dp > 1 and (c.tp > 1 or c.pp > 1):
         raise _Unexpressible("config.zero_stage", 0, "torchtitan's DDP does not compose with "
                              "tensor or pipeline parallelism")
-    if not w.grad_clip:
+    # (stepped in the backward pass, every gradient is gone by the clipping torchtitan always
+    # calls: its max_norm has nothing to clip, as capopt's unclipped step)
+    if not w.grad_clip and not w.optimizer_in_backward:
         raise _Unexpressible("training.grad_clip", False, "torchtitan always clips by global "
                              "norm (training.max_norm; 0 would zero the gradients)")
     if w.optimizer not in _TITAN_OPTIMIZERS:
@@ -504,7 +510,11 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
         ac = {"mode": "selective", "selective_ac_option": "op"}     # per-op selective AC
     else:
         ac = {"mode": kind}
-    sections = {"optimizer": {"name": _TITAN_OPTIMIZERS[w.optimizer]}, "training": training,
+    optimizer = {"name": _TITAN_OPTIMIZERS[w.optimizer]}
+    if w.optimizer_in_backward:
+        # torchtitan 0.2.2 config/job_config.py Optimizer.early_step_in_backward
+        optimizer["early_step_in_backward"] = True
+    sections = {"optimizer": optimizer, "training": training,
                 "parallelism": parallelism, "activation_checkpoint": ac}
     # torch.compile per block (components "model": torchtitan's apply_compile) and of the
     # cross-entropy ("loss": components/loss.py build_cross_entropy_loss); torchtitan 0.2.2

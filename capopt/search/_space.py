@@ -206,9 +206,18 @@ class Space:
         per = self.per_replica(dp, cp)
         if per is None:
             return []
-        return [d for d in divisors(per) if (self._mb is None or d in self._mb)
-                and (self._ga is None or per // d in self._ga)
-                and (vpp == 1 or (per // d) % pp == 0)]
+        mbs = [d for d in divisors(per) if (self._mb is None or d in self._mb)
+               and (self._ga is None or per // d in self._ga)
+               and (vpp == 1 or (per // d) % pp == 0)]
+        if not mbs:
+            return []
+        # (and the rules on the micro-batches a step: an optimizer stepped in the backward
+        # pass takes one)
+        mb = np.asarray(mbs, np.int64)
+        full = lambda v: np.full(len(mb), v, np.int64)  # noqa: E731
+        ok = _allowed(self.sc, {"micro_batch": mb, "grad_accum": per // mb, "dp": full(dp),
+                                "cp": full(cp), "pp": full(pp), "vpp": full(vpp)})
+        return [d for d, keep in zip(mbs, ok) if keep]
 
     def virtual_degrees(self, pp: int) -> list[int]:
         """Virtual pipeline stages a rank next to ``pp``: the scenario's (or `AUTO_VPP`),

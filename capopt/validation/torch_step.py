@@ -155,10 +155,48 @@ def _optimizer(name: str, params):
 
 def _state_tensors(opt):
     import torch
-    for st in opt.state.values():
-        for v in st.values():
-            if isinstance(v, torch.Tensor):
-                yield v
+    for one in getattr(opt, "optimizers", [opt]):
+        for st in one.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor):
+                    yield v
+
+
+class _InBackward:
+    """One optimizer a parameter, stepped from the parameter's post-accumulate-grad hook and
+    its gradient set to None there (torchtitan's OptimizersInBackwardContainer at v0.2.2:
+    ``training.optimizer_in_backward``); `step` and `zero_grad` after the backward pass do
+    nothing."""
+
+    def __init__(self, name: str, params):
+        self.optimizers = [_optimizer(name, [p]) for p in params]
+        self._by_param = {id(p): o for p, o in zip(params, self.optimizers)}
+        self._params = list(params)
+        self._hooks = []
+
+    def _hook(self, p) -> None:
+        opt = self._by_param[id(p)]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def first_step(self) -> None:
+        """Create every state (a first update with zero gradients), then arm the hooks."""
+        import torch
+        for p, opt in zip(self._params, self.optimizers):
+            p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in self._params]
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
 
 
 def _fake_mesh(dp: int, tp: int, replicate: int = 1):
@@ -297,17 +335,21 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                     fully_shard(blk, mesh=mesh["dp"], reshard_after_forward=reshard, **kw)
                 fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard, **kw)
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = _optimizer(w.optimizer, params)
+        in_bwd = w.optimizer_in_backward
+        opt = _InBackward(w.optimizer, params) if in_bwd else _optimizer(w.optimizer, params)
         # fp16-mixed: dynamic loss scaling as torch.amp.GradScaler does it (the loss times the
         # scale, then _amp_foreach_non_finite_check_and_unscale_ on every gradient), with the
         # step taken unconditionally: GradScaler's skip reads found_inf on the host, which
         # fake tensors cannot answer, and a skipped step allocates nothing more
         scale = torch.full((), 2.0 ** 16) if w.precision == "fp16-mixed" else None
         # a first update creates the optimizer state: the metered step is a steady one
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if in_bwd:
+            opt.first_step()
+        else:
+            for p in params:
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         b, s = config.micro_batch, scenario.seq_len
         meter = LiveBytes()
         meter.explain = explain
@@ -367,6 +409,8 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
             meter.set_phase("done")
             for hk in hooks:
                 hk.remove()
+            if in_bwd:
+                opt.remove()
         n_params = count_params(model)
     by_cat = meter.breakdown()
     measured = {"peak_bytes": int(meter.peak), "params_bytes": by_cat["params"],
