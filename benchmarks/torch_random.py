@@ -156,6 +156,10 @@ def main(argv=None) -> int:
                              tp_sp=args.tp_sp,
                              lora_targets=LORA_SINGLE_SETS if single else LORA_TARGET_SETS,
                              lora_dropout=(0.05, 0.1) if args.lora_dropout else ())
+    if args.optimizer_in_backward and args.runtime not in ("pytorch-eager", "torchtitan"):
+        print(f"error: --runtime {args.runtime}: its step updates after the backward pass "
+              "(--optimizer-in-backward takes pytorch-eager or torchtitan)", file=sys.stderr)
+        return 2
     if args.optimizer_in_backward:
         # (the same draw: no clipping, one micro-batch a step; fp16's loss scaler needs every
         # gradient before the step, so fp16-mixed draws are left out)

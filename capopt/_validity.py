@@ -123,8 +123,8 @@ RULES: tuple[Rule, ...] = (
     _rule("config.dp_replicate", "dp_replicate",
           lambda c, sc: (c["dp_replicate"] > 1) & (sc.runtime.coeff("hybrid_shard") == 0),
           lambda cfg, sc: f"hybrid sharding (dp_replicate > 1) is not supported by the "
-                          f"{sc.runtime.name} runtime (--runtime torchtitan, pytorch-eager, hf "
-                          "or megatron runs it)",
+                          f"{sc.runtime.name} runtime (--runtime torchtitan, pytorch-eager or "
+                          "megatron runs it)",
           lambda d: 1),
     _rule("config.vpp", "vpp pp",
           lambda c, sc: (c["vpp"] > 1) & (c["pp"] == 1),
@@ -167,10 +167,15 @@ RULES: tuple[Rule, ...] = (
           lambda cfg, sc: f"grad_accum {cfg.grad_accum}: an optimizer stepped in the backward "
                           "pass would step every micro-batch (training.optimizer_in_backward "
                           "needs grad_accum 1)"),
-    _rule("config.pp", "pp ep",
-          lambda c, sc: ((c["pp"] > 1) | (c["ep"] > 1)) & sc.workload.optimizer_in_backward,
-          lambda cfg, sc: "an optimizer stepped in the backward pass runs without pipeline or "
-                          "expert parallelism (torchtitan's build_optimizers refuses both)"),
+    _rule("config.pp", "pp",
+          lambda c, sc: (c["pp"] > 1) & sc.workload.optimizer_in_backward,
+          lambda cfg, sc: "an optimizer stepped in the backward pass runs without pipeline "
+                          "parallelism (torchtitan's build_optimizers refuses it)"),
+    _rule("config.ep", "ep",
+          lambda c, sc: (c["ep"] > 1) & sc.workload.optimizer_in_backward,
+          lambda cfg, sc: "an optimizer stepped in the backward pass runs without expert "
+                          "parallelism (torchtitan's build_optimizers refuses it)",
+          lambda d: 1),
     _rule("config.sequence_parallel", "sequence_parallel tp",
           lambda c, sc: (c["sequence_parallel"] != 0) & (c["tp"] == 1),
           lambda cfg, sc: "sequence parallelism needs tp > 1",

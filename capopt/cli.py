@@ -37,8 +37,10 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
         flag = next((f for f, field in QUESTION_FLAGS.items()
                      if field.split(".")[1] in (key, key.replace("-", "_"))), None)
         if flag:
+            # (the flags that switch a field on or off take no value)
+            switch = flag in ("--compile", "--optimizer-in-backward", "--no-clip")
             raise CapoptError(f"{key!r} is a scenario field, not a knob", field="--set",
-                              allowed=f"{flag} VALUE")
+                              allowed=flag if switch else f"{flag} VALUE")
     return out
 
 
@@ -381,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "that run them eagerly: pytorch-eager and the profiles built on "
                             "it, hf, torchtitan, deepspeed, llm-foundry)")
         q.add_argument("--no-clip", action="store_const", const=False, default=None,
-                       help="no clipping by the global gradient norm (default: clip)")
+                       help="no clipping by the global gradient norm (default: the "
+                            "scenario's training.grad_clip, true without a file)")
         q.add_argument("--optimizer-in-backward", action="store_const", const=True,
                        default=None, help="each parameter stepped as its gradient is "
                        "accumulated, the gradient freed at once (torchtitan's "

@@ -196,3 +196,37 @@ def test_a_published_torchtitan_row_with_replicas_is_priced_as_hybrid_sharding()
     assert run.config.zero_stage == 3 and run.config.shard_group == 8
     out = predict(run)
     assert out["status"] == "ok" and out["tokens_per_gpu"] > 0
+
+
+def test_under_a_pipeline_schedule_the_replicas_all_reduce_once_a_step():
+    """FSDP2 under torch's pipeline schedules skips every micro-batch's reduce-scatter and
+    reduces once a step (``zero_pp_nosync``); under hybrid sharding that once-a-step
+    reduce-scatter is followed by the replicas' all-reduce too: 16 ranks as 2 replicas of
+    an (8-rank, pp 2) group cost more than the 8-rank group alone, and hold the same."""
+    m = llama_like(layers=4, hidden=512, heads=8, kv=4)
+    kw = dict(runtime="torchtitan", seq_len=512)
+    hsdp_sc = make_scenario(m, count=16, global_batch=32, **kw).replace(per_node=8)
+    one_sc = make_scenario(m, count=8, global_batch=16, **kw).replace(per_node=8)
+    hsdp = Config(micro_batch=1, grad_accum=4, dp=8, pp=2, zero_stage=3, dp_replicate=2)
+    one = Config(micro_batch=1, grad_accum=4, dp=4, pp=2, zero_stage=3)
+    assert not config_problems(hsdp, hsdp_sc) and not config_problems(one, one_sc)
+    (hm, ht), (om, ot) = _run(hsdp, hsdp_sc), _run(one, one_sc)
+    assert hm["total_bytes"] == pytest.approx(om["total_bytes"], rel=1e-6)
+    assert ht["comm_zero_s"] + ht["comm_hidden_s"] > ot["comm_zero_s"] + ot["comm_hidden_s"]
+
+
+def test_a_pinned_replica_count_the_runtime_refuses_is_named_not_called_infeasible():
+    from capopt.search._space import knob_refusal
+    m = llama_like(layers=4, hidden=512, heads=8, kv=4)
+    sc = make_scenario(m, runtime="xla-gpu", count=8, global_batch=16,
+                       knobs={"dp_replicate": (2,)})
+    field, why = knob_refusal(sc)
+    assert field == "config.dp_replicate" and "not supported by the xla-gpu" in why
+
+
+def test_the_validation_step_refuses_hybrid_sharding_rather_than_shard_over_all_of_dp():
+    from capopt.validation.step import Unsupported, build_step
+    m = llama_like(layers=4, hidden=512, heads=8, kv=4)
+    sc = make_scenario(m, runtime="torchtitan", count=8, global_batch=16)
+    with pytest.raises(Unsupported, match="hybrid sharding"):
+        build_step(sc, Config(micro_batch=2, dp=8, zero_stage=3, dp_replicate=2), devices=[])

@@ -50,7 +50,7 @@ def test_it_steps_once_a_micro_batch_so_accumulation_pipelines_and_experts_are_r
     assert "config.grad_accum" in fields(Config(micro_batch=1, grad_accum=2, dp=8,
                                                 zero_stage=3))
     assert "config.pp" in fields(Config(micro_batch=2, dp=4, pp=2, zero_stage=1))
-    assert "config.pp" in fields(Config(micro_batch=2, dp=8, ep=2, zero_stage=3))
+    assert "config.ep" in fields(Config(micro_batch=2, dp=8, ep=2, zero_stage=3))
 
 
 def test_the_search_keeps_one_micro_batch_a_step():
@@ -121,3 +121,18 @@ def test_torchtitan_writes_it_and_the_other_formats_refuse_it():
     for fmt in ("deepspeed", "megatron", "accelerate", "hf-trainer"):
         with pytest.raises(CapoptError, match="optimizer_in_backward"):
             emit(fmt, cfg, sc)
+
+
+def test_every_row_of_the_lattice_steps_once_a_micro_batch_without_pipelines_or_experts():
+    from capopt.search._space import Space, build_lattice
+    m = llama_like(layers=4, hidden=512, heads=8, kv=4, num_local_experts=4,
+                   num_experts_per_tok=2)
+    sc = _sc(m, count=8, global_batch=16, runtime="torchtitan",
+             knobs={"dp_replicate": None, "tp": (1,)})
+    lat = build_lattice(sc)
+    assert len(lat) > 0 and Space(sc).size() == len(lat)
+    assert (lat.cols["grad_accum"] == 1).all()
+    assert (lat.cols["pp"] == 1).all() and (lat.cols["ep"] == 1).all()
+    for method in ("exhaustive", "gradient"):
+        best = optimize(sc.replace(knobs=sc.knobs), method=method, remedies=False).best
+        assert best is not None and not config_problems(best.config, sc)

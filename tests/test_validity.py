@@ -16,7 +16,7 @@ KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "vpp", "zero
 
 
 def _random_configs(rng: random.Random, n: int) -> list[Config]:
-    # (hybrid sharding drawn from its own stream: the other knobs are the draws they were)
+    # (hybrid sharding drawn from a stream of its own, seeded by one draw of rng's)
     own = random.Random(rng.random())
     return [Config(micro_batch=rng.choice([1, 2, 3, 4, 8]), grad_accum=rng.choice([1, 2, 4, 16]),
                    dp=rng.choice([1, 2, 3, 4, 8]), tp=rng.choice([1, 2, 3, 4, 8, 16]),

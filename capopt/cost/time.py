@@ -550,10 +550,15 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     # once, after the stage's last backward pass, where nothing is left to hide it (the
     # schedule's REDUCE_GRAD action and the wait that ends it, torch/distributed/pipelining/
     # stage.py perform_reduce_grad, v2.13)
+    # (under hybrid sharding, each group's reduce-scattered shard all-reduced across the
+    # replicas after it)
     ns = pp_nosync(k, n) * (z[2] + z[3])
-    ns_gather, ns_scatter = _unstack(comm.ring_collectives_s(
-        _col(trainable * _weight_bytes(n), grads), zdp, zdp_per, zdp_nodes, n,
-        count=_col(layers + 1.0, layers + 1.0), passes=jnp.asarray([1.0, 1.0])), 2)
+    ns_gather, ns_scatter, ns_replica = _unstack(comm.ring_collectives_s(
+        _col(trainable * _weight_bytes(n), grads, grads / zdp), _col(zdp, zdp, k.dpr),
+        _col(zdp_per, zdp_per, rep_per), _col(zdp_nodes, zdp_nodes, rep_nodes), n,
+        count=_col(layers + 1.0, layers + 1.0, layers + 1.0),
+        passes=jnp.asarray([1.0, 1.0, 2.0])), 3)
+    ns_scatter = ns_scatter + ns_replica
     ns_gather_exposed, ns_gather_hidden = comm.overlap(ns * ns_gather, st["fwd"],
                                                        n["rt_overlap_zero"])
     comm_s = {"dp": dp_exposed,

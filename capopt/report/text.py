@@ -96,8 +96,8 @@ def assumed_rates_line(thr: dict) -> str:
 
 
 def training_label(sc) -> str:
-    """What the scenario trains, when not the whole model, and how when compiled:
-    `` (QLoRA r16 on q+v)``, `` (torch.compile)``."""
+    """What the scenario trains, when not the whole model, and how when compiled or stepped
+    in the backward pass: `` (QLoRA r16 on q+v)``, `` (torch.compile)``."""
     lora, parts = sc.workload.lora, []
     if lora is not None:
         kind = {4: "QLoRA", 8: "LoRA (8-bit base)", 16: "LoRA"}[lora.base_bits]
@@ -105,6 +105,8 @@ def training_label(sc) -> str:
                      + (f", dropout {lora.dropout:g}" if lora.dropout else ""))
     if sc.workload.compile:
         parts.append("torch.compile")
+    if sc.workload.optimizer_in_backward:
+        parts.append("optimizer in the backward pass")
     return f" ({', '.join(parts)})" if parts else ""
 
 

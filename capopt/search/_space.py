@@ -88,27 +88,32 @@ def no_layout_reason(sc: Scenario) -> str | None:
         why.append(f"dp {dp} (tp {tp}, pp {pp}): " + (
             f"global_batch {b} is not divisible by dp {dp}" if b % dp else
             "no micro_batch x grad_accum the scenario allows makes the per-replica batch "
-            f"{b // dp}"))
+            f"{b // dp}" + (" (training.optimizer_in_backward takes one micro-batch a step)"
+                            if sc.workload.optimizer_in_backward else "")))
     return "no valid layout: " + "; ".join(why[:4]) + ("; ..." if len(why) > 4 else "")
 
 
 def knob_refusal(sc: Scenario) -> tuple[str, str] | None:
-    """(field, why) where every value the scenario allows for the context-parallel degree or
-    the virtual pipeline stages is refused beside every layout (the runtime does not run it,
-    the model's blocks do not split): the words of the first rule the first value breaks
-    beside the first layout; None otherwise."""
+    """(field, why) where every value the scenario allows for the context-parallel degree, the
+    virtual pipeline stages or the hybrid-sharding replicas is refused beside every layout
+    (the runtime does not run it, the model's blocks do not split): the words of the first
+    rule the first value breaks beside the first layout (replicas beside a ZeRO stage, the
+    one rule of theirs a row applies); None otherwise."""
     from .._validity import config_problems
     facts = factorizations(sc)
     if not facts:
         return None
     space = Space(sc)
     for knob, values, allowed in (("cp", space._cp, lambda f: space.context_degrees(f[0])),
-                                  ("vpp", space._vpp, lambda f: space.virtual_degrees(f[2]))):
+                                  ("vpp", space._vpp, lambda f: space.virtual_degrees(f[2])),
+                                  ("dp_replicate", space._dpr,
+                                   lambda f: space.replica_degrees(f[0]))):
         if values is None or any(allowed(f) for f in facts):
             continue
         # beside a pipeline where there is one: vpp's own rules, not "needs pp > 1"
         dp, tp, pp = max(facts, key=lambda f: knob == "vpp" and f[2] > 1)
-        probe = Config(dp=dp, tp=tp, pp=pp, **{knob: values[0]})
+        probe = Config(dp=dp, tp=tp, pp=pp, zero_stage=3 if knob == "dp_replicate" else 0,
+                       **{knob: values[0]})
         mine = [why for field, why in config_problems(probe, sc) if field == f"config.{knob}"]
         return f"config.{knob}", (mine[0] if mine else
                                   f"no layout of {sc.count} devices allows {list(values)}")

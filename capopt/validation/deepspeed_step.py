@@ -69,6 +69,9 @@ def check_supported(scenario: Scenario, config: Config) -> None:
                           "vpp = 1)")
     if config.offload_optimizer:
         raise Unsupported("the deepspeed tier runs without offload")
+    if config.dp_replicate > 1 or w.optimizer_in_backward:
+        raise Unsupported("the deepspeed tier runs neither hybrid sharding nor an optimizer "
+                          "stepped in the backward pass")
     if config.zero_stage and config.dp < 2:
         raise Unsupported("ZeRO needs dp > 1")
     if scenario.model.num_params() > MAX_PARAMS:

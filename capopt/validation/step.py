@@ -190,6 +190,12 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
     if config.cp > 1:
         raise Unsupported("context parallelism (cp > 1) is not implemented by the validation "
                           "step")
+    if config.dp_replicate > 1:
+        raise Unsupported("hybrid sharding (dp_replicate > 1) is not implemented by the "
+                          "validation step: it shards over all of dp")
+    if scenario.workload.optimizer_in_backward:
+        raise Unsupported("the validation step updates after the backward pass "
+                          "(training.optimizer_in_backward is the torch tier's)")
     if config.ep > 1 and not scenario.model.is_moe:
         raise Unsupported("ep > 1 needs an MoE model")
     if scenario.workload.loss != "float32":
