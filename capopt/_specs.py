@@ -41,11 +41,23 @@ def eager_elementwise(runtime: RuntimeProfile) -> bool:
     return any(coeffs.get(k, 0.0) > 0.0 for k in EAGER_EW_COEFFS)
 
 
+def runtimes_where(test) -> list[str]:
+    """The built-in runtimes whose profile passes ``test`` (for the words of a refusal)."""
+    from ._runtime import get_profile, list_profiles
+    return [name for name in list_profiles() if test(get_profile(name))]
+
+
 def eager_runtimes() -> list[str]:
     """The built-in runtimes whose element-wise ops run eagerly (where compiling changes
     something)."""
-    from ._runtime import get_profile, list_profiles
-    return [name for name in list_profiles() if eager_elementwise(get_profile(name))]
+    return runtimes_where(eager_elementwise)
+
+
+def runtimes_running(coeff: str) -> str:
+    """The built-in runtimes whose profile switches ``coeff`` on, as a refusal names them:
+    ``hf, megatron or torchtitan``."""
+    names = runtimes_where(lambda rt: rt.coeff(coeff) >= 0.5)
+    return " or ".join(filter(None, (", ".join(names[:-1]), names[-1] if names else "")))
 
 
 def _is_int(v) -> bool:
@@ -386,8 +398,8 @@ class Scenario:
             raise CapoptError(f"the {self.runtime.name} runtime has no optimizer step in the "
                               "backward pass", file=self.path,
                               field="training.optimizer_in_backward",
-                              allowed="false, or a runtime that runs it (torchtitan, "
-                                      "pytorch-eager)")
+                              allowed="false, or a runtime that runs it ("
+                                      + runtimes_running("optimizer_in_backward") + ")")
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")

@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ._specs import Config, Scenario
+from ._specs import Config, Scenario, runtimes_running
 
 Columns = Mapping[str, np.ndarray]
 
@@ -90,7 +90,7 @@ RULES: tuple[Rule, ...] = (
     _rule("config.cp", "cp",
           lambda c, sc: (c["cp"] > 1) & (sc.runtime.coeff("context_parallel") == 0),
           lambda cfg, sc: f"context parallelism is not supported by the {sc.runtime.name} "
-                          "runtime (--runtime torchtitan, pytorch-eager or megatron runs it)",
+                          f"runtime (--runtime {runtimes_running('context_parallel')} runs it)",
           lambda d: 1),
     _rule("config.cp", "cp",
           lambda c, sc: (c["cp"] > 1) & ((sc.model.family != "decoder")
@@ -123,8 +123,8 @@ RULES: tuple[Rule, ...] = (
     _rule("config.dp_replicate", "dp_replicate",
           lambda c, sc: (c["dp_replicate"] > 1) & (sc.runtime.coeff("hybrid_shard") == 0),
           lambda cfg, sc: f"hybrid sharding (dp_replicate > 1) is not supported by the "
-                          f"{sc.runtime.name} runtime (--runtime torchtitan, pytorch-eager or "
-                          "megatron runs it)",
+                          f"{sc.runtime.name} runtime (--runtime "
+                          f"{runtimes_running('hybrid_shard')} runs it)",
           lambda d: 1),
     _rule("config.vpp", "vpp pp",
           lambda c, sc: (c["vpp"] > 1) & (c["pp"] == 1),
@@ -133,8 +133,8 @@ RULES: tuple[Rule, ...] = (
     _rule("config.vpp", "vpp",
           lambda c, sc: (c["vpp"] > 1) & (sc.runtime.coeff("interleaved_pipeline") == 0),
           lambda cfg, sc: f"interleaved pipeline stages (vpp > 1) are not supported by the "
-                          f"{sc.runtime.name} runtime (--runtime torchtitan, pytorch-eager or "
-                          "megatron runs them)",
+                          f"{sc.runtime.name} runtime (--runtime "
+                          f"{runtimes_running('interleaved_pipeline')} runs them)",
           lambda d: 1),
     # Megatron-Core's get_num_layers_to_build asserts an even split over pp x vpp chunks;
     # torchtitan's splitter (9dec370) splits unevenly, as its 405B run on 126 blocks did

@@ -321,15 +321,18 @@ class Space:
     def size(self) -> int:
         """How many real configs the scenario allows (without building them)."""
         total = 0
-        for f in self.facts:
-            for cp, v in self.outer(f):
-                ch = self.choices(f, cp=cp, vpp=v)
-                rest = math.prod(len(c) for c in ch[:1] + ch[3:7])
-                eps, zeros, dprs = ch[1], ch[2], ch[7]
-                # dp_replicate > 1 only beside a ZeRO stage and without expert parallelism
-                total += rest * (len(eps) * len(zeros) * dprs.count(1)
-                                 + eps.count(1) * sum(z > 0 for z in zeros)
-                                 * sum(r > 1 for r in dprs))
+        for (dp, tp, pp) in self.facts:
+            for cp, v in self.outer((dp, tp, pp)):
+                ch = self.choices((dp, tp, pp), cp=cp, vpp=v)
+                # the inner knobs a rule reads together (ep, zero_stage, dp_replicate: hybrid
+                # sharding's) counted as `block` filters them, the others multiplied in
+                joint = np.array(np.meshgrid(ch[1], ch[2], ch[7], indexing="ij")).reshape(3, -1)
+                full = lambda x: np.full(joint.shape[1], x, np.int64)  # noqa: E731
+                ok = _allowed(self.sc, {"ep": joint[0], "zero_stage": joint[1],
+                                        "dp_replicate": joint[2], "dp": full(dp),
+                                        "tp": full(tp), "pp": full(pp), "cp": full(cp),
+                                        "vpp": full(v)})
+                total += int(ok.sum()) * math.prod(len(c) for c in ch[:1] + ch[3:7])
         return total
 
     def lattice(self, rows: list[tuple] | np.ndarray) -> "Lattice":
