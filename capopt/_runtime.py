@@ -135,6 +135,10 @@ SCHEMA: dict[str, Coeff] = {
     "zero_unsharded_grad_copies": _c(0, "unsharded copies of a block's gradients live while "
                                         "it is differentiated under ZeRO-2/3 (before the "
                                         "reduce-scatter)"),
+    "zero_holds_reduce_input": _c(0, "1: a group's flat reduce-scatter input stays live "
+                                     "until the next group's reduction starts (through the "
+                                     "next block's backward, the last through the "
+                                     "embedding's)"),
     "zero2_keeps_shards": _c(0, "1: under ZeRO-2 the parameters stay sharded and the "
                                 "unsharded copy gathered for the forward pass is kept to the "
                                 "backward pass beside them"),

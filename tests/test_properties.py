@@ -123,9 +123,14 @@ def test_memory_properties_over_ten_thousand_random_configs():
                      and not config_problems(b, sc)]
             if not pairs:
                 continue
-            a = _totals(sc, [p[0] for p in pairs])["total_bytes"]
-            b = _totals(sc, [p[1] for p in pairs])["total_bytes"]
-            bad = np.nonzero(a > b * (1 + RTOL))[0]
+            ta = _totals(sc, [p[0] for p in pairs])
+            a, b = ta["total_bytes"], _totals(sc, [p[1] for p in pairs])["total_bytes"]
+            # (ZeRO-3 gathers whole blocks, an all-gather's output being world size x shard,
+            # beside the device's shards: where its window spans a stage's every block it
+            # holds what ZeRO-2 holds plus those shards, never more)
+            allow = np.array([float(p[0].zero_stage == 3 and name == "higher ZeRO stage")
+                              for p in pairs]) * ta["params_bytes"]
+            bad = np.nonzero(a > (b + allow) * (1 + RTOL))[0]
             violations[name] += [(sc.model.name, sc.runtime.name, pairs[i][1], a[i] / b[i])
                                  for i in bad[:3]]
             checked += len(pairs)

@@ -296,6 +296,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the dense gradient itself is the whole table: ZeRO splits it only once reduced)
     embed_elems = first * (1 - lora) * (n["embed_grad_tp"] * vocab_share + n["embed_grad_rep"])
     embed_full = embed_elems * ugb
+    # (the word embeddings' share: a tied head's contribution is added to it alone)
+    word_full = first * (1 - lora) * n["embed_grad_tp"] * vocab_share * ugb
+    # (the same whole table under ZeRO-2/3, ``embed_grad_whole_tp``: reduced by the root
+    # group's post-backward, so live through the embedding's backward beside the rank's rows)
+    word_partial = (n["rt_embed_grad_whole_tp"] * f_grad * (1.0 - vocab_rep)
+                    * step_at_least(k.tp, 2.0) * first * (1 - lora) * n["embed_grad_tp"] * ugb)
     # (the buffer kept to the update is the reduce-scattered slice, in the gradient dtype)
     embed_table = embed_elems * shard(f_grad, dp) * gb
     embed_grad = (embed_table * n["rt_embed_grad_early"]
@@ -406,8 +412,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     casts_cached = jnp.maximum(casts_stored, n["rt_autocast_weight_cache"] * layers * cast_layer)
 
     # --- ZeRO-3 gathered weights ---
-    # Whole blocks gathered for compute (the layer in use plus prefetch); the device's own
-    # 1/dp slice is already counted in params_bytes. A runtime that gathers module by module
+    # Whole blocks gathered for compute (the layer in use plus prefetch): an all-gather's
+    # output is world size x shard elements, a buffer of its own beside the device's shard
+    # (counted in params_bytes). A runtime that gathers module by module
     # bounds the gathered parameters instead: DeepSpeed stops prefetching once
     # ``zero3_max_live_params`` elements are resident (stage3_max_live_parameters) but always
     # fetches the module about to run. XLA (``zero3_keeps_stored_gathered`` = 1) gathers the
@@ -418,10 +425,14 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     gather_param = gathered_param_bytes(n)
     gather_bytes = (1.0 - keep) * gather_param + keep * compute_weight_bytes(n)
     expert_layer = expert_layer_params(k, n)
-    gathered_layer = ((per_layer - expert_layer) * (1.0 - 1.0 / dp)
-                      + expert_layer * (1.0 - 1.0 / edp))
-    bounded = (n["rt_zero3_max_live_params"] + largest_module(k, n)) * (1.0 - 1.0 / dp)
+    gathered_layer = ((per_layer - expert_layer) * step_at_least(dp, 2.0)
+                      + expert_layer * step_at_least(edp, 2.0))
+    bounded = (n["rt_zero3_max_live_params"] + largest_module(k, n)) * step_at_least(dp, 2.0)
     gather_window = f_param * jnp.minimum(in_use * gathered_layer, bounded) * gather_bytes
+    # (FSDP2 prefetches the next group in the backward pass; below the bottom block it is
+    # the root, gathered already: the bottom block's backward has no block prefetched)
+    in_bottom = in_use - n["rt_zero3_root_group"] * jnp.clip(in_use - 1.0, 0.0, 1.0)
+    gather_bottom = f_param * jnp.minimum(in_bottom * gathered_layer, bounded) * gather_bytes
     gather_stored = f_param * keep * layers * w_none * gathered_layer * gather_bytes
     gathered = jnp.maximum(gather_window, gather_stored)
     # FSDP-style groups (``zero3_root_group``): the embeddings, final norm and head are one
@@ -429,13 +440,15 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # backward pass. Under ZeRO-2/3 its unsharded gradient lives from the head's backward to
     # the end, and each block's unsharded gradients sit beside their flat reduce-scatter
     # input (``zero_unsharded_grad_copies``) while the block is differentiated.
-    root = n["rt_zero3_root_group"] * (1.0 - 1.0 / dp) * extra_params
+    root = n["rt_zero3_root_group"] * multi_dp * extra_params
     root_gathered = f_param * root * gather_param
     # (through the backward pass the root's unsharded gradient is the head's: a tied table's
     # contribution, or the head's own weights; the embedding's comes at the end)
     head_share = (n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share + n["P_head_rep"]
-    root_grad = (f_grad * (1 - lora) * n["rt_zero3_root_group"] * (1.0 - 1.0 / dp)
+    root_grad = (f_grad * (1 - lora) * n["rt_zero3_root_group"] * multi_dp
                  * logits_mb * head_share * ugb)
+    # (the root's gradient reduce-scattered every micro-batch: accumulated in its shard)
+    root_sharded = f_grad * n["rt_zero3_root_group"] * multi_dp
     block_unsharded = (f_grad * n["rt_zero_unsharded_grad_copies"]
                        * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * ugb)
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
@@ -451,6 +464,22 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     p2p = step_at_least(k.pp, 2.0) * 2.0 * tokens * n["h"] * n["act_bytes"] * rep_div
     comm_bytes = gathered + buckets + p2p + root_gathered
 
+    # ZeRO-2 as FSDP2 runs it (``zero2_keeps_shards``): the parameters stay sharded, and each
+    # group's unsharded copy, gathered for its forward pass, is kept to its backward pass
+    # beside them (counted as the parameters above): the shards are the extra, until the
+    # backward pass reshards each group after its own backward (FSDP2's post-backward; not
+    # under a pipeline schedule without per-micro-batch sync): at the bottom block's
+    # backward the blocks above are resharded (``z2_above``), at the embedding's every block
+    # (``z2_blocks``), after the backward pass the root too (``z2_root``)
+    z2_shards = (n["rt_zero2_keeps_shards"] * z2_kept * (1 - lora)
+                 * zero_shard(1.0, dense_params, expert_params, k) * n["param_bytes"])
+    z2_resharded = (n["rt_zero2_keeps_shards"] * k.zero[..., 2] * (1.0 - pp_nosync(k, n))
+                    * (1 - lora) * gathered_param_bytes(n))
+    z2_block = z2_resharded * zero_shard(0.0, per_layer, expert_layer_params(k, n), k)
+    z2_above = jnp.maximum(layers - 1.0, 0.0) * z2_block
+    z2_blocks = layers * z2_block
+    z2_root = z2_resharded * extra_params
+
     # --- the phases ---
     # gradients live in each phase: the accumulator always (under accumulation), the head's
     # once the loss is differentiated, the stored blocks' as the backward pass reaches the
@@ -460,6 +489,27 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     kept_bottom = keep_all * (head_grad + above_bottom)
     kept_rebuild = keep_all * (head_grad + layers * stored_share * grad_layer)
     dp_bwd = root_grad + block_unsharded       # (FSDP groups' unsharded gradients)
+    # (the block under differentiation's own gradients: its unsharded ones where FSDP keeps
+    # them, the shard coming only from their reduce-scatter, after its backward)
+    grad_own = grad_layer * (1.0 - n["rt_zero_unsharded_grad_copies"] * f_grad)
+    # A group's flat reduce-scatter input held until the next group's reduction starts
+    # (``zero_holds_reduce_input``, FSDP2's ReduceScatterState): the block
+    # above's through a block's backward, the bottom block's through the embedding's. At the
+    # bottom block's backward, the block above's. The top and rebuild phases are the top
+    # block's, with nothing held; under ZeRO-3 the block below it, with the top block's
+    # input held and its own neighbour prefetched, holds more where that input outweighs
+    # one block's stored activations (and weight casts), freed by then. Under ZeRO-2 the
+    # top block's stays the larger: a lower block's held input takes the place of the copy
+    # resharded above it.
+    # (in the reduce dtype: the gradient's, float32 under FSDP's mixed precision)
+    held_reduce = (n["rt_zero_holds_reduce_input"] * f_grad
+                   * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * gb)
+    held_above = step_at_least(layers, 2.0) * held_reduce
+    held_mid = step_at_least(layers, 3.0) * f_param * held_reduce
+    per_stored = stored / jnp.maximum(layers, 1.0)
+    per_stored_remat = stored_remat / jnp.maximum(layers, 1.0)
+    held_top = jnp.maximum(held_mid - per_stored - w_none * cast_layer, 0.0)
+    held_rebuild = jnp.maximum(held_mid - per_stored_remat, 0.0)
     at_loss = n["rt_head_grad_at_loss"]
     # An optimizer that copies the gradients it updates (``update_flat_grad_copies``,
     # DeepSpeed's), bytes per element of the device's gradient share: without ZeRO
@@ -502,13 +552,13 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "loss": accum + jnp.maximum(embed_grad + at_loss * jnp.maximum(keep_all, oib)
                                     * head_grad, in_grad),
         "top": accum + jnp.maximum(embed_grad + jnp.maximum(keep_all, (1.0 - at_loss) * oib)
-                                   * head_grad, in_grad) + grad_layer + dp_bwd,
+                                   * head_grad, in_grad) + grad_own + dp_bwd + held_top,
         # (pending: only what the blocks above have produced, the stored ones)
-        "rebuild": accum + grad_layer + jnp.maximum(embed_grad + jnp.maximum(
+        "rebuild": accum + grad_own + held_rebuild + jnp.maximum(embed_grad + jnp.maximum(
             kept_rebuild, jnp.minimum(pending, multi_dp * (head_grad + layers * stored_share
                                                            * grad_layer))), in_grad) + dp_bwd,
         "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
-                                      in_grad) + grad_layer + dp_bwd,
+                                      in_grad) + grad_own + dp_bwd + held_above - z2_above,
         "update": accum + jnp.maximum(keep_all * (grads_step + embed_grad), pending) + flat
         + oib * one_tensor * gb,
         "forward": accum + in_grad,
@@ -525,15 +575,19 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                    - unsaved * edge_in_flight),
         # after the blocks' backward pass, the larger of: the embedding's backward (a runtime
         # that writes its dense gradient last: the table's gradient, a tied head's waiting
-        # contribution and their sum, or the addition into an accumulated .grad; with FSDP
-        # groups, the root's gathered weights and unsharded gradient still live) and an Adam
+        # contribution and their sum, or the addition into an accumulated .grad, which an
+        # FSDP root reduce-scattered every micro-batch does not have: it accumulates its
+        # shard; with FSDP groups, the root's gathered weights and unsharded gradient still
+        # live) and an Adam
         # update's temporaries (torch's foreach path: the square root of every second moment
         # at once), on the device's share of the state
         "update": jnp.maximum(
-            n["rt_embed_grad_last"] * (embed_full * (2.0 * n["tied"] + accumulating)
-                                       + root_gathered + root_grad
-                                       + f_grad * n["rt_zero3_root_group"] * (1.0 - 1.0 / dp)
-                                       * (1.0 - n["tied"]) * embed_full),
+            n["rt_embed_grad_last"] * (2.0 * n["tied"] * word_full
+                                       + embed_full * accumulating * (1.0 - root_sharded)
+                                       + root_gathered + root_grad + held_reduce + z2_root
+                                       + word_partial
+                                       + f_grad * n["rt_zero3_root_group"] * multi_dp
+                                       * (embed_full - n["tied"] * word_full)),
             # (or the step's gradient copies, ``update_flat_grad_copies``: after the
             # backward pass, before the update)
             jnp.maximum(n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
@@ -560,19 +614,13 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # and the root only if it was not resharded after the forward pass (``regather``)
     fsdp = n["rt_zero3_root_group"]
     regather = n["rt_zero3_root_regather"]
-    # ZeRO-2 as FSDP2 runs it (``zero2_keeps_shards``): the parameters stay sharded, and each
-    # group's unsharded copy, gathered for its forward pass, is kept to its backward pass
-    # beside them (counted as the parameters above): the shards are the extra, until the
-    # backward pass reshards every group
-    z2_shards = (n["rt_zero2_keeps_shards"] * z2_kept * (1 - lora)
-                 * zero_shard(1.0, dense_params, expert_params, k) * n["param_bytes"])
     comm = {
         "loss": (comm_bytes - fsdp * (gathered + regather * root_gathered) + z2_shards
                  + acc_bucket),
         "top": comm_bytes + z2_shards + bwd_bucket,
         "rebuild": gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
-        "bottom": gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
-        "update": buckets + 0.0 * comm_bytes,
+        "bottom": gather_bottom + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
+        "update": buckets + z2_shards - z2_blocks - z2_root + 0.0 * comm_bytes,
         "forward": comm_bytes - fsdp * gathered + z2_shards + acc_bucket,
         # (the collective's flat output is the whole group, world size x shard, a buffer of
         # its own; the parameters copied out of it are counted as the gathered root is in
