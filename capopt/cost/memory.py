@@ -492,16 +492,14 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the block under differentiation's own gradients: its unsharded ones where FSDP keeps
     # them, the shard coming only from their reduce-scatter, after its backward)
     grad_own = grad_layer * (1.0 - n["rt_zero_unsharded_grad_copies"] * f_grad)
-    # A group's flat reduce-scatter input held until the next group's reduction starts
-    # (``zero_holds_reduce_input``, FSDP2's ReduceScatterState): the block
-    # above's through a block's backward, the bottom block's through the embedding's. At the
-    # bottom block's backward, the block above's. The top and rebuild phases are the top
-    # block's, with nothing held; under ZeRO-3 the block below it, with the top block's
-    # input held and its own neighbour prefetched, holds more where that input outweighs
-    # one block's stored activations (and weight casts), freed by then. Under ZeRO-2 the
-    # top block's stays the larger: a lower block's held input takes the place of the copy
-    # resharded above it.
-    # (in the reduce dtype: the gradient's, float32 under FSDP's mixed precision)
+    # A group's flat reduce-scatter input, in the reduce dtype (float32 under FSDP's mixed
+    # precision), held until the next group's reduction starts (``zero_holds_reduce_input``,
+    # FSDP2's ReduceScatterState): the block above's through a block's backward, the bottom
+    # block's through the embedding's. The top and rebuild phases are the top block's, with
+    # nothing held; under ZeRO-3 the block below it, with the top block's input held and its
+    # own neighbour prefetched, holds more where that input outweighs one block's stored
+    # activations (and weight casts), freed by then. Under ZeRO-2 the top block's stays the
+    # larger: a lower block's held input takes the place of the copy resharded above it.
     held_reduce = (n["rt_zero_holds_reduce_input"] * f_grad
                    * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * gb)
     held_above = step_at_least(layers, 2.0) * held_reduce
