@@ -143,13 +143,10 @@ def test_memory_never_rises_with_shard_degree(sc, cfg):
 
 @pytest.mark.parametrize("sc,cfg", CASES)
 def test_zero_stages_ordered(sc, cfg):
-    totals = [_total(cfg.replace(zero_stage=z), sc) for z in range(4)]
-    assert totals[2] <= totals[1] <= totals[0]
-    # ZeRO-3 gathers whole blocks (an all-gather's output is world size x shard) beside the
-    # device's shards: where its gather window spans every block of a stage it holds what
-    # ZeRO-2 holds plus those shards, never more
-    shards = float(estimate(cfg.replace(zero_stage=3), sc).memory["params_bytes"])
-    assert totals[3] <= totals[2] + shards * (1 + F32_RTOL)
+    from capopt._validity import config_problems
+    stages = [z for z in range(4) if not config_problems(cfg.replace(zero_stage=z), sc)]
+    totals = [_total(cfg.replace(zero_stage=z), sc) for z in stages]
+    assert all(b <= a for a, b in zip(totals, totals[1:])), dict(zip(stages, totals))
 
 
 @pytest.mark.parametrize("sc,cfg", CASES)
@@ -676,18 +673,21 @@ def test_llm_foundry_is_torchtitans_fsdp_precision_on_fsdp1s_buffers():
     assert lf["phase_regather_bytes"] < lf["phase_loss_bytes"]
     # ZeRO-2: the same buffers but at the update, where torch's foreach Adam holds a
     # state-sized square root (torchtitan) and Composer's DecoupledAdamW one tensor's, and
-    # at the bottom block's backward, where FSDP2 still holds the block above's reduce-scatter
-    # input (a float32 block, as above)
-    # (and the reserved figure, by the allocator: torchtitan launches with expandable
-    # segments, whose measured slack is smaller)
+    # where FSDP2 holds a block's reduce-scatter input (a float32 block, as above): at the
+    # bottom block's backward the block above's; at the block below the top, the top
+    # block's in place of its bf16 copy, resharded, and of one checkpoint (the top and
+    # rebuild phases); the allocator's fragmentation is counted on all of them
     lf2, tt2 = mem["llm-foundry", 2], mem["torchtitan", 2]
-    apart = ("phase_update_bytes", "reserved_bytes", "phase_bottom_bytes")
-    assert {k: v for k, v in lf2.items() if k not in apart} == \
-        {k: v for k, v in tt2.items() if k not in apart}
-    assert lf2["reserved_bytes"] > tt2["reserved_bytes"]
+    frag = 1 + n["rt_fragmentation"]
+    for key in ("params_bytes", "optimizer_bytes", "phase_loss_bytes", "phase_forward_bytes",
+                "phase_regather_bytes"):
+        assert lf2[key] == tt2[key], key
     assert lf2["phase_update_bytes"] < tt2["phase_update_bytes"]
     assert tt2["phase_bottom_bytes"] - lf2["phase_bottom_bytes"] == pytest.approx(
-        block * (1 + n["rt_fragmentation"]), rel=100 * F32_RTOL)
+        block * frag, rel=100 * F32_RTOL)
+    for key in ("phase_top_bytes", "phase_rebuild_bytes"):
+        assert tt2[key] - lf2[key] == pytest.approx((block - block / 2 - checkpoint) * frag,
+                                                    rel=100 * F32_RTOL), key
 
 
 @pytest.mark.parametrize("dp", [1, 8])

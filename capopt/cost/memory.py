@@ -498,12 +498,15 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # block's through the embedding's. The top and rebuild phases are the top block's, with
     # nothing held; under ZeRO-3 the block below it, with the top block's input held and its
     # own neighbour prefetched, holds more where that input outweighs one block's stored
-    # activations (and weight casts), freed by then. Under ZeRO-2 the top block's stays the
-    # larger: a lower block's held input takes the place of the copy resharded above it.
+    # activations (and weight casts), freed by then; under ZeRO-2 the block below the top
+    # holds the top block's input in place of that block's copy, resharded, so more only
+    # where the reduce dtype is wider than the gathered one (float32 against bf16).
     held_reduce = (n["rt_zero_holds_reduce_input"] * f_grad
                    * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * gb)
     held_above = step_at_least(layers, 2.0) * held_reduce
-    held_mid = step_at_least(layers, 3.0) * f_param * held_reduce
+    held_mid = (step_at_least(layers, 3.0) * f_param * held_reduce
+                + step_at_least(layers, 2.0) * jnp.maximum(
+                    k.zero[..., 2] * (1.0 - pp_nosync(k, n)) * held_reduce - z2_block, 0.0))
     per_stored = stored / jnp.maximum(layers, 1.0)
     per_stored_remat = stored_remat / jnp.maximum(layers, 1.0)
     held_top = jnp.maximum(held_mid - per_stored - w_none * cast_layer, 0.0)
@@ -556,7 +559,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
             kept_rebuild, jnp.minimum(pending, multi_dp * (head_grad + layers * stored_share
                                                            * grad_layer))), in_grad) + dp_bwd,
         "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
-                                      in_grad) + grad_own + dp_bwd + held_above - z2_above,
+                                      in_grad) + grad_own + dp_bwd + held_above,
         "update": accum + jnp.maximum(keep_all * (grads_step + embed_grad), pending) + flat
         + oib * one_tensor * gb,
         "forward": accum + in_grad,
@@ -618,7 +621,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "top": comm_bytes + z2_shards + bwd_bucket,
         "rebuild": gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
         "bottom": gather_bottom + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
-        "update": buckets + z2_shards - z2_blocks - z2_root + 0.0 * comm_bytes,
+        "update": buckets + 0.0 * comm_bytes,
         "forward": comm_bytes - fsdp * gathered + z2_shards + acc_bucket,
         # (the collective's flat output is the whole group, world size x shard, a buffer of
         # its own; the parameters copied out of it are counted as the gathered root is in
@@ -635,12 +638,19 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     dynamic = sum(terms.values()) + cast
     terms["overhead_bytes"] = (n["rt_context_bytes"] + n["rt_workspace_bytes"] + cast
                                + n["rt_fragmentation"] * dynamic)
-    fixed = params_bytes + optimizer_bytes
+    # (the parameters held in each phase: ZeRO-2's unsharded copies resharded by then leave
+    # them, not the dynamic buffers the allocator's fragmentation is counted on; after the
+    # backward pass only the shards are left)
+    released = {p: 0.0 * params_bytes for p in PHASES}
+    released.update(bottom=z2_above + 0.0 * params_bytes,
+                    update=z2_blocks + z2_root - z2_shards + 0.0 * params_bytes)
+    held_params = params_bytes - _by_phase(released)
+    fixed = held_params + optimizer_bytes
     totals = weight * (fixed + sum(terms.values()))
     which = jnp.argmax(totals)
     w = weight[which]
     out = {key: w * v[which] for key, v in terms.items()}
-    out["params_bytes"] = w * params_bytes
+    out["params_bytes"] = w * held_params[which]
     out["optimizer_bytes"] = w * optimizer_bytes
     out["total_bytes"] = totals[which]
     out["weight_copy_bytes"] = w * cast[which]
