@@ -265,8 +265,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (a vocabulary-parallel table whose gradient is the whole table, ``embed_grad_whole_tp``:
     # the rest of it, beside the device's share; a runtime that shards gradients over the
     # data-parallel group, ZeRO-2/3, reduce-scatters it into the shard at the backward's end)
-    embed_whole = (first * (1 - lora) * n["rt_embed_grad_whole_tp"] * (1.0 - vocab_rep)
-                   * n["embed_grad_tp"] * (1.0 - 1.0 / k.tp) * (1.0 - f_grad))
+    whole_tp = (first * (1 - lora) * n["rt_embed_grad_whole_tp"] * (1.0 - vocab_rep)
+                * n["embed_grad_tp"])
+    embed_whole = whole_tp * (1.0 - 1.0 / k.tp) * (1.0 - f_grad)
     trainable = lora * layers * lora_tp + (1 - lora) * dense_params
     trainable_expert = (1 - lora) * expert_params
     trainable_layer = lora * lora_tp + (1 - lora) * per_layer
@@ -300,8 +301,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     word_full = first * (1 - lora) * n["embed_grad_tp"] * vocab_share * ugb
     # (the same whole table under ZeRO-2/3, ``embed_grad_whole_tp``: reduced by the root
     # group's post-backward, so live through the embedding's backward beside the rank's rows)
-    word_partial = (n["rt_embed_grad_whole_tp"] * f_grad * (1.0 - vocab_rep)
-                    * step_at_least(k.tp, 2.0) * first * (1 - lora) * n["embed_grad_tp"] * ugb)
+    word_partial = whole_tp * step_at_least(k.tp, 2.0) * f_grad * ugb
     # (the buffer kept to the update is the reduce-scattered slice, in the gradient dtype)
     embed_table = embed_elems * shard(f_grad, dp) * gb
     embed_grad = (embed_table * n["rt_embed_grad_early"]
@@ -445,12 +445,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (through the backward pass the root's unsharded gradient is the head's: a tied table's
     # contribution, or the head's own weights; the embedding's comes at the end)
     head_share = (n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share + n["P_head_rep"]
-    root_grad = (f_grad * (1 - lora) * n["rt_zero3_root_group"] * multi_dp
-                 * logits_mb * head_share * ugb)
     # (the root's gradient reduce-scattered every micro-batch: accumulated in its shard)
     root_sharded = f_grad * n["rt_zero3_root_group"] * multi_dp
-    block_unsharded = (f_grad * n["rt_zero_unsharded_grad_copies"]
-                       * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * ugb)
+    root_grad = root_sharded * (1 - lora) * logits_mb * head_share * ugb
+    layer_unsharded = zero_shard(0.0, trainable_layer, trainable_layer_expert, k)
+    block_unsharded = f_grad * n["rt_zero_unsharded_grad_copies"] * layer_unsharded * ugb
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
     # (DeepSpeed's ZeRO gradient bucket, ``zero_bucket_elements`` in the gradient dtype,
     # allocated at a backward pass's first gradient and freed by the reduction epilogue:
@@ -473,9 +472,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (``z2_blocks``), after the backward pass the root too (``z2_root``)
     z2_shards = (n["rt_zero2_keeps_shards"] * z2_kept * (1 - lora)
                  * zero_shard(1.0, dense_params, expert_params, k) * n["param_bytes"])
-    z2_resharded = (n["rt_zero2_keeps_shards"] * k.zero[..., 2] * (1.0 - pp_nosync(k, n))
-                    * (1 - lora) * gathered_param_bytes(n))
-    z2_block = z2_resharded * zero_shard(0.0, per_layer, expert_layer_params(k, n), k)
+    z2_synced = k.zero[..., 2] * (1.0 - pp_nosync(k, n))    # (ZeRO-2, reduced every micro-batch)
+    z2_resharded = n["rt_zero2_keeps_shards"] * z2_synced * (1 - lora) * gather_param
+    z2_block = z2_resharded * zero_shard(0.0, per_layer, expert_layer, k)
     z2_above = jnp.maximum(layers - 1.0, 0.0) * z2_block
     z2_blocks = layers * z2_block
     z2_root = z2_resharded * extra_params
@@ -501,12 +500,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # activations (and weight casts), freed by then; under ZeRO-2 the block below the top
     # holds the top block's input in place of that block's copy, resharded, so more only
     # where the reduce dtype is wider than the gathered one (float32 against bf16).
-    held_reduce = (n["rt_zero_holds_reduce_input"] * f_grad
-                   * zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * gb)
+    held_reduce = n["rt_zero_holds_reduce_input"] * f_grad * layer_unsharded * gb
     held_above = step_at_least(layers, 2.0) * held_reduce
     held_mid = (step_at_least(layers, 3.0) * f_param * held_reduce
-                + step_at_least(layers, 2.0) * jnp.maximum(
-                    k.zero[..., 2] * (1.0 - pp_nosync(k, n)) * held_reduce - z2_block, 0.0))
+                + step_at_least(layers, 2.0) * jnp.maximum(z2_synced * held_reduce - z2_block,
+                                                           0.0))
     per_stored = stored / jnp.maximum(layers, 1.0)
     per_stored_remat = stored_remat / jnp.maximum(layers, 1.0)
     held_top = jnp.maximum(held_mid - per_stored - w_none * cast_layer, 0.0)
@@ -587,8 +585,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                                        + embed_full * accumulating * (1.0 - root_sharded)
                                        + root_gathered + root_grad + held_reduce + z2_root
                                        + word_partial
-                                       + f_grad * n["rt_zero3_root_group"] * multi_dp
-                                       * (embed_full - n["tied"] * word_full)),
+                                       + root_sharded * (embed_full - n["tied"] * word_full)),
             # (or the step's gradient copies, ``update_flat_grad_copies``: after the
             # backward pass, before the update)
             jnp.maximum(n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
@@ -641,9 +638,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the parameters held in each phase: ZeRO-2's unsharded copies resharded by then leave
     # them, not the dynamic buffers the allocator's fragmentation is counted on; after the
     # backward pass only the shards are left)
-    released = {p: 0.0 * params_bytes for p in PHASES}
-    released.update(bottom=z2_above + 0.0 * params_bytes,
-                    update=z2_blocks + z2_root - z2_shards + 0.0 * params_bytes)
+    released = {p: 0.0 for p in PHASES}
+    released.update(bottom=z2_above, update=z2_blocks + z2_root - z2_shards)
     held_params = params_bytes - _by_phase(released)
     fixed = held_params + optimizer_bytes
     totals = weight * (fixed + sum(terms.values()))
