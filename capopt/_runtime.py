@@ -139,6 +139,9 @@ SCHEMA: dict[str, Coeff] = {
                                      "until the next group's reduction starts (through the "
                                      "next block's backward, the last through the "
                                      "embedding's)"),
+    "zero_holds_gather_output": _c(0, "1: a forward pass keeps the last group's flat "
+                                      "all-gather output to its end (ZeRO-2/3 as FSDP2 runs "
+                                      "them)"),
     "zero2_keeps_shards": _c(0, "1: under ZeRO-2 the parameters stay sharded and the "
                                 "unsharded copy gathered for the forward pass is kept to the "
                                 "backward pass beside them"),
@@ -259,12 +262,23 @@ SCHEMA: dict[str, Coeff] = {
                                          "compute-dtype copy is not saved (dropout keeps its "
                                          "mask; its output feeds the matmul)"),
     "attn_lse_bytes": _c(4, "blockwise attention: bytes of softmax statistics per head and token"),
+    "flash_out_copy": _c(0, "1: with rotary embeddings applied to heads-first q and k, a "
+                            "flash kernel's output is kept for its backward beside the "
+                            "sequence-first copy the output projection reads (both o wide)"),
+    "flash_bwd_outputs": _c(0, "1: a flash kernel's backward holds dq, dk and dv (q, k and v "
+                               "wide, compute dtype) at the attention core's point of a "
+                               "block's backward"),
     "attn_chunk_queries": _c(0, "queries per block of the runtime's blockwise attention (0: a "
                                 "fused kernel that tiles any sequence)"),
     "score_grad_copies": _c(0, "float32 score gradients live in one block's backward, per head"),
     "score_grad_after_release": _c(0, "1: materialised score gradients peak after the block's "
                                       "MLP tensors and the probabilities' later copies are "
                                       "released (an eager backward, op by op)"),
+    "block_grads_in_order": _c(0, "1: a block's weight gradients appear node by node in its "
+                                  "backward pass (the MLP's backward peaks with down's alone, "
+                                  "the attention core's with the MLP's and the output "
+                                  "projection's); 0: the whole block's beside its backward "
+                                  "transients"),
     "mlp_grad_saved": _c(0, "compute-dtype MLP input gradients live in one block's backward, "
                             "per f-wide projection"),
     "frozen_down_grads": _c(0, "1: when LoRA leaves down frozen and its input unsaved "

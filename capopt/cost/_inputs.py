@@ -184,6 +184,29 @@ def parameter_groups(tensors, layers: int, topk: int) -> dict[str, float]:
     return {**g, **w}
 
 
+def backward_grad_shares(tensors) -> dict[str, float]:
+    """The share of one block's trainable elements (the adapters under LoRA) whose gradients
+    an eager backward pass has produced by each point where the block's backward can peak:
+    autograd runs the block's nodes in the reverse of their forward order and a linear
+    layer's weight gradient is written by the same node as its input gradient
+    (tools/autograd/derivatives.yaml, torch v2.13: mm's ``self`` and ``mat2`` gradients).
+    ``grad_share_mlp``: at the MLP's backward peak (the gate/up or the activation's input
+    gradients, after down's node) only down's (kernel, bias, adapters); ``grad_share_attn``:
+    at the attention core's (its score gradients, after the output projection's node) the
+    whole MLP's (router and experts included) and the output projection's. Norms are in
+    neither (their gradients are h wide). A card without attention (the plain MLP stack) has
+    share 1 at both: its backward holds nothing but the stream's gradient."""
+    if not any(t.name.startswith("blocks.attn.") for t in tensors):
+        return {"grad_share_mlp": 1.0, "grad_share_attn": 1.0}
+    adapters = [t for t in tensors if t.lora == "adapter"]
+    block = [t for t in (adapters or tensors) if t.where == "block"]
+    total = sum(t.elements for t in block) or 1
+    down = sum(t.elements for t in block if ".down." in t.name)
+    mlp = sum(t.elements for t in block if t.name.startswith(
+        ("blocks.mlp.", "blocks.dense_mlp.", "blocks.attn.o.")))
+    return {"grad_share_mlp": down / total, "grad_share_attn": mlp / total}
+
+
 def attention_widths(m) -> dict[str, float]:
     """Per-token widths of one block's attention (and its MLP), for activations and traffic.
 
@@ -442,6 +465,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     n.update(parameter_groups(inventory(m), L, m.num_experts_per_tok))
     n.update(attention_widths(m))
     n.update(op_checkpoint_widths(inventory(m, w.lora), L, m.num_experts_per_tok))
+    n.update(backward_grad_shares(inventory(m, w.lora)))
     n["tied"] = float(m.family == "decoder" and m.tie_word_embeddings)
     # Output elements per sequence that go through the loss.
     if m.family == "decoder" or (m.family == "encoder" and m.mlm_head):

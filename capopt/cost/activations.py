@@ -177,7 +177,13 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     materialised = a * s * (score_copies * ab + n["rt_score_fp32_copies"] * 4.0
                             + mask_a * (1.0 + n["rt_attn_dropout_out_saved"] * ab))
     materialised = materialised + 4.0 * a * n["rt_softmax_stats"]
-    blockwise = a * n["rt_attn_lse_bytes"]
+    # (a runtime that applies rotary embeddings to heads-first q and k, ``flash_out_copy``:
+    # the flash kernel's output follows q's memory layout, heads-first, and the output
+    # projection reads a sequence-first copy of it: both kept, the kernel's for its own
+    # backward, the copy as o's input, unless o is frozen and keeps no input)
+    o_copy = (n["rt_flash_out_copy"] * n["rotary"]
+              * (1.0 - dropped * (1.0 - n["lora_o"])))
+    blockwise = a * n["rt_attn_lse_bytes"] + o_copy * ab * ow
     fl = k.flash
     scores = fl * blockwise + (1.0 - fl) * materialised
 
@@ -281,7 +287,21 @@ def first_block_unsaved(k: Knobs, n: dict, tokens, inv: dict | None = None) -> t
 
 
 def backward_transient(k: Knobs, n: dict, tokens):
-    """Bytes a block's backward pass holds on top of what the block saved, at its largest.
+    """Bytes a block's backward pass holds on top of what the block saved, at its largest:
+    the largest of `backward_transient_points`' points, with the residual stream's gradient."""
+    points = backward_transient_points(k, n, tokens)
+    return points["largest"] + points["stream"]
+
+
+def backward_transient_points(k: Knobs, n: dict, tokens) -> dict:
+    """What a block's backward pass holds on top of what the block saved, at each of the
+    points where it can peak (`capopt.cost.memory` adds the gradients produced by each):
+    ``mlp`` the MLP's backward, ``attention`` the attention core's (less the MLP's saved
+    tensors, released by then in an eager backward: it can be negative), ``input_cast`` a
+    wrapped matrix's input cast (in the forward pass or the rebuild, before any of the
+    block's gradients), ``largest`` the largest transient with every saved tensor counted
+    (what `backward_transient` adds to the block's activations) and ``stream`` (the
+    residual stream's gradient, live at every point).
 
     The score gradients of the attention's backward: ``score_grad_copies`` float32 matrices
     per head (the whole s x s matrix when materialised; one block of ``attn_chunk_queries``
@@ -301,8 +321,11 @@ def backward_transient(k: Knobs, n: dict, tokens):
     # no input for it, the MLP's backward holds the product's gradient and the two it
     # becomes on top of what the block saved, no input of down's freed before them)
     frozen_down = lora_frozen_dropped(n) * (1.0 - n["lora_down"])
-    mlp = (tokens * ab * (n["rt_mlp_grad_saved"] * (1.0 + n["gated"])
-                          + frozen_down * n["rt_frozen_down_grads"] * (2.0 + n["gated"]))
+    # (down's input is freed by its node beside the (1 + gated) gradients it becomes, unless
+    # a frozen down keeps none: then the ``frozen_down_grads`` rule describes the point)
+    frozen_rule = frozen_down * n["rt_frozen_down_grads"]
+    mlp = (tokens * ab * ((1.0 - frozen_rule) * n["rt_mlp_grad_saved"] * (1.0 + n["gated"])
+                          + frozen_rule * (2.0 + n["gated"]))
            * mlp_width(n) / k.tp)
     stream = tokens * stream_bytes(n) * 2.0 * n["h"] * shard(k.sp, k.tp)
     # ``score_grad_after_release``: the score gradients of materialised attention peak in the
@@ -317,10 +340,18 @@ def backward_transient(k: Knobs, n: dict, tokens):
               * (1.0 - n["attn_dropout"] * n["rt_attn_dropout_replaces_probs"]))
     post_softmax = n["a"] * n["s"] * (copies * ab + n["attn_dropout"]
                                       * (1.0 + n["rt_attn_dropout_out_saved"] * ab))
-    released = (n["rt_score_grad_after_release"] * (1.0 - fl) * tokens
-                * (mlp_saved + post_softmax) / k.tp)
-    scores = jnp.maximum(scores - released, 0.0)
+    release = n["rt_score_grad_after_release"] * tokens / k.tp
+    released = release * (1.0 - fl) * (mlp_saved + post_softmax)
     ring = context_parallel_transient(k, n, tokens)
+    # (at the attention core's backward point itself the MLP's saved tensors are gone with
+    # a flash kernel too)
+    # (a flash kernel's backward, ``flash_bwd_outputs``: dq, dk and dv written while the
+    # output's gradient is live, o's node having freed its input copy of the same width)
+    flash_bwd = fl * n["rt_flash_bwd_outputs"] * tokens * ab * (
+        n["q_w"] + n["k_w"] + n["v_w"]) / k.tp
+    attention = (scores + ring + flash_bwd
+                 - release * (mlp_saved + (1.0 - fl) * post_softmax))
+    scores = jnp.maximum(scores - released, 0.0)
     # PEFT's input cast (``lora_input_cast``, see `block_inventory`): while a wrapped matrix
     # runs, its input's float32 cast and the input itself are live beside the compute-dtype
     # copy its adapter keeps; the widest wrapped input (down's, f wide, when down is wrapped)
@@ -331,7 +362,9 @@ def backward_transient(k: Knobs, n: dict, tokens):
     # itself beside the dropped copy the adapter keeps)
     cast_in = (jnp.maximum(cast, drop) * tokens * n["lora_in_width"] / k.tp
                * (ab + cast * n["param_bytes"] * (1.0 + drop)))
-    return tf * jnp.maximum(jnp.maximum(scores + ring, mlp), cast_in) + stream
+    largest = tf * jnp.maximum(jnp.maximum(scores + ring, mlp), cast_in)
+    return {"attention": tf * attention, "mlp": tf * mlp, "input_cast": tf * cast_in,
+            "largest": largest, "stream": stream}
 
 
 def context_parallel_transient(k: Knobs, n: dict, tokens):
@@ -354,5 +387,5 @@ def context_parallel_transient(k: Knobs, n: dict, tokens):
     return active * tokens * per_token / k.tp
 
 
-__all__ = ["autocast_mixed", "backward_transient", "block_inventory", "context_parallel_transient",
-           "mlp_width", "saved_bytes", "shard", "split_over", "stream_bytes"]
+__all__ = ["autocast_mixed", "backward_transient", "backward_transient_points", "block_inventory",
+           "context_parallel_transient", "mlp_width", "saved_bytes", "shard", "split_over", "stream_bytes"]

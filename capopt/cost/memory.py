@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 
 from ._inputs import Knobs, rank_sequences, shard_group
-from .activations import (backward_transient, block_inventory, first_block_unsaved,
-                          saved_bytes, shard, split_over, stream_bytes)
+from .activations import (backward_transient, backward_transient_points, block_inventory,
+                          first_block_unsaved, saved_bytes, shard, split_over, stream_bytes)
 
 PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
 
@@ -264,10 +264,14 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
 
     # (a vocabulary-parallel table whose gradient is the whole table, ``embed_grad_whole_tp``:
     # the rest of it, beside the device's share; a runtime that shards gradients over the
-    # data-parallel group, ZeRO-2/3, reduce-scatters it into the shard at the backward's end)
+    # data-parallel group, ZeRO-2/3, reduce-scatters it into the shard at the backward's end.
+    # A table tied to the head on this stage sums the head's row-sharded contribution into
+    # it, and DTensor's sum of a Shard(0) and a Partial gradient is Shard(0): its .grad is
+    # the device's rows, the whole table only a temporary of the embedding's backward; torch
+    # v2.13, the torch tier's tied tensor-parallel steps)
     whole_tp = (first * (1 - lora) * n["rt_embed_grad_whole_tp"] * (1.0 - vocab_rep)
                 * n["embed_grad_tp"])
-    embed_whole = whole_tp * (1.0 - 1.0 / k.tp) * (1.0 - f_grad)
+    embed_whole = whole_tp * (1.0 - n["tied"] * logits_mb) * (1.0 - 1.0 / k.tp) * (1.0 - f_grad)
     trainable = lora * layers * lora_tp + (1 - lora) * dense_params
     trainable_expert = (1 - lora) * expert_params
     trainable_layer = lora * lora_tp + (1 - lora) * per_layer
@@ -300,8 +304,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the word embeddings' share: a tied head's contribution is added to it alone)
     word_full = first * (1 - lora) * n["embed_grad_tp"] * vocab_share * ugb
     # (the same whole table under ZeRO-2/3, ``embed_grad_whole_tp``: reduced by the root
-    # group's post-backward, so live through the embedding's backward beside the rank's rows)
-    word_partial = whole_tp * step_at_least(k.tp, 2.0) * f_grad * ugb
+    # group's post-backward, so live through the embedding's backward beside the rank's rows;
+    # a tied table's whole one too, a temporary until its sum with the head's rows)
+    tied_here = n["tied"] * logits_mb
+    word_partial = whole_tp * step_at_least(k.tp, 2.0) * (f_grad + (1.0 - f_grad) * tied_here) * ugb
     # (the buffer kept to the update is the reduce-scattered slice, in the gradient dtype)
     embed_table = embed_elems * shard(f_grad, dp) * gb
     embed_grad = (embed_table * n["rt_embed_grad_early"]
@@ -479,18 +485,64 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     z2_blocks = layers * z2_block
     z2_root = z2_resharded * extra_params
 
+    # FSDP2's forward pass keeps the last group's all-gather output (its ``AllGatherState``,
+    # to overlap that group's copy-out with the next all-gather; torch v2.13
+    # _fsdp_param_group.py wait_for_unshard) until the next group's copy-out, the last of
+    # them until the root's post-forward (_fsdp_state.py _post_forward): at the forward
+    # pass's end the top block's flat output is live (``zero_holds_gather_output``)
+    fwd_flat = (n["rt_zero_holds_gather_output"] * multi_dp * (1 - lora)
+                * (k.zero[..., 2] + k.zero[..., 3]) * zero_shard(0.0, per_layer, expert_layer, k)
+                * gather_param * step_at_least(layers, 1.0))
+
     # --- the phases ---
     # gradients live in each phase: the accumulator always (under accumulation), the head's
     # once the loss is differentiated, the stored blocks' as the backward pass reaches the
     # bottom (when they must all stay live), one block's while it is differentiated
     above_bottom = jnp.maximum(layers - 1.0, 0.0) * grad_layer
     stored_share = jnp.where(layers > 0, w_none, 0.0)
-    kept_bottom = keep_all * (head_grad + above_bottom)
-    kept_rebuild = keep_all * (head_grad + layers * stored_share * grad_layer)
+    # (an FSDP root's gradient is its unsharded one, ``root_grad``, until the root's
+    # reduce-scatter after the embedding's backward: no shard of it in the backward pass)
+    head_kept = head_grad * (1.0 - root_sharded)
+    kept_bottom = keep_all * (head_kept + above_bottom)
+    kept_rebuild = keep_all * (head_kept + layers * stored_share * grad_layer)
     dp_bwd = root_grad + block_unsharded       # (FSDP groups' unsharded gradients)
     # (the block under differentiation's own gradients: its unsharded ones where FSDP keeps
     # them, the shard coming only from their reduce-scatter, after its backward)
     grad_own = grad_layer * (1.0 - n["rt_zero_unsharded_grad_copies"] * f_grad)
+    # Within a block's backward pass (top, rebuild, bottom) its own part is the largest of
+    # its points, each transient beside the gradients produced by then: node by node in an
+    # eager backward (``block_grads_in_order``: at the MLP's peak down's alone, at the
+    # attention core's the MLP's and the output projection's, `backward_grad_shares`), none
+    # at a rebuild's input cast, all of them at the backward's end, where the block's own
+    # saved (or rebuilt) activations are freed; otherwise every transient beside the whole
+    # block's gradients. `own_split` gives what the chosen point changes, activations and
+    # gradients, against the largest transient beside every gradient of the block.
+    block_grads = grad_own + block_unsharded
+    order = n["rt_block_grads_in_order"]
+    points = backward_transient_points(k, n, tokens)
+    largest_t = points["largest"]
+
+    # (at the MLP's point the residual stream's gradient is the block's incoming one alone:
+    # the branch's gradient to the MLP's input comes after its nodes; half of ``stream``)
+    def own_split(own_saved):
+        at = [(points["mlp"] - order * 0.5 * points["stream"],
+               1.0 - order * (1.0 - n["grad_share_mlp"])),
+              (points["attention"], 1.0 - order * (1.0 - n["grad_share_attn"])),
+              (points["input_cast"], 1.0 - order),
+              (order * -own_saved + (1.0 - order) * largest_t, 1.0)]
+        values = [t + g * block_grads for t, g in at]
+        best = jnp.maximum(jnp.maximum(values[0], values[1]), jnp.maximum(values[2], values[3]))
+        chosen_t, chosen_g = at[-1]
+        for (t, g), v in reversed(list(zip(at[:-1], values[:-1]))):
+            chosen_t = jnp.where(v >= best, t, chosen_t)
+            chosen_g = jnp.where(v >= best, g, chosen_g)
+        return chosen_t - largest_t, (chosen_g - 1.0) * block_grads
+
+    # (the block's own activations: stored whole, or its checkpoint and what is rebuilt)
+    own_remat = (w_sel * (a_sel + rebuilt_sel) + w_full * (a_full + rebuilt_full)) / w_rec
+    own_top = own_split(top_stored * a_none + (1.0 - top_stored) * own_remat)
+    own_rebuild = own_split(own_remat)
+    own_bottom = own_split((1.0 - remat_share) * a_none + remat_share * own_remat)
     # A group's flat reduce-scatter input, in the reduce dtype (float32 under FSDP's mixed
     # precision), held until the next group's reduction starts (``zero_holds_reduce_input``,
     # FSDP2's ReduceScatterState): the block above's through a block's backward, the bottom
@@ -549,15 +601,17 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         # (the head's gradient where it is produced, at the loss's backward or at the top
         # block's: kept, or, stepped in the backward pass, the tensor being stepped)
         "loss": accum + jnp.maximum(embed_grad + at_loss * jnp.maximum(keep_all, oib)
-                                    * head_grad, in_grad),
+                                    * head_kept, in_grad),
         "top": accum + jnp.maximum(embed_grad + jnp.maximum(keep_all, (1.0 - at_loss) * oib)
-                                   * head_grad, in_grad) + grad_own + dp_bwd + held_top,
+                                   * head_kept, in_grad) + grad_own + dp_bwd + held_top
+               + own_top[1],
         # (pending: only what the blocks above have produced, the stored ones)
         "rebuild": accum + grad_own + held_rebuild + jnp.maximum(embed_grad + jnp.maximum(
             kept_rebuild, jnp.minimum(pending, multi_dp * (head_grad + layers * stored_share
-                                                           * grad_layer))), in_grad) + dp_bwd,
+                                                           * grad_layer))), in_grad) + dp_bwd
+                   + own_rebuild[1],
         "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
-                                      in_grad) + grad_own + dp_bwd + held_above,
+                                      in_grad) + grad_own + dp_bwd + held_above + own_bottom[1],
         "update": accum + jnp.maximum(keep_all * (grads_step + embed_grad), pending) + flat
         + oib * one_tensor * gb,
         "forward": accum + in_grad,
@@ -568,9 +622,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     at_head = stored + edge_bytes + head_acts
     acts = {
         "loss": at_head,
-        "top": stored + edge_bytes + top_own,
-        "rebuild": stored_remat + edge_bytes + rebuild_own,
-        "bottom": (edge_bytes + bottom_own + (in_flight - 1.0) * layers * per_block
+        "top": stored + edge_bytes + top_own + own_top[0],
+        "rebuild": stored_remat + edge_bytes + rebuild_own + remat_share * own_rebuild[0],
+        "bottom": (edge_bytes + bottom_own + own_bottom[0] + (in_flight - 1.0) * layers * per_block
                    - unsaved * edge_in_flight),
         # after the blocks' backward pass, the larger of: the embedding's backward (a runtime
         # that writes its dense gradient last: the table's gradient, a tied head's waiting
@@ -619,7 +673,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "rebuild": gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
         "bottom": gather_bottom + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
         "update": buckets + 0.0 * comm_bytes,
-        "forward": comm_bytes - fsdp * gathered + z2_shards + acc_bucket,
+        "forward": comm_bytes - fsdp * gathered + z2_shards + acc_bucket + fwd_flat,
         # (the collective's flat output is the whole group, world size x shard, a buffer of
         # its own; the parameters copied out of it are counted as the gathered root is in
         # every phase)
