@@ -286,13 +286,6 @@ def first_block_unsaved(k: Knobs, n: dict, tokens, inv: dict | None = None) -> t
     return none, (1.0 - c - o) * korthikanti, 0.0 * none
 
 
-def backward_transient(k: Knobs, n: dict, tokens):
-    """Bytes a block's backward pass holds on top of what the block saved, at its largest:
-    the largest of `backward_transient_points`' points, with the residual stream's gradient."""
-    points = backward_transient_points(k, n, tokens)
-    return points["largest"] + points["stream"]
-
-
 def backward_transient_points(k: Knobs, n: dict, tokens) -> dict:
     """What a block's backward pass holds on top of what the block saved, at each of the
     points where it can peak (`capopt.cost.memory` adds the gradients produced by each):
@@ -300,8 +293,8 @@ def backward_transient_points(k: Knobs, n: dict, tokens) -> dict:
     tensors, released by then in an eager backward: it can be negative), ``input_cast`` a
     wrapped matrix's input cast (in the forward pass or the rebuild, before any of the
     block's gradients), ``largest`` the largest transient with every saved tensor counted
-    (what `backward_transient` adds to the block's activations) and ``stream`` (the
-    residual stream's gradient, live at every point).
+    (what a backward that ignores the gradients' order adds to the block's activations) and
+    ``stream`` (the residual stream's gradient, live at every point).
 
     The score gradients of the attention's backward: ``score_grad_copies`` float32 matrices
     per head (the whole s x s matrix when materialised; one block of ``attn_chunk_queries``
@@ -387,5 +380,6 @@ def context_parallel_transient(k: Knobs, n: dict, tokens):
     return active * tokens * per_token / k.tp
 
 
-__all__ = ["autocast_mixed", "backward_transient", "backward_transient_points", "block_inventory",
-           "context_parallel_transient", "mlp_width", "saved_bytes", "shard", "split_over", "stream_bytes"]
+__all__ = ["autocast_mixed", "backward_transient_points", "block_inventory",
+           "context_parallel_transient", "mlp_width", "saved_bytes", "shard", "split_over",
+           "stream_bytes"]

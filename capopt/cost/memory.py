@@ -43,8 +43,8 @@ import jax
 import jax.numpy as jnp
 
 from ._inputs import Knobs, rank_sequences, shard_group
-from .activations import (backward_transient, backward_transient_points, block_inventory,
-                          first_block_unsaved, saved_bytes, shard, split_over, stream_bytes)
+from .activations import (backward_transient_points, block_inventory, first_block_unsaved,
+                          saved_bytes, shard, split_over, stream_bytes)
 
 PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
 
@@ -271,7 +271,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # v2.13, the torch tier's tied tensor-parallel steps)
     whole_tp = (first * (1 - lora) * n["rt_embed_grad_whole_tp"] * (1.0 - vocab_rep)
                 * n["embed_grad_tp"])
-    embed_whole = whole_tp * (1.0 - n["tied"] * logits_mb) * (1.0 - 1.0 / k.tp) * (1.0 - f_grad)
+    embed_whole = (whole_tp * (1.0 - n["tied"] * logits_mb) * (1.0 - 1.0 / k.tp)
+                   * (1.0 - f_grad))
     trainable = lora * layers * lora_tp + (1 - lora) * dense_params
     trainable_expert = (1 - lora) * expert_params
     trainable_layer = lora * lora_tp + (1 - lora) * per_layer
@@ -307,7 +308,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # group's post-backward, so live through the embedding's backward beside the rank's rows;
     # a tied table's whole one too, a temporary until its sum with the head's rows)
     tied_here = n["tied"] * logits_mb
-    word_partial = whole_tp * step_at_least(k.tp, 2.0) * (f_grad + (1.0 - f_grad) * tied_here) * ugb
+    word_partial = (whole_tp * step_at_least(k.tp, 2.0) * (f_grad + (1.0 - f_grad) * tied_here)
+                    * ugb)
     # (the buffer kept to the update is the reduce-scattered slice, in the gradient dtype)
     embed_table = embed_elems * shard(f_grad, dp) * gb
     embed_grad = (embed_table * n["rt_embed_grad_early"]
@@ -343,7 +345,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     a_none, a_sel, a_full = saved_bytes(k, n, tokens, inv)
     w_none, w_sel, w_full = k.remat[0], k.remat[1], k.remat[2]
     per_block = w_none * a_none + w_sel * a_sel + w_full * a_full
-    transient = backward_transient(k, n, tokens)
+    # (a block's backward transients at each point where its backward can peak; the largest
+    # beside what it saved is the rule without the gradients' order)
+    points = backward_transient_points(k, n, tokens)
+    transient = points["largest"] + points["stream"]
     rebuilt_sel = jnp.maximum(a_none - a_sel, 0.0) * n["rt_rebuild_fraction"]
     rebuilt_full = jnp.maximum(a_none - a_full, 0.0) * n["rt_rebuild_fraction"]
     rep_div = shard(k.sp, k.tp)
@@ -519,7 +524,6 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # gradients, against the largest transient beside every gradient of the block.
     block_grads = grad_own + block_unsharded
     order = n["rt_block_grads_in_order"]
-    points = backward_transient_points(k, n, tokens)
     largest_t = points["largest"]
 
     # (at the MLP's point the residual stream's gradient is the block's incoming one alone:
@@ -538,11 +542,13 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
             chosen_g = jnp.where(v >= best, g, chosen_g)
         return chosen_t - largest_t, (chosen_g - 1.0) * block_grads
 
-    # (the block's own activations: stored whole, or its checkpoint and what is rebuilt)
+    # (the block's own activations: stored whole, or its checkpoint and what is rebuilt; the
+    # three phases' on a leading axis, split once)
     own_remat = (w_sel * (a_sel + rebuilt_sel) + w_full * (a_full + rebuilt_full)) / w_rec
-    own_top = own_split(top_stored * a_none + (1.0 - top_stored) * own_remat)
-    own_rebuild = own_split(own_remat)
-    own_bottom = own_split((1.0 - remat_share) * a_none + remat_share * own_remat)
+    own_acts, own_grads = own_split(jnp.stack(jnp.broadcast_arrays(
+        top_stored * a_none + (1.0 - top_stored) * own_remat, own_remat,
+        (1.0 - remat_share) * a_none + remat_share * own_remat)))
+    own_top, own_rebuild, own_bottom = ((own_acts[i], own_grads[i]) for i in range(3))
     # A group's flat reduce-scatter input, in the reduce dtype (float32 under FSDP's mixed
     # precision), held until the next group's reduction starts (``zero_holds_reduce_input``,
     # FSDP2's ReduceScatterState): the block above's through a block's backward, the bottom
@@ -624,8 +630,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "loss": at_head,
         "top": stored + edge_bytes + top_own + own_top[0],
         "rebuild": stored_remat + edge_bytes + rebuild_own + remat_share * own_rebuild[0],
-        "bottom": (edge_bytes + bottom_own + own_bottom[0] + (in_flight - 1.0) * layers * per_block
-                   - unsaved * edge_in_flight),
+        "bottom": (edge_bytes + bottom_own + own_bottom[0]
+                   + (in_flight - 1.0) * layers * per_block - unsaved * edge_in_flight),
         # after the blocks' backward pass, the larger of: the embedding's backward (a runtime
         # that writes its dense gradient last: the table's gradient, a tied head's waiting
         # contribution and their sum, or the addition into an accumulated .grad, which an
