@@ -118,6 +118,7 @@ def test_memory_random_results_come_from_the_current_model():
 
 
 @pytest.mark.parametrize("name, draw", [
+    ("torch_random_seed12", dict(n=120, seed=12)),
     ("torch_random_seed2", dict(n=120, seed=2)),
     ("torch_random_seed3", dict(n=120, seed=3)),
     ("torch_lora_seed1", dict(n=60, seed=1, lora=True)),
