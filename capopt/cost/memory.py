@@ -271,8 +271,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # v2.13, the torch tier's tied tensor-parallel steps)
     whole_tp = (first * (1 - lora) * n["rt_embed_grad_whole_tp"] * (1.0 - vocab_rep)
                 * n["embed_grad_tp"])
-    embed_whole = (whole_tp * (1.0 - n["tied"] * logits_mb) * (1.0 - 1.0 / k.tp)
-                   * (1.0 - f_grad))
+    tied_here = n["tied"] * logits_mb
+    embed_whole = whole_tp * (1.0 - tied_here) * (1.0 - 1.0 / k.tp) * (1.0 - f_grad)
     trainable = lora * layers * lora_tp + (1 - lora) * dense_params
     trainable_expert = (1 - lora) * expert_params
     trainable_layer = lora * lora_tp + (1 - lora) * per_layer
@@ -307,7 +307,6 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the same whole table under ZeRO-2/3, ``embed_grad_whole_tp``: reduced by the root
     # group's post-backward, so live through the embedding's backward beside the rank's rows;
     # a tied table's whole one too, a temporary until its sum with the head's rows)
-    tied_here = n["tied"] * logits_mb
     word_partial = (whole_tp * step_at_least(k.tp, 2.0) * (f_grad + (1.0 - f_grad) * tied_here)
                     * ugb)
     # (the buffer kept to the update is the reduce-scattered slice, in the gradient dtype)
@@ -485,7 +484,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                  * zero_shard(1.0, dense_params, expert_params, k) * n["param_bytes"])
     z2_synced = k.zero[..., 2] * (1.0 - pp_nosync(k, n))    # (ZeRO-2, reduced every micro-batch)
     z2_resharded = n["rt_zero2_keeps_shards"] * z2_synced * (1 - lora) * gather_param
-    z2_block = z2_resharded * zero_shard(0.0, per_layer, expert_layer, k)
+    # (one block's parameters whole, as a gather of it holds them)
+    layer_whole = zero_shard(0.0, per_layer, expert_layer, k)
+    z2_block = z2_resharded * layer_whole
     z2_above = jnp.maximum(layers - 1.0, 0.0) * z2_block
     z2_blocks = layers * z2_block
     z2_root = z2_resharded * extra_params
@@ -496,8 +497,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # them until the root's post-forward (_fsdp_state.py _post_forward): at the forward
     # pass's end the top block's flat output is live (``zero_holds_gather_output``)
     fwd_flat = (n["rt_zero_holds_gather_output"] * multi_dp * (1 - lora)
-                * (k.zero[..., 2] + k.zero[..., 3]) * zero_shard(0.0, per_layer, expert_layer, k)
-                * gather_param * step_at_least(layers, 1.0))
+                * (k.zero[..., 2] + k.zero[..., 3]) * layer_whole * gather_param
+                * step_at_least(layers, 1.0))
 
     # --- the phases ---
     # gradients live in each phase: the accumulator always (under accumulation), the head's
@@ -548,7 +549,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     own_acts, own_grads = own_split(jnp.stack(jnp.broadcast_arrays(
         top_stored * a_none + (1.0 - top_stored) * own_remat, own_remat,
         (1.0 - remat_share) * a_none + remat_share * own_remat)))
-    own_top, own_rebuild, own_bottom = ((own_acts[i], own_grads[i]) for i in range(3))
+    acts_top, acts_rebuild, acts_bottom = own_acts
+    grads_top, grads_rebuild, grads_bottom = own_grads
     # A group's flat reduce-scatter input, in the reduce dtype (float32 under FSDP's mixed
     # precision), held until the next group's reduction starts (``zero_holds_reduce_input``,
     # FSDP2's ReduceScatterState): the block above's through a block's backward, the bottom
@@ -610,14 +612,14 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                                     * head_kept, in_grad),
         "top": accum + jnp.maximum(embed_grad + jnp.maximum(keep_all, (1.0 - at_loss) * oib)
                                    * head_kept, in_grad) + grad_own + dp_bwd + held_top
-               + own_top[1],
+               + grads_top,
         # (pending: only what the blocks above have produced, the stored ones)
         "rebuild": accum + grad_own + held_rebuild + jnp.maximum(embed_grad + jnp.maximum(
             kept_rebuild, jnp.minimum(pending, multi_dp * (head_grad + layers * stored_share
                                                            * grad_layer))), in_grad) + dp_bwd
-                   + own_rebuild[1],
+                   + grads_rebuild,
         "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
-                                      in_grad) + grad_own + dp_bwd + held_above + own_bottom[1],
+                                      in_grad) + grad_own + dp_bwd + held_above + grads_bottom,
         "update": accum + jnp.maximum(keep_all * (grads_step + embed_grad), pending) + flat
         + oib * one_tensor * gb,
         "forward": accum + in_grad,
@@ -628,9 +630,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     at_head = stored + edge_bytes + head_acts
     acts = {
         "loss": at_head,
-        "top": stored + edge_bytes + top_own + own_top[0],
-        "rebuild": stored_remat + edge_bytes + rebuild_own + remat_share * own_rebuild[0],
-        "bottom": (edge_bytes + bottom_own + own_bottom[0]
+        "top": stored + edge_bytes + top_own + acts_top,
+        "rebuild": stored_remat + edge_bytes + rebuild_own + remat_share * acts_rebuild,
+        "bottom": (edge_bytes + bottom_own + acts_bottom
                    + (in_flight - 1.0) * layers * per_block - unsaved * edge_in_flight),
         # after the blocks' backward pass, the larger of: the embedding's backward (a runtime
         # that writes its dense gradient last: the table's gradient, a tied head's waiting
