@@ -12,7 +12,15 @@ with the profile's ``gemm_eff_max`` and ``gemm_half_scale`` (the roofline's harm
 by dtype and by the measured kernel time (short kernels are dominated by per-launch latency,
 which capopt prices apart as ``kernel_gap_s``, so they are reported, not judged).
 
-Usage: ``python benchmarks/gemm_table.py [--profile xla-gpu]`` prints the table and writes
+A second table checks a part that its power limit holds below the datasheet's rates:
+FBGEMM's GEMM benchmark on Meta's 500 W H100 (``benchmarks/published/fbgemm_h100_500w.json``,
+pytorch/FBGEMM#2546; capopt's ``h100-sxm-96gb``). Its bf16 rows, priced at the datasheet peak by
+the ``torchtitan`` profile's GEMM model (the pytorch profile's ``gemm_eff_max`` and
+``gemm_half_scale``), give the part's ``sustained_tensor_share`` (the
+mean of measured / modelled throughput); its fp8 rows are held out: priced with the share the
+catalog holds, they check it on another dtype and kernel (rowwise-scaled CUTLASS, not cuBLAS).
+
+Usage: ``python benchmarks/gemm_table.py [--profile xla-gpu]`` prints the tables and writes
 ``benchmarks/results/gemm_table.json``.
 """
 
@@ -36,6 +44,12 @@ from capopt._runtime import get_profile  # noqa: E402
 from capopt._specs import Budget, Scenario, Workload  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "published" / "xla_matmul_table.json"
+POWER_LIMITED = ROOT / "benchmarks" / "published" / "fbgemm_h100_500w.json"
+# the precision whose matmul dtype each of that table's dtypes is, and the profile that runs
+# its kernels (cuBLAS and CUTLASS GEMMs called from PyTorch)
+POWER_DTYPES = {"bf16": "bf16-mixed", "fp8": "fp8-mixed"}
+POWER_PROFILE = "torchtitan"
+POWER_FIT = "bf16"
 RESULTS = ROOT / "benchmarks" / "results" / "gemm_table.json"
 # the table's generation keys and the card each is priced on
 CARDS = {"sm_90": "h100-sxm-80gb", "sm_100": "b200-sxm-180gb"}
@@ -47,9 +61,9 @@ BUCKETS = ((0.0, 10e-6, "under 10 us"), (10e-6, 100e-6, "10-100 us"),
            (100e-6, float("inf"), "over 100 us"))
 
 
-def _numbers(card: str, precision: str, profile: str) -> dict:
+def _numbers(card: str, precision: str, profile: str, hw=None) -> dict:
     from capopt.cost import scenario_numbers
-    hw = get_hardware(card)
+    hw = hw or get_hardware(card)
     model = ModelSpec(name="probe", family="decoder", num_hidden_layers=1, hidden_size=256,
                       num_attention_heads=4, intermediate_size=1024, vocab_size=1024,
                       max_position_embeddings=256)
@@ -65,6 +79,46 @@ def predicted_flops(entry: dict, n: dict) -> float:
     m, k, nn = (float(entry[x]) for x in ("m", "k", "n"))
     eff = float(matmul_efficiency(gemm_dim(m, k, nn), n))
     return eff * float(n["matmul_peak"])
+
+
+def power_limited() -> dict:
+    """The power-limited part's GEMMs: the share they sustain of the modelled rate (fitted on
+    the bf16 rows), and the fp8 rows held out."""
+    from dataclasses import replace
+    doc = json.loads(POWER_LIMITED.read_text())
+    hw = get_hardware(doc["card"])
+    datasheet = replace(hw, sustained_tensor_share=1.0)
+    rows = []
+    for r in doc["rows"]:
+        precision = POWER_DTYPES[r["dtype"]]
+        m, n_, k = (float(x) for x in r["shape"])
+        entry = {"m": m, "n": n_, "k": k}
+        at_sheet = predicted_flops(entry, _numbers(hw.name, precision, POWER_PROFILE, datasheet))
+        pred = predicted_flops(entry, _numbers(hw.name, precision, POWER_PROFILE))
+        measured = r["tflops"] * 1e12
+        rows.append({"dtype": r["dtype"], "kernel": r["kernel"], "shape": r["shape"],
+                     "split": "fit" if r["dtype"] == POWER_FIT else "heldout",
+                     "measured_flops": measured, "datasheet_model_flops": at_sheet,
+                     "sustained_share": measured / at_sheet, "predicted_flops": pred,
+                     "error": (pred - measured) / measured})
+    fit = [r["sustained_share"] for r in rows if r["split"] == "fit"]
+    derived = float(np.mean(fit))
+    print(f"\n{hw.name} under its power limit: {doc['source']}")
+    print(f"{'dtype':<5} {'shape':<20} {'measured':>9} {'model at datasheet':>19} "
+          f"{'ratio':>6} {'predicted':>9} {'error':>7}  split")
+    for r in rows:
+        print(f"{r['dtype']:<5} {'x'.join(map(str, r['shape'])):<20} "
+              f"{r['measured_flops'] / 1e12:8.0f}T {r['datasheet_model_flops'] / 1e12:18.0f}T "
+              f"{r['sustained_share']:6.3f} {r['predicted_flops'] / 1e12:8.0f}T "
+              f"{r['error']:+7.1%}  {r['split']}")
+    held = [r["error"] for r in rows if r["split"] == "heldout"]
+    print(f"sustained share from the {POWER_FIT} rows: {derived:.3f} (the catalog's "
+          f"{hw.sustained_tensor_share:.3f}); held-out {len(held)} rows: median |error| "
+          f"{float(np.median(np.abs(held))):.1%}, worst {max(held, key=abs):+.1%}")
+    return {"source": doc["source"], "card": hw.name, "profile": POWER_PROFILE,
+            "derived_share": derived, "catalog_share": hw.sustained_tensor_share,
+            "heldout_median_abs": float(np.median(np.abs(held))),
+            "heldout_worst": float(max(held, key=abs)), "rows": rows}
 
 
 def main(argv=None) -> int:
@@ -130,8 +184,9 @@ def main(argv=None) -> int:
             print(f"  {r['gen']} {r['dtype']:<16} b{r['b']} {r['m']}x{r['n']}x{r['k']:<6} "
                   f"measured {r['measured_peak_share']:.2f}  predicted "
                   f"{r['ratio'] * r['measured_peak_share']:.2f}")
+    limited = power_limited()
     out = {"source": doc["source"], "profile": args.profile, "summary": summary,
-           "rows": rows, "total_s": time.perf_counter() - t0}
+           "rows": rows, "power_limited": limited, "total_s": time.perf_counter() - t0}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=1) + "\n")
     print(f"\nwrote {RESULTS} in {out['total_s']:.0f} s")

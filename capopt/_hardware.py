@@ -78,6 +78,9 @@ class Hardware:
     kind: str = "gpu"                             # gpu | tpu
     compute_capability: str | None = None         # "9.0" (CUDA) or "gfx942" (ROCm)
     notes: str = ""
+    # the share of the rates capopt's kernel model gives the datasheet's tensor peaks that this
+    # part's compute-bound kernels sustain under its power limit (1: the datasheet part's)
+    sustained_tensor_share: float = 1.0
 
     def __post_init__(self):
         where = self.name or "hardware"
@@ -106,6 +109,10 @@ class Hardware:
         for attr in ("power_w", "clock_mhz", "price_per_hour"):
             if getattr(self, attr) is not None:
                 _check_positive(getattr(self, attr), f"{where}.{attr}", allow_zero=True)
+        share = self.sustained_tensor_share
+        if not _is_num(share) or not 0.0 < share <= 1.0:
+            raise CapoptError(f"must be a number in (0, 1], got {share!r}",
+                              field=f"{where}.sustained_tensor_share")
         for attr in ("sm_count", "l2_bytes"):
             v = getattr(self, attr)
             if v is not None and (not _is_int(v) or v <= 0):
@@ -188,6 +195,8 @@ ENTRY_KEYS: dict[str, str] = {
     "sm_count": "SMs or compute units",
     "l2_mib": "L2 cache, MiB",
     "boost_clock_mhz": "boost clock, MHz",
+    "sustained_tensor_share": "share of the modelled tensor-core rate sustained under the "
+                              "part's power limit, (0, 1] (default 1)",
     "compute_capability": "e.g. \"9.0\" or \"gfx942\"",
     "price_usd_per_hour": "USD per device-hour",
     "price_source": "where the price comes from",
@@ -331,6 +340,7 @@ def parse_entry(name: str, table: object, file: str) -> Hardware:
     clock = _num(table, "boost_clock_mhz", name, file)
     per_node = _num(table, "per_node", name, file, integer=True)
     sm = _num(table, "sm_count", name, file, integer=True)
+    share = _num(table, "sustained_tensor_share", name, file)
     try:
         return Hardware(
             name=name,
@@ -352,6 +362,7 @@ def parse_entry(name: str, table: object, file: str) -> Hardware:
             kind=kind,
             compute_capability=cc,
             notes=_str(table, "notes", name, file) or "",
+            sustained_tensor_share=1.0 if share is None else float(share),
         )
     except CapoptError as e:
         raise e.in_file(file) from None

@@ -198,6 +198,9 @@ def test_a_file_loads_and_converts_units(tmp_path):
     (GOOD.replace('"https://example.com/datasheet.pdf"', '"the internet"'), "my-gpu-24gb.source"),
     (GOOD.replace('price_source = "our invoice"\n', ""), "my-gpu-24gb.price_source"),
     (GOOD.replace('"8.9"', '"sm89"'), "my-gpu-24gb.compute_capability"),
+    (GOOD + "sustained_tensor_share = 1.2\n", "my-gpu-24gb.sustained_tensor_share"),
+    (GOOD + "sustained_tensor_share = 0\n", "my-gpu-24gb.sustained_tensor_share"),
+    (GOOD + 'sustained_tensor_share = "most"\n', "my-gpu-24gb.sustained_tensor_share"),
     (GOOD.replace("[my-gpu-24gb]", "[\"My GPU\"]"), "My GPU"),
     (GOOD + "\n[other-gpu-8gb]\nmemory_gb = 8\n", None),                     # two entries
     ("memory_gb = 8\n", None),                                               # no table
@@ -210,6 +213,15 @@ def test_a_malformed_file_names_the_file_and_field(tmp_path, text, field):
     assert err.file == str(p) and str(p) in str(err)
     if field is not None:
         assert err.field == field and field in str(err)
+
+
+def test_a_sustained_tensor_share_loads_and_defaults_to_the_datasheet(tmp_path):
+    assert get_hardware(str(write(tmp_path, GOOD))).sustained_tensor_share == 1.0
+    p = write(tmp_path, GOOD + "sustained_tensor_share = 0.5\n", "limited.toml")
+    assert get_hardware(str(p)).sustained_tensor_share == 0.5
+    # the parts with a published kernel benchmark under their power limit, and none other
+    limited = {h.name for h in load_catalog().values() if h.sustained_tensor_share != 1.0}
+    assert limited == {"h100-sxm-96gb"}
 
 
 def test_a_missing_file_is_named(tmp_path):

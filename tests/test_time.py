@@ -1300,3 +1300,29 @@ def test_flash_attention_on_hopper_is_slower_on_shorter_sequences():
     # least-squares fit's largest residual (0.0048, at 4096 tokens)
     assert effs[512] == pytest.approx(0.237, abs=0.005)
     assert effs[16384] == pytest.approx(0.338, abs=0.005)
+
+
+def test_a_power_limited_part_runs_its_gemms_at_its_share_and_nothing_else_changes():
+    """``sustained_tensor_share`` scales the weight GEMMs' rate (their assumed share of the
+    peak falls by exactly that factor); the attention kernel, the memory-bound work, the
+    memory and the datasheet peak MFU is counted against stay as they were."""
+    from dataclasses import replace
+    sheet = get_hardware("h100-sxm-80gb")
+    limited = replace(sheet, sustained_tensor_share=0.5)
+    cfg = Config(micro_batch=2, grad_accum=4, dp=8, remat="selective", flash_attention=True)
+    a = estimate(cfg, make_scenario(llama_like(), hardware=sheet, runtime="torchtitan"))
+    b = estimate(cfg, make_scenario(llama_like(), hardware=limited, runtime="torchtitan"))
+    ta, tb = a.throughput, b.throughput
+    assert float(tb["gemm_peak_share"]) == pytest.approx(0.5 * float(ta["gemm_peak_share"]),
+                                                         rel=F32)
+    assert float(tb["attention_peak_share"]) == pytest.approx(
+        float(ta["attention_peak_share"]), rel=F32)
+    # (the memory-bound seconds less the launches: a launch is exposed where its kernel is
+    # shorter than it, which longer GEMMs change)
+    bound = lambda e: float(e.time["memory_bound_s"] - e.time["launch_s"])  # noqa: E731
+    assert bound(b) == pytest.approx(bound(a), rel=F32)
+    assert float(b.time["compute_s"]) > float(a.time["compute_s"])
+    assert a.memory["total_bytes"] == b.memory["total_bytes"]
+    # MFU against the same peak: it falls as the step lengthens
+    assert float(tb["mfu"] / ta["mfu"]) == pytest.approx(
+        float(a.time["step_s"] / b.time["step_s"]), rel=F32)

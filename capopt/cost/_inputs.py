@@ -495,6 +495,10 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
         n[key] = float(prec[key])
     n["matmul_peak"] = float(hw.effective_peak(str(prec["matmul_dtype"])))
     n["attn_peak"] = float(hw.effective_peak(str(prec["attention_dtype"])))
+    # a part whose power limit holds its clocks below the datasheet's (`Hardware.
+    # sustained_tensor_share`): its GEMMs and attention kernels run at this share of the rates
+    # the kernel model gives the datasheet peaks; MFU is still counted against the datasheet
+    n["tensor_share"] = float(hw.sustained_tensor_share)
 
     # --- optimizer state bytes per trainable parameter ---
     # Adafactor and 8-bit Adam keep per-tensor layouts (factored or full moments; 8-bit blocks
@@ -520,6 +524,8 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     # an optimizer stepped in the backward pass (``training.optimizer_in_backward``): one a
     # trainable tensor, so a block's update launches one kernel a trainable tensor
     n["opt_in_bwd"] = float(w.optimizer_in_backward)
+    # asynchronous tensor parallelism (``training.async_tp``): `capopt.cost.time.stage_time`
+    n["async_tp"] = float(w.async_tp)
     trained = inventory(m, w.lora) if w.lora is not None else inventory(m)
     n["tensors_per_layer"] = sum(
         t.count for t in trained if t.where == "block"

@@ -138,11 +138,13 @@ def matmul_efficiency(m, n: dict):
     (M, K, N) does 2 M K N FLOPs and, tiled ideally, moves each operand once:
     ``e (M K + K N + M N)`` bytes, so its intensity is ``2 m / e`` FLOP/byte with
     ``1 / m = 1 / M + 1 / K + 1 / N`` (`gemm_dim`), and ``m_half`` is the ridge point
-    ``peak * element_bytes / (2 * mem_bw)`` scaled by the profile.
+    ``peak * element_bytes / (2 * mem_bw)`` scaled by the profile. A part that sustains less
+    than its datasheet's tensor rate under its power limit runs at ``tensor_share`` of it
+    (`capopt.Hardware.sustained_tensor_share`).
     """
     m_half = n["rt_gemm_half_scale"] * n["matmul_peak"] * n["act_bytes"] / (2.0 * n["mem_bw"])
     m = jnp.maximum(m, 1.0)
-    return n["rt_gemm_eff_max"] * m / (m + m_half)
+    return n["tensor_share"] * n["rt_gemm_eff_max"] * m / (m + m_half)
 
 
 def gemm_dim(*dims):
@@ -181,7 +183,10 @@ def compute_times(k: Knobs, n: dict) -> dict:
     behind); ``first`` (input matmuls on the first stage) and ``last`` (head matmuls on the last
     stage), and their forward passes ``first_fwd`` and ``last_fwd``; ``attn_s`` and
     ``attn_bwd_s`` (the attention core's forward and backward, which context parallelism's
-    exchange hides behind).
+    exchange hides behind); ``tp_windows``, the forward seconds of the four GEMMs beside a
+    block's tensor-parallel collectives (the attention's input projections after its
+    all-gather, its output projection before its reduce-scatter, the MLP's input and output
+    matrices likewise), which asynchronous tensor parallelism pipelines them with.
     """
     b = block_flops(n)
     tp, s, h, f, hd = k.tp, n["s"], n["h"], n["f"], n["hd"]
@@ -264,7 +269,9 @@ def compute_times(k: Knobs, n: dict) -> dict:
             "first_fwd": seqs * embed_s, "last_fwd": last / head_mult,
             "gemm_flops": tokens * jnp.sum(weight_rows), "gemm_s": weights_s,
             "attn_flops": attn_flops, "attn_s": attn_fwd_s,
-            "attn_bwd_s": attn_bwd_s}
+            "attn_bwd_s": attn_bwd_s,
+            "tp_windows": tokens * jnp.stack([qkv_s, out_s, mlp_in_s + un_in_s,
+                                              mlp_out_s + un_out_s])}
 
 
 __all__ = ["block_flops", "compute_times", "gemm_dim", "hardware_flops", "matmul_efficiency",
