@@ -175,7 +175,7 @@ def torchtitan_runs(doc: dict) -> list[Run]:
         if r.get("precision") == "float8" and recipe:
             run.notes.append(f"float8 {recipe.strip()} scaling: priced as tensorwise fp8-mixed")
         if r.get("async_tp"):
-            run.notes.append("async TP: modelled as the profile's tensor-parallel overlap")
+            run.notes.append("async TP (training.async_tp)")
         # a pipeline splits the local batch into micro-batches: pipeline_parallel_microbatches,
         # by default as many as pipeline ranks (pipeline_llama.py / pipelining_utils.py at
         # 9dec370); an interleaved schedule runs two stages per rank (generate_split_points)
@@ -211,7 +211,7 @@ def torchtitan_runs(doc: dict) -> list[Run]:
         wl = Workload(seq_len=seq, global_batch=r["local_batch"] * dp,
                       precision=TITAN_PRECISION[r["precision"]], optimizer="adamw",
                       grad_clip=True, loss="fused" if fused else "float32",
-                      compile=bool(r.get("compile")))
+                      compile=bool(r.get("compile")), async_tp=bool(r.get("async_tp")))
         card = load_card(r["model"])
         run.scenario = _scenario(label, card, gpu, r["gpus"], wl, runtime="torchtitan")
         run.config = cfg

@@ -188,6 +188,11 @@ SCHEMA: dict[str, Coeff] = {
                                    "parameter, stepped from the parameter's post-accumulate-"
                                    "grad hook (FSDP2: after its group's reduce-scatter), its "
                                    "gradient then freed; 0: refused"),
+    "async_tp": _c(0, "1: training.async_tp as torchtitan runs it (enable_async_tensor_"
+                      "parallel: TorchInductor's micro-pipeline TP fuses each tensor-parallel "
+                      "all-gather with the matmul after it and each reduce-scatter with the "
+                      "matmul before it, forward and backward, hidden up to those matmuls' "
+                      "time); 0: refused"),
     "hybrid_shard": _c(0, "1: hybrid sharding (dp_replicate > 1) as FSDP2 runs it over a 2-D "
                           "(replicate, shard) mesh (torchtitan's data_parallel_replicate_degree) "
                           "or Megatron-Core's --num-distributed-optimizer-instances: the state "

@@ -25,7 +25,8 @@ SCHEMA: dict[str, set[str]] = {
     "model": {"card"},
     "hardware": {"gpu", "count", "per_node", "price_per_gpu_hour"},
     "training": {"seq_len", "global_batch", "precision", "optimizer", "grad_clip", "runtime",
-                 "lora", "loss", "compile", "optimizer_in_backward", "input_samples_per_s",
+                 "lora", "loss", "compile", "optimizer_in_backward", "async_tp",
+                 "input_samples_per_s",
                  "train_tokens"},
     "budget": {"vram_gib", "headroom"},
     "config": set(KNOBS) | set(STAGE_KNOBS),
@@ -349,6 +350,7 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
         compile=_get(tr_t, "compile", bool, "training", file, False),
         optimizer_in_backward=_get(tr_t, "optimizer_in_backward", bool, "training", file,
                                    False),
+        async_tp=_get(tr_t, "async_tp", bool, "training", file, False),
         input_samples_per_s=_get(tr_t, "input_samples_per_s", float, "training", file, None),
         train_tokens=_get(tr_t, "train_tokens", float, "training", file, None),
     )

@@ -110,6 +110,10 @@ class Workload:
     # gradient freed at once (torchtitan's early_step_in_backward, torchtune's
     # optimizer_in_bwd): no step after the backward pass, so no clipping and no accumulation
     optimizer_in_backward: bool = False
+    # asynchronous tensor parallelism (torchtitan's enable_async_tensor_parallel): each
+    # tensor-parallel all-gather / reduce-scatter pipelined with the GEMM that consumes or
+    # produces it, forward and backward (TorchInductor's micro-pipeline TP pass)
+    async_tp: bool = False
     input_samples_per_s: float | None = None    # data-loader rate (None: not a limit)
     train_tokens: float | None = None           # for time-to-train
 
@@ -129,7 +133,7 @@ class Workload:
         if self.loss not in LOSSES:
             raise CapoptError(f"unknown loss {self.loss!r}", field="training.loss",
                               allowed=", ".join(LOSSES))
-        for name in ("compile", "optimizer_in_backward"):
+        for name in ("compile", "optimizer_in_backward", "async_tp"):
             if not isinstance(getattr(self, name), bool):
                 raise CapoptError(f"must be true or false, got {getattr(self, name)!r}",
                                   field=f"training.{name}")
@@ -400,6 +404,17 @@ class Scenario:
                               field="training.optimizer_in_backward",
                               allowed="false, or a runtime that runs it ("
                                       + runtimes_running("optimizer_in_backward") + ")")
+        if self.workload.async_tp and self.runtime.coeff("async_tp") < 0.5:
+            raise CapoptError(f"the {self.runtime.name} runtime has no asynchronous tensor "
+                              "parallelism", file=self.path, field="training.async_tp",
+                              allowed="false, or a runtime that runs it ("
+                                      + runtimes_running("async_tp") + ")")
+        if self.workload.async_tp and not self.workload.compile:
+            # torchtitan's parallelize_llama: "Async TP requires --training.compile" (the
+            # overlap is an Inductor pass over the compiled graph)
+            raise CapoptError("asynchronous tensor parallelism is a torch.compile pass",
+                              file=self.path, field="training.async_tp",
+                              allowed="false, or true with training.compile = true")
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")

@@ -24,6 +24,7 @@ QUESTION_FLAGS = {
     "--optimizer": "training.optimizer", "--runtime": "training.runtime",
     "--lora": "training.lora", "--loss": "training.loss", "--compile": "training.compile",
     "--optimizer-in-backward": "training.optimizer_in_backward",
+    "--async-tp": "training.async_tp",
     "--no-clip": "training.grad_clip",
     "--vram-gib": "budget.vram_gib",
 }
@@ -38,7 +39,7 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
                      if field.split(".")[1] in (key, key.replace("-", "_"))), None)
         if flag:
             # (the flags that switch a field on or off take no value)
-            switch = flag in ("--compile", "--optimizer-in-backward", "--no-clip")
+            switch = flag in ("--compile", "--optimizer-in-backward", "--async-tp", "--no-clip")
             raise CapoptError(f"{key!r} is a scenario field, not a knob", field="--set",
                               allowed=flag if switch else f"{flag} VALUE")
     return out
@@ -389,6 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
                        default=None, help="each parameter stepped as its gradient is "
                        "accumulated, the gradient freed at once (torchtitan's "
                        "early_step_in_backward; needs no clipping, no accumulation)")
+        q.add_argument("--async-tp", action="store_const", const=True, default=None,
+                       help="asynchronous tensor parallelism: each tensor-parallel collective "
+                       "pipelined with the matmul beside it (torchtitan's "
+                       "enable_async_tensor_parallel; needs --compile)")
         q.add_argument("--lora", type=_lora, metavar="RANK[:BITS[:TARGETS[:DROPOUT]]]",
                        help="LoRA adapters of RANK; BITS 4 (QLoRA), 8 or 16 (default) for "
                             "the frozen base; TARGETS the wrapped matrices, comma-separated: "

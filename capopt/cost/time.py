@@ -360,6 +360,20 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     fwd_share = n["rt_overlap_tp_fwd"] * (1.0 - needs_sp * (1.0 - k.sp))
     fwd_exp, fwd_hid = comm.overlap(tp_fwd, c["layer_fwd"], fwd_share)
     bwd_exp, bwd_hid = comm.overlap(tp_bwd, c["layer_dw"], n["rt_overlap_tp_bwd"])
+    # asynchronous tensor parallelism (``async_tp``, torchtitan's): TorchInductor's
+    # micro-pipeline pass (torch/_inductor/fx_passes/micro_pipeline_tp.py) fuses each
+    # all-gather with the matmul that reads its output (fused_all_gather_matmul) and each
+    # reduce-scatter with the matmul that writes its input (fused_matmul_reduce_scatter), so a
+    # collective (half an all-reduce's time) hides behind that one matmul and no other: forward,
+    # recomputed and backward alike (the backward's input-gradient matmul has the forward's
+    # FLOPs and shape)
+    a_tp = n["async_tp"]
+    attn = 1.0 - n["mlp"]
+    beside = jnp.stack([attn, attn, 1.0, 1.0])     # a plain MLP block has no attention's pair
+    async_exp = jnp.sum(beside * jnp.maximum(0.5 * one_ar - c["tp_windows"], 0.0))
+    fwd_exp = a_tp * (1.0 + w_full) * async_exp + (1.0 - a_tp) * fwd_exp
+    bwd_exp = a_tp * async_exp + (1.0 - a_tp) * bwd_exp
+    fwd_hid, bwd_hid = tp_fwd - fwd_exp, tp_bwd - bwd_exp
     tp_exposed = layers * (fwd_exp + bwd_exp) + tp_extra_ar * one_ar
     tp_hidden = layers * (fwd_hid + bwd_hid)
 

@@ -94,6 +94,10 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
         raise _Unexpressible("training.optimizer_in_backward", True, "capopt writes the "
                              "optimizer step in the backward pass into torchtitan's file "
                              "([optimizer] early_step_in_backward) only")
+    if scenario.workload.async_tp and config.tp > 1 and fmt != "torchtitan":
+        raise _Unexpressible("training.async_tp", True, "capopt writes asynchronous tensor "
+                             "parallelism into torchtitan's file ([parallelism] "
+                             "enable_async_tensor_parallel) only")
     if config.cp > 1 and fmt not in _CONTEXT_PARALLEL:
         raise _Unexpressible("config.cp", config.cp, "context parallelism as capopt prices "
                              "it (ring attention, the state sharded over dp x cp) is "
@@ -472,6 +476,10 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
                    "data_parallel_shard_degree": shard // c.cp,
                    "tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
                    "context_parallel_degree": c.cp, "expert_parallel_degree": c.ep}
+    if w.async_tp and c.tp > 1:
+        # torchtitan 0.2.2 config/job_config.py Parallelism.enable_async_tensor_parallel (it
+        # needs "model" among [compile] components, which training.async_tp's compile writes)
+        parallelism["enable_async_tensor_parallel"] = True
     if c.zero_stage == 2:
         # FSDP2 keeping parameters gathered from forward to backward: ZeRO-2's live set
         parallelism["fsdp_reshard_after_forward"] = "never"

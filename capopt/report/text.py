@@ -107,6 +107,8 @@ def training_label(sc) -> str:
         parts.append("torch.compile")
     if sc.workload.optimizer_in_backward:
         parts.append("optimizer in the backward pass")
+    if sc.workload.async_tp:
+        parts.append("async TP")
     return f" ({', '.join(parts)})" if parts else ""
 
 
