@@ -360,6 +360,10 @@ SCHEMA: dict[str, Coeff] = {
     "ew_glu_extra": _c(0, "element-wise traffic a gated MLP's activation adds per element of "
                           "its width beyond one fused kernel reading both inputs and writing "
                           "the product (0 under training.compile)"),
+    "fp8_cast_bytes": _c(0, "HBM bytes an 8-bit recipe moves per element of each linear "
+                            "layer's input (forward) and output gradient (backward) to cast it "
+                            "for the 8-bit GEMM (and its transposed copy for the weight "
+                            "gradient); 0: no cast kernels priced"),
     # --- time: communication ---
     "nvlink_eff": _c(0.78, "NCCL bus bandwidth / NVLink bandwidth"),
     "net_eff": _c(0.9, "NCCL bus bandwidth / NIC line rate"),

@@ -1326,3 +1326,33 @@ def test_a_power_limited_part_runs_its_gemms_at_its_share_and_nothing_else_chang
     # MFU against the same peak: it falls as the step lengthens
     assert float(tb["mfu"] / ta["mfu"]) == pytest.approx(
         float(a.time["step_s"] / b.time["step_s"]), rel=F32)
+
+
+def test_an_8bit_recipe_prices_its_casts_and_reads_one_byte_operands():
+    """``fp8_cast_bytes`` per element of each linear layer's input (forward) and output
+    gradient (backward): a llama block at tp 1 casts h (q/k/v), q (output projection), h (the
+    MLP's input pair) and f (its output matrix) forward, and q + 2 kv, h, 2 f and h backward.
+    The memory-bound seconds grow by exactly those bytes at the profile's HBM rate; on a part
+    without 8-bit units (A100: the recipe's GEMMs run in 16 bits) nothing is cast. An 8-bit
+    GEMM's roofline counts 1-byte operands: its ridge point is half the 16-bit one's."""
+    m = llama_like(layers=4, hidden=1024, heads=8, kv=2, vocab=32000, intermediate_size=2816)
+    cfg = Config(micro_batch=2, grad_accum=1, dp=1)
+
+    def bound(hw, cast):
+        sc = make_scenario(m, hardware=get_hardware(hw), runtime="torchtitan",
+                           precision="fp8-mixed", count=1, seq_len=512, global_batch=2)
+        sc = sc.replace(runtime=sc.runtime.with_coeffs(fp8_cast_bytes=cast))
+        e = estimate(cfg, sc)
+        return float(e.time["memory_bound_s"] - e.time["launch_s"]), scenario_numbers(sc)
+
+    base, n = bound("h100-sxm-80gb", 0.0)
+    cast, _ = bound("h100-sxm-80gb", 6.0)
+    h, q, kv, f = 1024, 1024, 256, 2816
+    elems = (2 * h + q + f) + (q + 2 * kv + h + 2 * f + h)
+    tokens, layers = 2 * 512, 4
+    rate = n["mem_bw"] * n["rt_mem_eff"]
+    assert cast - base == pytest.approx(layers * tokens * elems * 6.0 / rate, rel=1e-4)
+    a100_base, a100 = bound("a100-sxm-80gb", 0.0)[0], bound("a100-sxm-80gb", 6.0)[0]
+    assert a100 == a100_base
+    assert n["matmul_bytes"] == 1.0 and n["fp8_linear"] == 1.0
+    assert scenario_numbers(make_scenario(m, runtime="torchtitan"))["matmul_bytes"] == 2.0

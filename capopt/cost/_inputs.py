@@ -499,6 +499,13 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     # sustained_tensor_share`): its GEMMs and attention kernels run at this share of the rates
     # the kernel model gives the datasheet peaks; MFU is still counted against the datasheet
     n["tensor_share"] = float(hw.sustained_tensor_share)
+    # an 8-bit GEMM where the device has 8-bit units (elsewhere the recipe's matmuls run in
+    # 16 bits): its operands are 1 byte for the roofline (`capopt.cost.flops.
+    # matmul_efficiency`; both are cast before the GEMM) and its linear layers' casts are
+    # priced as memory-bound work (`capopt.cost.time.memory_bound_times`, ``fp8_cast_bytes``)
+    mm_dtype = str(prec["matmul_dtype"])
+    n["fp8_linear"] = float(mm_dtype in ("fp8", "int8") and mm_dtype in hw.peaks)
+    n["matmul_bytes"] = n["fp8_linear"] * 1.0 + (1.0 - n["fp8_linear"]) * n["act_bytes"]
 
     # --- optimizer state bytes per trainable parameter ---
     # Adafactor and 8-bit Adam keep per-tensor layouts (factored or full moments; 8-bit blocks

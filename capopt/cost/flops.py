@@ -136,13 +136,15 @@ def matmul_efficiency(m, n: dict):
     ``eff_max * m / (m + m_half)``, i.e. seconds = FLOPs / (eff_max peak) + bytes moved /
     (eff_max HBM bandwidth): the roofline's harmonic form (Williams et al. 2009). A GEMM
     (M, K, N) does 2 M K N FLOPs and, tiled ideally, moves each operand once:
-    ``e (M K + K N + M N)`` bytes, so its intensity is ``2 m / e`` FLOP/byte with
+    ``e (M K + K N + M N)`` bytes (``e``: its operands' bytes, ``matmul_bytes``: 1 for an
+    8-bit GEMM), so its intensity is ``2 m / e`` FLOP/byte with
     ``1 / m = 1 / M + 1 / K + 1 / N`` (`gemm_dim`), and ``m_half`` is the ridge point
     ``peak * element_bytes / (2 * mem_bw)`` scaled by the profile. A part that sustains less
     than its datasheet's tensor rate under its power limit runs at ``tensor_share`` of it
     (`capopt.Hardware.sustained_tensor_share`).
     """
-    m_half = n["rt_gemm_half_scale"] * n["matmul_peak"] * n["act_bytes"] / (2.0 * n["mem_bw"])
+    m_half = (n["rt_gemm_half_scale"] * n["matmul_peak"] * n["matmul_bytes"]
+              / (2.0 * n["mem_bw"]))
     m = jnp.maximum(m, 1.0)
     return n["tensor_share"] * n["rt_gemm_eff_max"] * m / (m + m_half)
 

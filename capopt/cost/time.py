@@ -114,6 +114,15 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
                                           + n["qk_norm"] * (q + kv) / tp)
         + n["rotary"] * n["rt_ew_rope_extra"] * (q + kv) / tp
         + n["gated"] * n["rt_ew_glu_extra"] * mlp_width(n) / tp)
+    # An 8-bit recipe casts each linear layer's input before its forward GEMM and each output
+    # gradient before the backward's (``fp8_cast_bytes`` per element, read and written; the
+    # transposed copy the weight gradient's GEMM reads included): inputs of the q/k/v
+    # projections and the MLP's input matrices (h, cast once for the matrices that share it),
+    # of the output projection and the MLP's output matrix; gradients of every output
+    cast = n["fp8_linear"] * n["rt_fp8_cast_bytes"] / ab
+    c_in = tf * (2.0 * h + n["o_w"] / tp + mlp_width(n) / tp) + n["mlp"] * h
+    c_out = (tf * ((q + 2.0 * kv) / tp + 2.0 * h + (1.0 + n["gated"]) * mlp_width(n) / tp)
+             + n["mlp"] * h)
     fwd = e_h + e_f + e_rope + e_s + e_eager
     # Selective recomputation repeats what its policy does not save, as the memory model has
     # it (`selective_saves_dots`): 0, the attention core's softmax and dropout (Korthikanti);
@@ -121,6 +130,7 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     # (torchtitan's per-op policy, ``selective_saves_ops``, recomputes them all too)
     c = n["rt_selective_saves_dots"] + n["rt_selective_saves_ops"]
     elems = fwd * (1.0 + w_full + n["rt_ew_bwd_factor"]) + w_sel * (c * fwd + (1.0 - c) * e_s)
+    elems = elems + cast * (c_in * (1.0 + w_full) + c_out)
     rate = n["mem_bw"] * n["rt_mem_eff"]
     layer = tokens * ab * elems / rate
 
