@@ -1,0 +1,122 @@
+"""The attention model against the kernel benchmark it came from: FlashAttention-2 on an H100.
+
+capopt prices a fused attention kernel's forward and backward together over the whole s x s
+score matrix at ``flash_eff`` of the attention dtype's peak; on Hopper the ``pytorch-eager``
+profile (and those built on it) sets that share from FlashAttention-2's published bars,
+``flash_eff_sm90 x s / (s + flash_half_seq_sm90)``, read off the non-causal head-dim-128 bars
+of Shah et al. 2024 (``benchmarks/published/flash_attention_h100.json``). This script prices
+every bar with the model, nothing fitted here:
+
+    measured share = (1 + 2.5) / (1 / forward + 2.5 / backward) / peak     (fwd + bwd FLOPs)
+
+for the rows with both passes (the fitting rows, head dim 128, and the held-out head dim 64),
+and, for the causal forward bars (held out), the rate over the whole matrix the causal kernel
+reaches (twice the printed rate: the paper counts half the FLOPs) against the model's, which
+prices causal and non-causal alike.
+
+Usage: ``python benchmarks/attention_table.py [--profile pytorch-eager]`` prints the table and
+writes ``benchmarks/results/attention_table.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from capopt._errors import CapoptError  # noqa: E402
+from capopt._hardware import get_hardware  # noqa: E402
+from capopt._model import ModelSpec  # noqa: E402
+from capopt._runtime import get_profile  # noqa: E402
+from capopt._specs import Budget, Scenario, Workload  # noqa: E402
+
+DATA = ROOT / "benchmarks" / "published" / "flash_attention_h100.json"
+RESULTS = ROOT / "benchmarks" / "results" / "attention_table.json"
+BWD_FLOPS = 2.5          # the backward pass's FLOPs per forward FLOP (the paper's count)
+
+
+def model_share(card: str, profile: str, seq: int, head_dim: int) -> float:
+    """The share of the bf16 peak capopt's attention model gives a fused kernel at ``seq``
+    tokens (one decoder block whose heads are ``head_dim`` wide)."""
+    from capopt.cost import scenario_numbers
+    hw = get_hardware(card)
+    heads = max(1, 2048 // head_dim)
+    model = ModelSpec(name="probe", family="decoder", num_hidden_layers=1, hidden_size=2048,
+                      num_attention_heads=heads, intermediate_size=8192, vocab_size=1024,
+                      max_position_embeddings=seq, head_dim=head_dim)
+    sc = Scenario(name="attention-table", model=model, hardware=hw, count=1, per_node=1,
+                  workload=Workload(seq_len=seq, global_batch=1, precision="bf16-mixed"),
+                  budget=Budget(vram_bytes=hw.memory_bytes), runtime=get_profile(profile))
+    return float(scenario_numbers(sc)["rt_flash_eff"])
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="pytorch-eager")
+    args = ap.parse_args(argv)
+    try:
+        get_profile(args.profile)
+    except CapoptError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    doc = json.loads(DATA.read_text())
+    hw = get_hardware(doc["card"])
+    peak = hw.peak("bf16")
+    seqs = doc["seq"]
+    by = {(r["head_dim"], r["causal"], r["pass"]): r["tflops"] for r in doc["rows"]}
+    rows = []
+    for hd, split in ((128, "fit"), (64, "heldout")):
+        fwd, bwd = by[(hd, False, "forward")], by[(hd, False, "backward")]
+        for s, f, b in zip(seqs, fwd, bwd):
+            measured = (1.0 + BWD_FLOPS) / (1.0 / f + BWD_FLOPS / b) * 1e12 / peak
+            pred = model_share(hw.name, args.profile, s, hd)
+            rows.append({"head_dim": hd, "causal": False, "passes": "forward + backward",
+                         "seq": s, "split": split, "measured_share": measured,
+                         "predicted_share": pred, "error": (pred - measured) / measured})
+    for s, f in zip(seqs, by[(128, True, "forward")]):
+        measured = 2.0 * f * 1e12 / peak       # over the whole matrix
+        pred = model_share(hw.name, args.profile, s, 128)
+        rows.append({"head_dim": 128, "causal": True, "passes": "forward", "seq": s,
+                     "split": "heldout", "measured_share": measured, "predicted_share": pred,
+                     "error": (pred - measured) / measured})
+
+    print(f"capopt's attention model ({args.profile} profile, {hw.name}) against "
+          f"{doc['source']}\n")
+    print(f"{'kernel rows':<34} {'seq':>6} {'measured':>9} {'predicted':>9} {'error':>7}  split")
+    summary = {}
+    for key in (("fit", False, 128), ("heldout", False, 64), ("heldout", True, 128)):
+        sel = [r for r in rows if (r["split"], r["causal"], r["head_dim"]) == key]
+        label = (f"hd {key[2]} {'causal' if key[1] else 'non-causal'} "
+                 f"{sel[0]['passes']}")
+        for r in sel:
+            print(f"{label:<34} {r['seq']:>6} {r['measured_share']:9.3f} "
+                  f"{r['predicted_share']:9.3f} {_pct(r['error']):>7}  {r['split']}")
+        errs = np.abs([r["error"] for r in sel])
+        summary[label] = {"split": key[0], "n": len(sel), "median_abs": float(np.median(errs)),
+                          "worst": float(max((r["error"] for r in sel), key=abs))}
+    print()
+    for label, s in summary.items():
+        print(f"{label:<34} ({s['split']}): median |error| {100 * s['median_abs']:.1f}%, "
+              f"worst {_pct(s['worst'])}")
+    out = {"source": doc["source"], "profile": args.profile, "card": hw.name,
+           "summary": summary, "rows": rows, "total_s": time.perf_counter() - t0}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\nwrote {RESULTS} in {out['total_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
