@@ -360,6 +360,10 @@ SCHEMA: dict[str, Coeff] = {
     "ew_glu_extra": _c(0, "element-wise traffic a gated MLP's activation adds per element of "
                           "its width beyond one fused kernel reading both inputs and writing "
                           "the product (0 under training.compile)"),
+    "tp_fp8_allgather": _c(0, "1: with an 8-bit recipe under sequence parallelism the "
+                              "forward all-gathers of the blocks' matrix inputs move the "
+                              "8-bit tensors (the reduce-scatters and the backward's "
+                              "collectives stay in the compute dtype)"),
     "fp8_cast_bytes": _c(0, "HBM bytes an 8-bit recipe moves per element of each linear "
                             "layer's input (forward) and output gradient (backward) to cast it "
                             "for the 8-bit GEMM (and its transposed copy for the weight "

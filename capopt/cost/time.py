@@ -362,7 +362,12 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
 
     # --- tensor parallelism: all-reduces of the block's output, per block ---
     ar_per_block = 2.0 * (1.0 - n["mlp"]) + n["mlp"]          # attention + MLP (plain MLP: 1)
-    tp_fwd = ar_per_block * (1.0 + w_full) * one_ar
+    # (an 8-bit recipe whose tensor parallelism all-gathers the 8-bit inputs of the block's
+    # input matrices, ``tp_fp8_allgather``: under sequence parallelism each forward pair of an
+    # all-gather and a reduce-scatter moves 1-byte then compute-dtype elements)
+    ag8 = _coeff(n, "tp_fp8_allgather") * n["fp8_linear"] * k.sp
+    ag_share = 1.0 - ag8 * (1.0 - 1.0 / n["act_bytes"])
+    tp_fwd = ar_per_block * (1.0 + w_full) * one_ar * 0.5 * (1.0 + ag_share)
     tp_bwd = ar_per_block * one_ar
     # (a runtime whose forward overlap needs sequence parallelism, ``overlap_tp_fwd_needs_sp``:
     # Megatron's --tp-comm-overlap pipelines all-gathers and reduce-scatters, not all-reduces)
@@ -380,9 +385,11 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     a_tp = n["async_tp"]
     attn = 1.0 - n["mlp"]
     beside = jnp.stack([attn, attn, 1.0, 1.0])     # a plain MLP block has no attention's pair
-    async_exp = jnp.sum(beside * jnp.maximum(0.5 * one_ar - c["tp_windows"], 0.0))
-    fwd_exp = a_tp * (1.0 + w_full) * async_exp + (1.0 - a_tp) * fwd_exp
-    bwd_exp = a_tp * async_exp + (1.0 - a_tp) * bwd_exp
+    fwd_colls = 0.5 * one_ar * jnp.stack([ag_share, 1.0, ag_share, 1.0])   # AG, RS, AG, RS
+    async_fwd = jnp.sum(beside * jnp.maximum(fwd_colls - c["tp_windows"], 0.0))
+    async_bwd = jnp.sum(beside * jnp.maximum(0.5 * one_ar - c["tp_windows"], 0.0))
+    fwd_exp = a_tp * (1.0 + w_full) * async_fwd + (1.0 - a_tp) * fwd_exp
+    bwd_exp = a_tp * async_bwd + (1.0 - a_tp) * bwd_exp
     fwd_hid, bwd_hid = tp_fwd - fwd_exp, tp_bwd - bwd_exp
     tp_exposed = layers * (fwd_exp + bwd_exp) + tp_extra_ar * one_ar
     tp_hidden = layers * (fwd_hid + bwd_hid)
