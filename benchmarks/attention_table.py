@@ -20,7 +20,6 @@ writes ``benchmarks/results/attention_table.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -31,11 +30,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from capopt._errors import CapoptError  # noqa: E402
+from _kernel_probe import probe_numbers, profile_args  # noqa: E402
+
 from capopt._hardware import get_hardware  # noqa: E402
-from capopt._model import ModelSpec  # noqa: E402
-from capopt._runtime import get_profile  # noqa: E402
-from capopt._specs import Budget, Scenario, Workload  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "published" / "flash_attention_h100.json"
 RESULTS = ROOT / "benchmarks" / "results" / "attention_table.json"
@@ -45,16 +42,8 @@ BWD_FLOPS = 2.5          # the backward pass's FLOPs per forward FLOP (the paper
 def model_share(card: str, profile: str, seq: int, head_dim: int) -> float:
     """The share of the bf16 peak capopt's attention model gives a fused kernel at ``seq``
     tokens (one decoder block whose heads are ``head_dim`` wide)."""
-    from capopt.cost import scenario_numbers
-    hw = get_hardware(card)
-    heads = max(1, 2048 // head_dim)
-    model = ModelSpec(name="probe", family="decoder", num_hidden_layers=1, hidden_size=2048,
-                      num_attention_heads=heads, intermediate_size=8192, vocab_size=1024,
-                      max_position_embeddings=seq, head_dim=head_dim)
-    sc = Scenario(name="attention-table", model=model, hardware=hw, count=1, per_node=1,
-                  workload=Workload(seq_len=seq, global_batch=1, precision="bf16-mixed"),
-                  budget=Budget(vram_bytes=hw.memory_bytes), runtime=get_profile(profile))
-    return float(scenario_numbers(sc)["rt_flash_eff"])
+    return float(probe_numbers(get_hardware(card), "bf16-mixed", profile, seq=seq,
+                               head_dim=head_dim)["rt_flash_eff"])
 
 
 def _pct(x: float) -> str:
@@ -62,13 +51,8 @@ def _pct(x: float) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="pytorch-eager")
-    args = ap.parse_args(argv)
-    try:
-        get_profile(args.profile)
-    except CapoptError as e:
-        print(f"error: {e}", file=sys.stderr)
+    args = profile_args(__doc__, "pytorch-eager", argv)
+    if args is None:
         return 2
     t0 = time.perf_counter()
     doc = json.loads(DATA.read_text())

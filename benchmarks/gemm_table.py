@@ -26,7 +26,6 @@ Usage: ``python benchmarks/gemm_table.py [--profile xla-gpu]`` prints the tables
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -37,11 +36,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _kernel_probe import probe_numbers, profile_args  # noqa: E402
+
 from capopt._errors import CapoptError  # noqa: E402
 from capopt._hardware import get_hardware  # noqa: E402
-from capopt._model import ModelSpec  # noqa: E402
-from capopt._runtime import get_profile  # noqa: E402
-from capopt._specs import Budget, Scenario, Workload  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "published" / "xla_matmul_table.json"
 POWER_LIMITED = ROOT / "benchmarks" / "published" / "fbgemm_h100_500w.json"
@@ -62,15 +60,7 @@ BUCKETS = ((0.0, 10e-6, "under 10 us"), (10e-6, 100e-6, "10-100 us"),
 
 
 def _numbers(card: str, precision: str, profile: str, hw=None) -> dict:
-    from capopt.cost import scenario_numbers
-    hw = hw or get_hardware(card)
-    model = ModelSpec(name="probe", family="decoder", num_hidden_layers=1, hidden_size=256,
-                      num_attention_heads=4, intermediate_size=1024, vocab_size=1024,
-                      max_position_embeddings=256)
-    sc = Scenario(name="gemm-table", model=model, hardware=hw, count=1, per_node=1,
-                  workload=Workload(seq_len=256, global_batch=1, precision=precision),
-                  budget=Budget(vram_bytes=hw.memory_bytes), runtime=get_profile(profile))
-    return scenario_numbers(sc)
+    return probe_numbers(hw or get_hardware(card), precision, profile)
 
 
 def predicted_flops(entry: dict, n: dict) -> float:
@@ -122,13 +112,8 @@ def power_limited() -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="xla-gpu")
-    args = ap.parse_args(argv)
-    try:
-        get_profile(args.profile)
-    except CapoptError as e:
-        print(f"error: {e}", file=sys.stderr)
+    args = profile_args(__doc__, "xla-gpu", argv)
+    if args is None:
         return 2
     t0 = time.perf_counter()
     doc = json.loads(DATA.read_text())
