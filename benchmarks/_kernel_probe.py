@@ -49,3 +49,12 @@ def profile_args(doc: str, default: str, argv=None):
         print(f"error: {e}", file=sys.stderr)
         return None
     return args
+
+
+def write_results(path: Path, out: dict) -> int:
+    """Write a script's JSON to ``path`` and say so; the script's exit status (0)."""
+    import json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\nwrote {path} in {out['total_s']:.0f} s")
+    return 0

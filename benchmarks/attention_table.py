@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _kernel_probe import probe_numbers, profile_args  # noqa: E402
+from _kernel_probe import probe_numbers, profile_args, write_results  # noqa: E402
 
 from capopt._hardware import get_hardware  # noqa: E402
 
@@ -96,10 +96,7 @@ def main(argv=None) -> int:
               f"worst {_pct(s['worst'])}")
     out = {"source": doc["source"], "profile": args.profile, "card": hw.name,
            "summary": summary, "rows": rows, "total_s": time.perf_counter() - t0}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"\nwrote {RESULTS} in {out['total_s']:.0f} s")
-    return 0
+    return write_results(RESULTS, out)
 
 
 if __name__ == "__main__":

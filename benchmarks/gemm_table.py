@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _kernel_probe import probe_numbers, profile_args  # noqa: E402
+from _kernel_probe import probe_numbers, profile_args, write_results  # noqa: E402
 
 from capopt._errors import CapoptError  # noqa: E402
 from capopt._hardware import get_hardware  # noqa: E402
@@ -172,10 +172,7 @@ def main(argv=None) -> int:
     limited = power_limited()
     out = {"source": doc["source"], "profile": args.profile, "summary": summary,
            "rows": rows, "power_limited": limited, "total_s": time.perf_counter() - t0}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"\nwrote {RESULTS} in {out['total_s']:.0f} s")
-    return 0
+    return write_results(RESULTS, out)
 
 
 if __name__ == "__main__":
