@@ -78,8 +78,8 @@ class Hardware:
     kind: str = "gpu"                             # gpu | tpu
     compute_capability: str | None = None         # "9.0" (CUDA) or "gfx942" (ROCm)
     notes: str = ""
-    # the share of the rates capopt's kernel model gives the datasheet's tensor peaks that this
-    # part's compute-bound kernels sustain under its power limit (1: the datasheet part's)
+    # the share of the rates capopt's GEMM model gives the datasheet's tensor peaks that this
+    # part's GEMMs sustain under its power limit (1: the datasheet part's)
     sustained_tensor_share: float = 1.0
 
     def __post_init__(self):

@@ -496,8 +496,9 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     n["matmul_peak"] = float(hw.effective_peak(str(prec["matmul_dtype"])))
     n["attn_peak"] = float(hw.effective_peak(str(prec["attention_dtype"])))
     # a part whose power limit holds its clocks below the datasheet's (`Hardware.
-    # sustained_tensor_share`): its GEMMs and attention kernels run at this share of the rates
-    # the kernel model gives the datasheet peaks; MFU is still counted against the datasheet
+    # sustained_tensor_share`): its GEMMs run at this share of the rates the GEMM model gives
+    # the datasheet peaks (the attention kernel, further from the peak, keeps its rate); MFU
+    # is still counted against the datasheet
     n["tensor_share"] = float(hw.sustained_tensor_share)
     # an 8-bit GEMM where the device has 8-bit units (elsewhere the recipe's matmuls run in
     # 16 bits): its operands are 1 byte for the roofline (`capopt.cost.flops.
