@@ -25,12 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _kernel_probe import probe_numbers, profile_args, write_results  # noqa: E402
+from _random_cases import summary as error_summary  # noqa: E402
 
 from capopt._hardware import get_hardware  # noqa: E402
 
@@ -87,13 +86,11 @@ def main(argv=None) -> int:
         for r in sel:
             print(f"{label:<34} {r['seq']:>6} {r['measured_share']:9.3f} "
                   f"{r['predicted_share']:9.3f} {_pct(r['error']):>7}  {r['split']}")
-        errs = np.abs([r["error"] for r in sel])
-        summary[label] = {"split": key[0], "n": len(sel), "median_abs": float(np.median(errs)),
-                          "worst": float(max((r["error"] for r in sel), key=abs))}
+        summary[label] = {"split": key[0], **error_summary([r["error"] for r in sel])}
     print()
     for label, s in summary.items():
         print(f"{label:<34} ({s['split']}): median |error| {100 * s['median_abs']:.1f}%, "
-              f"worst {_pct(s['worst'])}")
+              f"worst {_pct(s['worst_signed'])}")
     out = {"source": doc["source"], "profile": args.profile, "card": hw.name,
            "summary": summary, "rows": rows, "total_s": time.perf_counter() - t0}
     return write_results(RESULTS, out)

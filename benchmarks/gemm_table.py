@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from _kernel_probe import probe_numbers, profile_args, write_results  # noqa: E402
+from _random_cases import summary as error_summary  # noqa: E402
 
 from capopt._errors import CapoptError  # noqa: E402
 from capopt._hardware import get_hardware  # noqa: E402
@@ -59,10 +60,6 @@ BUCKETS = ((0.0, 10e-6, "under 10 us"), (10e-6, 100e-6, "10-100 us"),
            (100e-6, float("inf"), "over 100 us"))
 
 
-def _numbers(card: str, precision: str, profile: str, hw=None) -> dict:
-    return probe_numbers(hw or get_hardware(card), precision, profile)
-
-
 def predicted_flops(entry: dict, n: dict) -> float:
     """FLOP/s of one table entry under capopt's GEMM model."""
     from capopt.cost.flops import gemm_dim, matmul_efficiency
@@ -81,10 +78,9 @@ def power_limited() -> dict:
     rows = []
     for r in doc["rows"]:
         precision = POWER_DTYPES[r["dtype"]]
-        m, n_, k = (float(x) for x in r["shape"])
-        entry = {"m": m, "n": n_, "k": k}
-        at_sheet = predicted_flops(entry, _numbers(hw.name, precision, POWER_PROFILE, datasheet))
-        pred = predicted_flops(entry, _numbers(hw.name, precision, POWER_PROFILE))
+        entry = dict(zip(("m", "n", "k"), r["shape"]))
+        at_sheet = predicted_flops(entry, probe_numbers(datasheet, precision, POWER_PROFILE))
+        pred = predicted_flops(entry, probe_numbers(hw, precision, POWER_PROFILE))
         measured = r["tflops"] * 1e12
         rows.append({"dtype": r["dtype"], "kernel": r["kernel"], "shape": r["shape"],
                      "split": "fit" if r["dtype"] == POWER_FIT else "heldout",
@@ -101,14 +97,13 @@ def power_limited() -> dict:
               f"{r['measured_flops'] / 1e12:8.0f}T {r['datasheet_model_flops'] / 1e12:18.0f}T "
               f"{r['sustained_share']:6.3f} {r['predicted_flops'] / 1e12:8.0f}T "
               f"{r['error']:+7.1%}  {r['split']}")
-    held = [r["error"] for r in rows if r["split"] == "heldout"]
+    held = error_summary([r["error"] for r in rows if r["split"] == "heldout"])
     print(f"sustained share from the {POWER_FIT} rows: {derived:.3f} (the catalog's "
-          f"{hw.sustained_tensor_share:.3f}); held-out {len(held)} rows: median |error| "
-          f"{float(np.median(np.abs(held))):.1%}, worst {max(held, key=abs):+.1%}")
+          f"{hw.sustained_tensor_share:.3f}); held-out {held['n']} rows: median |error| "
+          f"{held['median_abs']:.1%}, worst {held['worst_signed']:+.1%}")
     return {"source": doc["source"], "card": hw.name, "profile": POWER_PROFILE,
             "derived_share": derived, "catalog_share": hw.sustained_tensor_share,
-            "heldout_median_abs": float(np.median(np.abs(held))),
-            "heldout_worst": float(max(held, key=abs)), "rows": rows}
+            "heldout": held, "rows": rows}
 
 
 def main(argv=None) -> int:
@@ -123,13 +118,13 @@ def main(argv=None) -> int:
         if card is None:
             continue
         try:
-            get_hardware(card)
+            hw = get_hardware(card)
         except Exception:                       # noqa: BLE001 - a card capopt does not ship
             print(f"{gen}: no card {card} in capopt's catalog; skipped")
             continue
         for dtype, precision in DTYPES.items():
             try:
-                n = _numbers(card, precision, args.profile)
+                n = probe_numbers(hw, precision, args.profile)
             except CapoptError as e:            # a profile without this precision
                 print(f"{gen} {dtype}: {e}")
                 continue

@@ -373,8 +373,8 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     # Megatron's --tp-comm-overlap pipelines all-gathers and reduce-scatters, not all-reduces)
     needs_sp = _coeff(n, "overlap_tp_fwd_needs_sp")
     fwd_share = n["rt_overlap_tp_fwd"] * (1.0 - needs_sp * (1.0 - k.sp))
-    fwd_exp, fwd_hid = comm.overlap(tp_fwd, c["layer_fwd"], fwd_share)
-    bwd_exp, bwd_hid = comm.overlap(tp_bwd, c["layer_dw"], n["rt_overlap_tp_bwd"])
+    fwd_exp, _ = comm.overlap(tp_fwd, c["layer_fwd"], fwd_share)
+    bwd_exp, _ = comm.overlap(tp_bwd, c["layer_dw"], n["rt_overlap_tp_bwd"])
     # asynchronous tensor parallelism (``async_tp``, torchtitan's): TorchInductor's
     # micro-pipeline pass (torch/_inductor/fx_passes/micro_pipeline_tp.py) fuses each
     # all-gather with the matmul that reads its output (fused_all_gather_matmul) and each
