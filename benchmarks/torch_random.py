@@ -18,7 +18,9 @@ every case is tensor-parallel alone (tp 2 or 4 on a fake group of that many rank
 the cards with a vocabulary padded to a multiple of 128, so that the embedding and head are
 split over it), its own results files too; ``--tp --tp-dp 2``: the
 same on a 2 x tp mesh, FSDP2 over the data-parallel dimension (torchtitan's 2-D);
-``--tp --tp-sp``: tensor parallelism with sequence parallelism.
+``--tp --tp-sp``: tensor parallelism with sequence parallelism. ``--loss fused-linear``: the
+same draw with Liger's fused linear cross-entropy (or ``fused``: one kernel on the
+compute-dtype logits), results ``torch_random_fused-linear``.
 
 Measurements go to a JSONL file as they finish and a rerun resumes (a measurement does not
 depend on the cost model); the tables and ``--out`` (JSON) are recomputed from the current
@@ -116,6 +118,9 @@ def main(argv=None) -> int:
                     help="the same draw with each parameter stepped in the backward pass "
                          "(training.optimizer_in_backward): no clipping, one micro-batch a "
                          "step (the batch shrunk to it), fp16-mixed draws left out")
+    ap.add_argument("--loss", default="float32", choices=["float32", "fused", "fused-linear"],
+                    help="the same draw with this training.loss (fused-linear: Liger's fused "
+                         "linear cross-entropy, tp 1; results: torch_random_fused-linear.json[l])")
     ap.add_argument("--runtime", default="pytorch-eager",
                     choices=["pytorch-eager", "torchtitan", "hf"],
                     help="the runtime profile that predicts and that the tier runs "
@@ -135,6 +140,7 @@ def main(argv=None) -> int:
             f"torch_tp{'' if args.tp_dp == 1 else f'{args.tp_dp}d'}"
             f"{'_sp' if args.tp_sp else ''}" if args.tp else
             "torch_random") + ("_oib" if args.optimizer_in_backward else "") + (
+        f"_{args.loss}" if args.loss != "float32" else "") + (
         f"_seed{args.seed}" if args.seed else "") + (
         f"_{args.runtime}" if args.runtime != "pytorch-eager" else "")
     args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
@@ -172,6 +178,15 @@ def main(argv=None) -> int:
             scenario=c.scenario.replace(workload=dataclasses.replace(
                 c.scenario.workload, grad_clip=False, optimizer_in_backward=True,
                 global_batch=c.config.micro_batch * c.config.dp))) for c in kept]
+    if args.loss != "float32":
+        if args.tp and args.loss == "fused-linear":
+            print("error: --loss fused-linear: the fused linear cross-entropy runs on the "
+                  "whole head (tp 1), not with --tp", file=sys.stderr)
+            return 2
+        cases = [dataclasses.replace(c, features={**c.features, "loss": args.loss},
+                                     scenario=c.scenario.replace(workload=dataclasses.replace(
+                                         c.scenario.workload, loss=args.loss)))
+                 for c in cases]
     if args.runtime != "pytorch-eager":
         from capopt._runtime import get_profile
         rt = get_profile(args.runtime)
@@ -183,7 +198,7 @@ def main(argv=None) -> int:
         print(f"{len(cases)} of {len(cases) + skipped} drawn configs in precisions the "
               f"{args.runtime} profile prices ({', '.join(sorted(names))})")
     timing = [] if (args.lora or args.tp or args.runtime != "pytorch-eager"
-                    or args.optimizer_in_backward) else timing_cases()
+                    or args.optimizer_in_backward or args.loss != "float32") else timing_cases()
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)
     every = cases + [c for _, c in timing]

@@ -21,8 +21,11 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adam
 # How the cross-entropy meets the logits: "float32", upcast and taken op by op (the runtime
 # profile's logits rules); "fused", one kernel that reads the compute-dtype logits and writes
 # their gradient in the compute dtype (torch.compile's loss, Liger / Apex / Transformer
-# Engine cross-entropy), keeping float32 statistics per token only
-LOSSES = ("float32", "fused")
+# Engine cross-entropy), keeping float32 statistics per token only; "fused-linear", the
+# head's matmul and the cross-entropy in one pass over chunks of tokens that also writes the
+# head's input and weight gradients (Liger's LigerFusedLinearCrossEntropyLoss, the Trainer's
+# use_liger_kernel): the logits are never whole (`capopt.cost.flops.fused_linear_chunk`)
+LOSSES = ("float32", "fused", "fused-linear")
 REMAT_POLICIES = ("none", "selective", "full")
 OBJECTIVES = ("throughput", "cost_efficiency")
 # LoRA's targets: the groups ("attn": every attention projection, "mlp": the MLP's) and
@@ -404,6 +407,30 @@ class Scenario:
                               field="training.optimizer_in_backward",
                               allowed="false, or a runtime that runs it ("
                                       + runtimes_running("optimizer_in_backward") + ")")
+        if self.workload.loss == "fused-linear":
+            m = self.model
+            if not (m.family == "decoder" or (m.family == "encoder" and m.mlm_head)):
+                raise CapoptError(f"a {m.family} model has no vocabulary head to fuse the "
+                                  "loss with", file=self.path, field="training.loss",
+                                  allowed="float32, fused (or a decoder / masked-LM card)")
+            if self.runtime.name.startswith("xla"):
+                raise CapoptError(f"the {self.runtime.name} step takes optax's cross-entropy "
+                                  "on whole logits", file=self.path, field="training.loss",
+                                  allowed="float32, or fused-linear under a PyTorch runtime")
+            # the chunked pass runs on the whole head (Liger's kernel takes plain tensors, not
+            # a vocabulary-parallel head): tensor parallelism is 1, chosen or not
+            tp = self.knob("tp")
+            if tp.auto:
+                object.__setattr__(self, "knobs", tuple(k for k in self.knobs if k.name != "tp")
+                                   + (KnobDomain("tp", (1,)),))
+            elif not tp.allows(1):
+                raise CapoptError("the fused linear cross-entropy runs on the whole head, not "
+                                  "a vocabulary-parallel one", file=self.path,
+                                  field="config.tp", allowed="1 (or auto) with "
+                                  "training.loss = \"fused-linear\"")
+            elif len(tp.values) > 1:
+                object.__setattr__(self, "knobs", tuple(k for k in self.knobs if k.name != "tp")
+                                   + (KnobDomain("tp", (1,)),))
         if self.workload.async_tp and self.runtime.coeff("async_tp") < 0.5:
             raise CapoptError(f"the {self.runtime.name} runtime has no asynchronous tensor "
                               "parallelism", file=self.path, field="training.async_tp",

@@ -378,7 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--runtime", metavar="PROFILE", help="a profile of `capopt catalog "
                        "profiles` (default xla-gpu)")
         q.add_argument("--loss", metavar="KIND", help="float32 (default: logits upcast for "
-                       "the cross-entropy) or fused (one kernel on the compute-dtype logits)")
+                       "the cross-entropy), fused (one kernel on the compute-dtype logits) or "
+                       "fused-linear (Liger's head and loss over chunks of tokens: the logits "
+                       "never whole; tp 1)")
         q.add_argument("--compile", action="store_const", const=True, default=None,
                        help="the step under torch.compile: element-wise ops fused (runtimes "
                             "that run them eagerly: pytorch-eager and the profiles built on "

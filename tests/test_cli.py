@@ -154,6 +154,13 @@ BAD = [  # (description, text or None, argv extra, words the one line must conta
      [], ["s.toml", "training.precision", "bf16-mixed"]),
     ("unknown loss", GOOD.replace("seq_len = 128", 'seq_len = 128\nloss = "chunky"'),
      [], ["s.toml", "training.loss", "fused"]),
+    ("fused linear loss on the xla step",
+     GOOD.replace("seq_len = 128", 'seq_len = 128\nloss = "fused-linear"'),
+     [], ["s.toml", "training.loss", "xla-gpu", "PyTorch runtime"]),
+    ("fused linear loss on a vocabulary-parallel head",
+     GOOD.replace("count = 2", "count = 4").replace("tp = 1", "tp = 2").replace(
+         "seq_len = 128", 'seq_len = 128\nloss = "fused-linear"\nruntime = "hf"'),
+     [], ["s.toml", "config.tp", "1 (or auto)"]),
     ("bad knob value", GOOD.replace("tp = 1", "tp = 0"), [], ["s.toml", "config.tp"]),
     ("unknown knob", GOOD + "", ["--set", "warp=3"], ["--set", "warp", "micro_batch"]),
     ("impossible layout", GOOD.replace("dp = 2", "dp = 4"), [], ["s.toml", "config."]),

@@ -949,3 +949,34 @@ def test_maxtext_overrides_are_base_yml_keys(name, precision):
     assert set(d) <= set(MAXTEXT_BASE_KEYS), sorted(set(d) - set(MAXTEXT_BASE_KEYS))
     for key, allowed in MAXTEXT_VALUES.items():
         assert d.get(key, "") in allowed | {""}, (key, d.get(key))
+
+
+def test_a_fused_linear_loss_is_ligers_kernel_alone_in_the_trainers_files():
+    """``loss = "fused-linear"`` is Liger's fused linear cross-entropy: the Trainer's and TRL's
+    files switch Liger on (TrainingArguments.use_liger_kernel, transformers 5.25) with
+    liger_kernel_config naming that kernel alone (apply_liger_kernel_to_llama's arguments at
+    Liger ead96b6: its RMSNorm, RoPE and SwiGLU kernels change activations capopt prices as
+    the model's own); TrainingArguments takes both fields; every other format refuses it,
+    naming the two."""
+    from transformers import TrainingArguments
+
+    from capopt._runtime import get_profile
+    hf = SC.replace(runtime=get_profile("hf"))
+    sc = _with(hf, loss="fused-linear")
+    cfg = CONFIGS["zero3-full"]
+    flce = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rope": False,
+            "rms_norm": False, "swiglu": False}
+    for fmt in ("hf-trainer", "trl-sft"):
+        d = yaml.safe_load(emit(fmt, cfg, sc))
+        assert d["use_liger_kernel"] is True and d["liger_kernel_config"] == flce, fmt
+        assert "use_liger_kernel" not in yaml.safe_load(emit(fmt, cfg, hf)), fmt
+    d = json.loads(emit("hf-trainer", cfg, sc))
+    fields = {k: d[k] for k in ("use_liger_kernel", "liger_kernel_config")}
+    args = TrainingArguments(output_dir="/tmp/capopt-test-args", **fields)
+    assert args.use_liger_kernel is True and args.liger_kernel_config == flce
+    for fmt in FORMATS:
+        if fmt not in ("hf-trainer", "trl-sft"):
+            with pytest.raises(CapoptError) as err:
+                emit(fmt, CONFIGS["dp-only"], sc)
+            assert "training.loss" in str(err.value), fmt
+            assert err.value.allowed == "hf-trainer, trl-sft", fmt

@@ -1177,3 +1177,47 @@ def test_gradients_in_order_never_raise_a_phase(zero, remat):
     assert all(a <= b * (1 + F32_RTOL) for a, b in zip(phases, before))
     lower = [p for p, a, b in zip(PHASES, phases, before) if a < b * (1 - 1e-3)]
     assert set(lower) & {"top", "bottom", "rebuild"}, (phases, before)
+
+
+def test_a_fused_linear_loss_holds_one_chunk_of_logits():
+    """``loss = "fused-linear"`` (Liger's fused linear cross-entropy): the chunk is Liger's
+    (its own example: BT 4096 x 4, V 32000, H 4096 -> 2048 rows; Llama-3-8B's head at 16384
+    tokens -> 512); against the fused loss on the same step, the loss phase holds that chunk
+    of compute-dtype logits, the head's input gradient in the stream dtype, a float32 loss
+    per token, the head's weight gradient and a second cast of the head, and the norm's
+    output in the stream dtype in place of its cast, in place of the whole logits and their
+    gradient; the forward pass's end holds no logits; the blocks' backward and the update
+    are unchanged."""
+    import dataclasses
+    from capopt.cost import estimate_numbers
+    from capopt.cost.flops import fused_linear_chunk
+    chunk = lambda v, h, bt: float(fused_linear_chunk({"V": v, "h": h}, jnp.asarray(bt)))
+    assert chunk(32000, 4096, 4096.0 * 4) == 2048
+    assert chunk(128256, 4096, 16384.0) == 512
+    assert chunk(1000, 4096, 300.0) == 300          # one chunk: never more than the tokens
+    m = ModelSpec(name="v", family="decoder", hidden_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, intermediate_size=512, vocab_size=32768,
+                  position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated",
+                  hidden_act="silu")
+    sc = make_scenario(m, runtime="pytorch-eager", count=1, global_batch=4, seq_len=1024,
+                       loss="fused")
+    fl = sc.replace(workload=dataclasses.replace(sc.workload, loss="fused-linear"))
+    cfg = Config(micro_batch=4)
+    tokens, h, v = 4 * 1024, 256, 32768
+    rows = chunk(v, h, float(tokens))
+    assert rows == 32
+    head = v * h
+    out = {}
+    for name, s in (("fused", sc), ("fl", fl)):
+        n = numbers_pytree(s)
+        n = {**n, "rt_fragmentation": 0.0 * n["rt_fragmentation"]}
+        out[name] = estimate_numbers(knobs_from_config(cfg), n).memory
+    d = {p: float(out["fl"][f"phase_{p}_bytes"] - out["fused"][f"phase_{p}_bytes"])
+         for p in PHASES}
+    loss = (rows * v * 2 + tokens * (h * 4 + 4) - tokens * v * 2 * 2     # logits
+            + tokens * h * (4 - 2)                                      # the norm's output
+            + head * 4 + head * 2)                                      # gradient, cast
+    assert d["loss"] == pytest.approx(loss, rel=1e-6)
+    assert d["forward"] == pytest.approx(-tokens * v * 2 + tokens * h * (4 - 2), rel=1e-6)
+    for p in ("bottom", "update"):
+        assert d[p] == 0.0, p

@@ -1356,3 +1356,56 @@ def test_an_8bit_recipe_prices_its_casts_and_reads_one_byte_operands():
     assert a100 == a100_base
     assert n["matmul_bytes"] == 1.0 and n["fp8_linear"] == 1.0
     assert scenario_numbers(make_scenario(m, runtime="torchtitan"))["matmul_bytes"] == 2.0
+
+
+@pytest.mark.parametrize("vocab, precision", [(32768, "bf16-mixed"), (32768, "bf16"),
+                                              (192, "bf16-mixed")])
+def test_a_fused_linear_loss_runs_the_heads_gemms_a_chunk_at_a_time(vocab, precision):
+    """``loss = "fused-linear"`` runs the head's three GEMMs over chunks of
+    `fused_linear_chunk` rows: the head's matmul seconds are the fused loss's times the
+    efficiency ratio of the two shapes (`matmul_efficiency`), the blocks' are the same; a
+    vocabulary no wider than the model is one chunk, the same GEMMs. Its memory-bound pass
+    over the logits is one compute-dtype copy against the fused loss's two (half the bytes),
+    plus, under autocast, the head cast again for every chunk (the parameter dtype read, the
+    compute dtype written)."""
+    import dataclasses
+
+    from capopt.cost.flops import compute_times, fused_linear_chunk, gemm_dim, matmul_efficiency
+    from capopt.cost.time import memory_bound_times
+    m = ModelSpec(name="v", family="decoder", hidden_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, intermediate_size=512, vocab_size=vocab,
+                  position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated",
+                  hidden_act="silu")
+    sc = _fl_scenario(m, precision)
+    fl = sc.replace(workload=dataclasses.replace(sc.workload, loss="fused-linear"))
+    k = knobs_from_config(Config(micro_batch=4))
+    n_f, n_l = numbers_pytree(sc), numbers_pytree(fl)
+    c_f, c_l = compute_times(k, n_f), compute_times(k, n_l)
+    tokens = 4.0 * 1024
+    rows = float(fused_linear_chunk(n_l, jnp.asarray(tokens)))
+    ratio = (float(matmul_efficiency(gemm_dim(tokens, 256.0, float(vocab)), n_f))
+             / float(matmul_efficiency(gemm_dim(rows, 256.0, float(vocab)), n_f)))
+    assert float(c_l["last"]) == pytest.approx(float(c_f["last"]) * ratio, rel=1e-5)
+    assert float(c_l["layer"]) == pytest.approx(float(c_f["layer"]), rel=1e-6)
+    if vocab <= 256:
+        assert rows == tokens and ratio == pytest.approx(1.0)
+    else:
+        assert rows < tokens and ratio > 1.0
+    mb_f, mb_l = memory_bound_times(k, n_f), memory_bound_times(k, n_l)
+    rate = float(n_f["mem_bw"] * n_f["rt_mem_eff"])
+    ab, pb = float(n_f["act_bytes"]), float(n_f["param_bytes"])
+    logits_pass = 2.0 * tokens * vocab * ab               # one copy, two passes
+    casts = (math.ceil(tokens / rows) * vocab * 256 * (pb + ab)) if pb > ab else 0.0
+    assert float(mb_l["last"] - mb_f["last"]) == pytest.approx(
+        (casts - logits_pass) / rate, rel=1e-4)
+
+
+def _fl_scenario(model, precision):
+    from capopt._hardware import get_hardware
+    from capopt._specs import Budget, Scenario, Workload
+    hw = get_hardware("h100-sxm-80gb")
+    return Scenario(name="fl", model=model, hardware=hw, count=1, per_node=1,
+                    workload=Workload(seq_len=1024, global_batch=4, precision=precision,
+                                      loss="fused"),
+                    budget=Budget(vram_bytes=hw.memory_bytes),
+                    runtime=get_profile("pytorch-eager"))

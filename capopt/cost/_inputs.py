@@ -580,6 +580,9 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     # and recomputes the softmax in the backward kernel:
     # torch/_functorch/partitioners.py min_cut_rematerialization_partition)
     n["loss_fused"] = float(w.loss == "fused")
+    # The fused linear cross-entropy (``loss = "fused-linear"``) takes the head's matmul too:
+    # chunk by chunk of tokens, never the whole logits (`capopt.cost.flops.fused_linear_chunk`)
+    n["loss_fused_linear"] = float(w.loss == "fused-linear")
     # torch.compile (``training.compile``): TorchInductor fuses each chain of element-wise ops
     # and reductions into kernels that read their inputs and write their outputs once, so the
     # profile's eager extras (``ew_*_extra``) vanish (`capopt.cost.time.memory_bound_times`)

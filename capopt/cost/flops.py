@@ -164,6 +164,17 @@ def gemm_dim(*dims):
     return 1.0 / inv
 
 
+def fused_linear_chunk(n, tokens):
+    """Rows of logits a fused linear cross-entropy holds at once (``loss = "fused-linear"``):
+    Liger's chunk (liger_kernel/ops/fused_linear_cross_entropy.py at ead96b6,
+    ``fused_linear_cross_entropy_forward``): the ``tokens`` split into ``ceil(V / h)`` parts,
+    each rounded up to a power of two, so that a chunk's logits are about the size of the
+    head's input; never more than the tokens."""
+    parts = jnp.ceil(n["V"] / n["h"])
+    rows = jnp.exp2(jnp.ceil(jnp.log2(jnp.maximum(jnp.ceil(tokens / parts), 1.0))))
+    return jnp.minimum(rows, tokens)
+
+
 def _smallest(*dims):
     out = dims[0]
     for d in dims[1:]:
@@ -204,6 +215,8 @@ def compute_times(k: Knobs, n: dict) -> dict:
     weight_mult = fwd_pass + dx + dw
 
     seqs = rank_sequences(k)
+    fl = n["loss_fused_linear"]
+    head_rows = (1.0 - fl) * tokens + fl * fused_linear_chunk(n, tokens)
     # the attention's projections: split over tp, and (latent attention's q_a, kv_a)
     # replicated; K = h (latent attention's q and kv_b read the narrower latents)
     qkv_rep = 2.0 * n["W_qkv_rep"]
@@ -227,7 +240,8 @@ def compute_times(k: Knobs, n: dict) -> dict:
         (split_over(b["lora"], 2.0 * n["lora_rep"], tp), tokens, h,
          jnp.maximum(n["lora_rank"], 1.0)),
         (tokens * b["attn"] / tp, s, hd, s),   # Q K^T (s, hd, s), P V (s, s, hd): per micro-batch
-        (2.0 * n["head_tok_tp"] / tp, tokens, h, n["V"] / tp),              # the head, per token
+        # the head, per token (the fused linear cross-entropy's: one chunk of rows at a time)
+        (2.0 * n["head_tok_tp"] / tp, head_rows, h, n["V"] / tp),
         (2.0 * n["head_tok_rep"], tokens, h, h),
         (2.0 * n["head_seq"], seqs, h, h),                                   # per sequence
         (2.0 * n["embed_seq"], tokens, jnp.maximum(n["patch_dim"], 1.0), h),
@@ -276,5 +290,5 @@ def compute_times(k: Knobs, n: dict) -> dict:
                                               mlp_out_s + un_out_s])}
 
 
-__all__ = ["block_flops", "compute_times", "gemm_dim", "hardware_flops", "matmul_efficiency",
-           "model_flops", "recompute_flops", "step_tokens"]
+__all__ = ["block_flops", "compute_times", "fused_linear_chunk", "gemm_dim", "hardware_flops",
+           "matmul_efficiency", "model_flops", "recompute_flops", "step_tokens"]

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from ._inputs import Knobs, rank_sequences, shard_group
+from .flops import fused_linear_chunk
 from .activations import (backward_transient_points, block_inventory, first_block_unsaved,
                           saved_bytes, shard, split_over, stream_bytes)
 
@@ -102,10 +103,12 @@ def loss_copies(n):
     copies of an unaligned vocabulary, float32 extras of a vocabulary-parallel loss). The
     runtime profile's rules, or a fused cross-entropy's (``loss = "fused"``: the logits it
     reads, kept for its backward, and their gradient, written in the compute dtype; no
-    float32 copy, no padded or vocabulary-parallel extras)."""
-    keep = 1.0 - n["loss_fused"]
+    float32 copy, no padded or vocabulary-parallel extras); or a fused linear
+    cross-entropy's (``loss = "fused-linear"``): one, each chunk's logits overwritten by
+    their gradient (`fused_linear_chunk`)."""
+    keep = 1.0 - n["loss_fused"] - n["loss_fused_linear"]
     return (keep * n["rt_logits_fp32_copies"],
-            keep * n["rt_logits_act_copies"] + 2.0 * n["loss_fused"],
+            keep * n["rt_logits_act_copies"] + 2.0 * n["loss_fused"] + n["loss_fused_linear"],
             keep * n["rt_logits_pad_copies"], keep * n["rt_logits_parallel_extra_copies"])
 
 
@@ -397,9 +400,22 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     split = jnp.maximum(vocab_split, n["logit_tp"] * k.sp * n["rt_logits_follow_sp"])
     logit_div = split * k.tp + (1.0 - split)
     logits_bytes = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] * per_elem / logit_div
+    # A fused linear cross-entropy (``loss = "fused-linear"``, tp = 1) holds one chunk of
+    # logits in the compute dtype, its gradient written in place, beside the head's input
+    # gradient, allocated whole (zeros_like of the input, its stream dtype) and saved for the
+    # backward pass, and a float32 loss per token (Liger at ead96b6,
+    # fused_linear_cross_entropy_forward); the head's weight gradient, written there too, is
+    # counted with the gradients.
+    fl = n["loss_fused_linear"]
+    fl_logits = logits_mb * (fused_linear_chunk(n, tokens) * n["V"] * n["act_bytes"]
+                             + tokens * (n["h"] * stream_bytes(n) + 4.0))
+    logits_bytes = (1.0 - fl) * logits_bytes + fl * fl_logits
     # the final norm's input and output (the head's input) at the loss
-    # (under autocast: the norm's input in the stream's dtype, the head's cast of its output)
-    head_acts = (logits_mb * tokens * (stream_bytes(n) + n["act_bytes"]) * n["h"] * rep_div
+    # (under autocast: the norm's input in the stream's dtype, the head's cast of its output;
+    # under the fused linear cross-entropy, run inside the forward pass, the output itself,
+    # in the stream's dtype, each chunk cast as the matmul reads it)
+    head_out = (1.0 - fl) * n["act_bytes"] + fl * stream_bytes(n)
+    head_acts = (logits_mb * tokens * (stream_bytes(n) + head_out) * n["h"] * rep_div
                  * (1.0 - n["mlp"]))
 
     # --- weight casts to the compute dtype (a matmul's operand) ---
@@ -569,7 +585,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     per_stored_remat = stored_remat / jnp.maximum(layers, 1.0)
     held_top = jnp.maximum(held_mid - per_stored - w_none * cast_layer, 0.0)
     held_rebuild = jnp.maximum(held_mid - per_stored_remat, 0.0)
-    at_loss = n["rt_head_grad_at_loss"]
+    # (the fused linear cross-entropy writes the head's weight gradient at the loss)
+    at_loss = jnp.maximum(n["rt_head_grad_at_loss"], fl)
     # An optimizer that copies the gradients it updates (``update_flat_grad_copies``,
     # DeepSpeed's), bytes per element of the device's gradient share: without ZeRO
     # (FP16_Optimizer) each 16-bit gradient cast to float32 and those flattened, 8; ZeRO-1/2
@@ -605,11 +622,17 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         lora * lora_tp + (1 - lora) * largest_module(k, n)) * shard(f_opt, dp)
     update_temps = ((1.0 - oib) * zero_shard(f_opt, trainable, trainable_expert, k)
                     + oib * one_tensor)
+    # (the fused linear cross-entropy's weight gradient: the head's matrix whole, a tied
+    # table too, in its parameter's dtype, from the loss's forward pass on: at the loss and
+    # when the backward pass regathers an FSDP root)
+    fl_head_grad = (logits_mb * (1 - lora) * (n["P_head_tp"] + n["tied"] * n["P_embed_tp"])
+                    * vocab_share * ugb)
     grads = {
         # (the head's gradient where it is produced, at the loss's backward or at the top
         # block's: kept, or, stepped in the backward pass, the tensor being stepped)
-        "loss": accum + jnp.maximum(embed_grad + at_loss * jnp.maximum(keep_all, oib)
-                                    * head_kept, in_grad),
+        "loss": accum + (1.0 - fl) * jnp.maximum(embed_grad + at_loss * jnp.maximum(
+            keep_all, oib) * head_kept, in_grad)
+                + fl * (jnp.maximum(embed_grad, in_grad) + fl_head_grad),
         "top": accum + jnp.maximum(embed_grad + jnp.maximum(keep_all, (1.0 - at_loss) * oib)
                                    * head_kept, in_grad) + grad_own + dp_bwd + held_top
                + grads_top,
@@ -623,7 +646,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "update": accum + jnp.maximum(keep_all * (grads_step + embed_grad), pending) + flat
         + oib * one_tensor * gb,
         "forward": accum + in_grad,
-        "regather": accum + jnp.maximum(embed_grad, in_grad),
+        "regather": accum + jnp.maximum(embed_grad, in_grad) + fl * fl_head_grad,
     }
     # every block's saved activations and the head's input: from the forward pass's end to
     # the loss's backward (the head's backward gathers an FSDP root again in between)
@@ -656,32 +679,46 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "regather": at_head,
     }
     # (at the forward pass's end: the head's output, one compute-dtype copy)
-    logits_fwd = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] * n["act_bytes"] / logit_div
+    # (the fused linear cross-entropy: none, it never holds them whole)
+    logits_fwd = ((1.0 - fl) * logits_mb * rank_sequences(k) * n["logit_elems_per_seq"]
+                  * n["act_bytes"] / logit_div)
     logits = {"loss": logits_bytes, "top": 0.0 * logits_bytes, "rebuild": 0.0 * logits_bytes,
               "bottom": 0.0 * logits_bytes, "update": 0.0 * logits_bytes,
               "forward": logits_fwd, "regather": logits_fwd}
+    # (autocast caches the cast of a leaf parameter, not of a view of one: the fused linear
+    # cross-entropy's logits matmul reads ``weight.t()`` and casts the whole head again for
+    # every chunk, a transient beside the cached cast; torch v2.13 autocast_mode.cpp
+    # cached_cast)
     casts = {
-        "loss": casts_stored + cast_head,
+        # (and it runs inside the forward pass's autocast region: every cast it cached is
+        # still held)
+        "loss": ((1.0 - fl) * casts_stored + fl * casts_cached
+                 + cast_head * (1.0 + fl * n["rt_autocast_casts"])),
         "top": casts_stored + casts_rebuilt,
         "rebuild": casts_rebuilt,
         "bottom": jnp.minimum(casts_stored, cast_layer) + casts_rebuilt,
         "update": 0.0 * casts_stored,
         "forward": casts_cached + cast_head,
-        "regather": casts_stored + cast_head,
+        # (the fused linear cross-entropy saves no cast for its backward pass: autocast's
+        # cache is gone with the forward pass)
+        "regather": casts_stored + (1.0 - fl) * cast_head,
     }
     # FSDP-style groups are gathered when the pass reaches them (pre-forward and pre-backward
     # hooks): at the forward pass's end only the root is; at the loss's backward no block is,
     # and the root only if it was not resharded after the forward pass (``regather``)
     fsdp = n["rt_zero3_root_group"]
     regather = n["rt_zero3_root_regather"]
+    # (the fused linear cross-entropy runs inside the forward pass, before the root's
+    # post-forward: what the forward pass's end holds)
+    comm_fwd = comm_bytes - fsdp * gathered + z2_shards + acc_bucket + fwd_flat
     comm = {
-        "loss": (comm_bytes - fsdp * (gathered + regather * root_gathered) + z2_shards
-                 + acc_bucket),
+        "loss": (1.0 - fl) * (comm_bytes - fsdp * (gathered + regather * root_gathered)
+                              + z2_shards + acc_bucket) + fl * comm_fwd,
         "top": comm_bytes + z2_shards + bwd_bucket,
         "rebuild": gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
         "bottom": gather_bottom + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
         "update": buckets + 0.0 * comm_bytes,
-        "forward": comm_bytes - fsdp * gathered + z2_shards + acc_bucket + fwd_flat,
+        "forward": comm_fwd,
         # (the collective's flat output is the whole group, world size x shard, a buffer of
         # its own; the parameters copied out of it are counted as the gathered root is in
         # every phase)

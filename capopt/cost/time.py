@@ -62,8 +62,8 @@ import jax.numpy as jnp
 from .._terms import COMM_KINDS, STEP_TERMS
 from . import comm
 from ._inputs import Knobs, rank_sequences, shard_group
-from .activations import mlp_width
-from .flops import compute_times, model_flops, recompute_flops, step_tokens
+from .activations import autocast_mixed, mlp_width
+from .flops import compute_times, fused_linear_chunk, model_flops, recompute_flops, step_tokens
 from .memory import (expert_layer_params, gathered_param_bytes, lora_per_device, loss_copies,
                      pp_nosync, shard, stage_blocks, stage_params, step_at_least,
                      wrapped_base_per_device, zero_shard, zero_shares)
@@ -140,7 +140,15 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     per_logit = ab * act_copies + 4.0 * fp32_copies
     logits = 2.0 * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div * per_logit
     final_norm = tf * 2.0 * tokens * h * rep * ab * passes
-    last = (logits + final_norm) / rate
+    # (the fused linear cross-entropy under autocast casts the whole head again for each
+    # chunk's logits matmul, a view autocast does not cache: read in the parameter dtype,
+    # written in the compute dtype, ``ceil(tokens / chunk)`` times; `capopt.cost.memory`)
+    fl = n["loss_fused_linear"]
+    chunks = jnp.ceil(tokens / fused_linear_chunk(n, tokens))
+    head_w = n["P_head_tp"] + n["tied"] * n["P_embed_tp"]
+    fl_casts = (fl * autocast_mixed(n) * n["rt_autocast_casts"] * chunks * head_w
+                * (n["param_bytes"] + ab))
+    last = (logits + final_norm + fl_casts) / rate
     first = n["embed_vocab"] * 2.0 * tokens * h * ab * passes / rate   # lookup and its gradient
     dequant = (wrapped_base_per_device(k, n) * dequant_passes(k, n)
                * (n["base_bytes"] + n["frozen_bytes"]))

@@ -75,6 +75,14 @@ def _expresses(fmt: str, config: Config, scenario: Scenario) -> bool:
 _FUSED_LOSS = ("torchtitan", "llm-foundry")
 
 
+# the formats whose file applies Liger's fused linear cross-entropy alone (``loss =
+# "fused-linear"``: TrainingArguments' use_liger_kernel with liger_kernel_config, whose keys
+# are apply_liger_kernel_to_llama's arguments; transformers 5.25, Liger ead96b6)
+_FUSED_LINEAR_LOSS = ("hf-trainer", "trl-sft")
+_LIGER_FLCE_ONLY = {"fused_linear_cross_entropy": True, "cross_entropy": False, "rope": False,
+                    "rms_norm": False, "swiglu": False}
+
+
 # the formats whose file switches torch.compile on for the model (``training.compile``)
 _COMPILE = ("torchtitan", "accelerate", "hf-trainer", "trl-sft")
 
@@ -90,6 +98,10 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
                              "file ([compile] components = [\"loss\"]) and llm-foundry's "
                              "(loss_fn: fused_crossentropy) only; "
                              f"{fmt}'s own fused losses keep other buffers, not priced here")
+    if scenario.workload.loss == "fused-linear" and fmt not in _FUSED_LINEAR_LOSS:
+        raise _Unexpressible("training.loss", "fused-linear", "capopt writes Liger's fused "
+                             "linear cross-entropy into the Trainer's file (use_liger_kernel) "
+                             f"and TRL's only; {fmt} has no such loss")
     if scenario.workload.optimizer_in_backward and fmt != "torchtitan":
         raise _Unexpressible("training.optimizer_in_backward", True, "capopt writes the "
                              "optimizer step in the backward pass into torchtitan's file "
@@ -681,6 +693,10 @@ def _training_args(c: Config, sc: Scenario) -> dict:
         out["activation_checkpointing_kwargs"] = {"every_n_layers": every}
     if w.compile:
         out["torch_compile"] = True             # the Trainer compiles the model (inductor)
+    if w.loss == "fused-linear":
+        # Liger's fused linear cross-entropy and none of its other kernels (which change
+        # activations capopt prices as the model's own)
+        out.update(use_liger_kernel=True, liger_kernel_config=dict(_LIGER_FLCE_ONLY))
     if c.zero_stage == 1 or c.offload_optimizer:
         # ZeRO-1 and optimizer offload go through DeepSpeed; "auto" takes the Trainer's values
         if w.optimizer not in _DS_OPTIMIZERS:
@@ -720,8 +736,9 @@ def _emit_trl_sft(c: Config, sc: Scenario) -> str:
     if m.family != "decoder":
         raise _Unexpressible("model.family", m.family, "trl sft trains causal language models")
     out = _training_args(c, sc)
-    # every sequence seq_len tokens (packed), the loss on the whole logits as capopt prices
-    # it (nll: the model's own cross-entropy, logits upcast; TRL's chunked_nll never holds them)
+    # every sequence seq_len tokens (packed), the loss as capopt prices it (nll: the model's
+    # own cross-entropy, logits upcast, or Liger's under use_liger_kernel; TRL's chunked_nll,
+    # which never holds them either, keeps other buffers)
     out.update(max_length=sc.seq_len, packing=True, loss_type="nll",
                dtype=_TRL_DTYPE[w.precision] if w.lora is not None else "float32")
     lora, notes = w.lora, []

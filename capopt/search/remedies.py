@@ -20,6 +20,8 @@ def _workload(sc: Scenario, **changes) -> Scenario:
 
 
 FUSED_LOSS = "fused cross-entropy (loss = \"fused\": torch.compile'd loss, Liger, Apex)"
+FUSED_LINEAR_LOSS = ("fused linear cross-entropy, logits never whole (loss = \"fused-linear\": "
+                     "Liger's; tp 1)")
 
 
 def _vocab_loss(sc: Scenario) -> bool:
@@ -30,6 +32,15 @@ def _vocab_loss(sc: Scenario) -> bool:
     return (sc.workload.loss == "float32" and sc.workload.precision != "fp32"
             and not sc.runtime.name.startswith("xla")
             and (m.family == "decoder" or (m.family == "encoder" and m.mlm_head)))
+
+
+def _head_loss(sc: Scenario) -> bool:
+    """A loss over a vocabulary in a PyTorch runtime not yet fused with its head (the fused
+    linear cross-entropy runs with the head whole: tp 1, which the changed scenario pins)."""
+    m = sc.model
+    return (sc.workload.loss != "fused-linear" and not sc.runtime.name.startswith("xla")
+            and (m.family == "decoder" or (m.family == "encoder" and m.mlm_head))
+            and sc.knob("tp").allows(1))
 
 
 def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
@@ -59,6 +70,8 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
             out.append((f"lighter optimizer: {opt}", _workload(sc, optimizer=opt)))
     if _vocab_loss(sc):
         out.append((FUSED_LOSS, _workload(sc, loss="fused")))
+    if _head_loss(sc):
+        out.append((FUSED_LINEAR_LOSS, _workload(sc, loss="fused-linear")))
     if w.lora is None and sc.model.family != "mlp":
         out.append(("LoRA rank 16 on attention and MLP", _workload(sc, lora=LoRA(16))))
         out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4))))
@@ -147,6 +160,8 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
             out.append((f"lighter optimizer: {opt}", _workload(sc, optimizer=opt), cfg))
     if _vocab_loss(sc):
         out.append((FUSED_LOSS, _workload(sc, loss="fused"), cfg))
+    if _head_loss(sc) and cfg.tp == 1:
+        out.append((FUSED_LINEAR_LOSS, _workload(sc, loss="fused-linear"), cfg))
     if w.lora is None and sc.model.family != "mlp":
         out.append(("LoRA rank 16", _workload(sc, lora=LoRA(16)), cfg))
         out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4)),

@@ -218,8 +218,11 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
             # meets a sharded or replicated embedding, and whether the logits stay sharded
             self.head_input = None
             self.loss_parallel = False
+            # set by a fused linear cross-entropy (``loss = "fused-linear"``):
+            # ``head_loss(x, weight, bias, labels)`` in place of the logits
+            self.head_loss = None
 
-        def forward(self, ids):
+        def forward(self, ids, labels=None):
             x = self.embed(ids)
             if self.pos_embed is not None:
                 x = x + self.pos_embed(torch.arange(ids.shape[1]))[None]
@@ -227,6 +230,11 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
             for i, blk in enumerate(self.blocks):
                 x = recompute(blk, x, self.plan[i])
             x = self.final_norm(x)
+            if self.head_loss is not None:
+                # (a loss fused with the head: the mean over the tokens)
+                w, b = ((self.embed.weight, self.lm_head_bias) if self.tied
+                        else (self.lm_head.weight, self.lm_head.bias))
+                return self.head_loss(x.reshape(-1, x.shape[-1]), w, b, labels.reshape(-1))
             if self.tied:
                 if self.head_input is not None:
                     x = self.head_input(x)

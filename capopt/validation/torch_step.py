@@ -58,6 +58,8 @@ def _unsupported(msg: str):
 def check_supported(scenario: Scenario, config: Config) -> None:
     """Raise `Unsupported` for what the torch tier does not run."""
     w = scenario.workload
+    if w.loss == "fused-linear" and config.tp > 1:
+        raise _unsupported("the fused linear cross-entropy runs on the whole head: tp = 1")
     if w.loss == "fused" and config.tp > 1:
         raise _unsupported("the torch tier's fused cross-entropy runs on whole (not "
                            "vocabulary-parallel) logits: tp = 1")
@@ -133,6 +135,72 @@ def fused_cross_entropy(logits, labels):
             return grad, None
 
     return FusedCE.apply(logits, labels)
+
+
+def fused_linear_cross_entropy(x, weight, bias, labels):
+    """Mean cross-entropy of the head ``x @ weight.T + bias`` against ``labels`` as Liger's
+    fused linear cross-entropy computes it (``loss = "fused-linear"``;
+    liger_kernel/ops/fused_linear_cross_entropy.py at ead96b6): the tokens go in chunks of
+    `capopt.cost.flops.fused_linear_chunk` rows; each chunk's logits (the compute dtype)
+    are overwritten by their gradient, which is multiplied into the head's input gradient
+    (allocated whole, ``zeros_like(x)``) and accumulated into its weight gradient
+    (``zeros_like(weight)``, an addmm into it in float32 without a copy); the forward pass
+    computes both and saves them, the backward pass scales them by the incoming gradient in
+    place. The softmax over a chunk's rows runs in slices of at most 2^18 float32 elements
+    (transients a kernel keeps in registers: 1 MiB at most)."""
+    import math
+
+    import torch
+
+    class FusedLinearCE(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b, y):
+            rows, h = x.shape
+            vocab = w.shape[0]
+            parts = -(-vocab // h)
+            chunk = min(rows, 2 ** math.ceil(math.log2(max(1, -(-rows // parts)))))
+            grad_x = torch.zeros_like(x)
+            grad_w = torch.zeros_like(w) if w.requires_grad else None
+            grad_b = torch.zeros_like(b) if (b is not None and b.requires_grad) else None
+            loss = torch.zeros(rows, dtype=torch.float32, device=x.device)
+            step = max(1, 2 ** 18 // vocab)
+            for i in range(0, rows, chunk):
+                xc = x[i:i + chunk]
+                logits = xc @ w.t()
+                if b is not None:
+                    logits = logits + b
+                for r in range(0, logits.shape[0], step):
+                    t = logits[r:r + step].float()
+                    yr = y[i + r:i + r + t.shape[0], None]
+                    lse = torch.logsumexp(t, dim=-1, keepdim=True)
+                    loss[i + r:i + r + t.shape[0]] = (lse - t.gather(1, yr))[:, 0]
+                    t.sub_(lse).exp_()
+                    t.scatter_add_(1, yr, torch.full(yr.shape, -1.0, dtype=t.dtype,
+                                                     device=t.device))
+                    logits[r:r + step] = t.div_(rows)
+                    del t, lse
+                grad_x[i:i + chunk] = logits @ w
+                with torch.autocast(x.device.type, enabled=False):
+                    if grad_w is not None:
+                        xl = xc.to(logits.dtype)
+                        torch.addmm(grad_w, logits.t(), xl, out_dtype=grad_w.dtype,
+                                    out=grad_w)
+                        del xl
+                    if grad_b is not None:
+                        grad_b.add_(logits.sum(0))
+                del logits, xc
+            ctx.save_for_backward(grad_x, grad_w, grad_b)
+            return loss.sum() / rows
+
+        @staticmethod
+        def backward(ctx, g):
+            grad_x, grad_w, grad_b = ctx.saved_tensors
+            for t in (grad_x, grad_w, grad_b):
+                if t is not None:
+                    t.mul_(g)
+            return grad_x, grad_w, grad_b, None
+
+    return FusedLinearCE.apply(x, weight, bias, labels)
 
 
 def _dtypes(precision: str):
@@ -313,6 +381,8 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                                                  else param_dtype),
                                   peft_cast=scenario.runtime.coeff("lora_input_cast") >= 0.5)
         model.train()
+        if w.loss == "fused-linear":
+            model.head_loss = fused_linear_cross_entropy
         if config.tp > 1:
             from .torch_tp import parallelize
             parallelize(model, spec, mesh["tp"], sequence_parallel=config.sequence_parallel)
@@ -374,6 +444,15 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                 meter.set_phase("forward")
                 ctx = (torch.autocast("cpu", dtype=autocast)
                        if autocast is not None and not fsdp_mp else contextlib.nullcontext())
+                if w.loss == "fused-linear":
+                    # (the loss inside the model's forward pass, as the Trainer's Liger
+                    # patch runs it: under FSDP the root's parameters are still gathered)
+                    with ctx:
+                        loss = model(ids, labels) / config.grad_accum
+                    meter.set_phase("backward")
+                    (loss * scale if scale is not None else loss).backward()
+                    del loss
+                    continue
                 with ctx:
                     logits = model(ids)
                 meter.set_phase("loss")

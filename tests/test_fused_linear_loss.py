@@ -1,0 +1,57 @@
+"""``training.loss = "fused-linear"`` at the scenario's level: Liger's fused linear
+cross-entropy runs on the whole head, so tensor parallelism is 1 whether the scenario chose it
+or left it to the optimiser; the optimiser's answer keeps it, and where the loss makes the
+peak the fused head is offered as a remedy. (The memory, time, torch-tier and launch-file
+checks are with their layers: tests/test_memory.py, test_time.py, test_torch_tier.py,
+test_launch.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from capopt._errors import CapoptError
+from capopt._scenario import load_scenario
+
+
+def _sc(**values):
+    v = {"training.runtime": ("hf", "test"), "training.loss": ("fused-linear", "test")}
+    v.update({k: (x, "test") for k, x in values.items()})
+    return load_scenario("llama3-8b-8xh100", values=v)
+
+
+def test_tensor_parallelism_is_pinned_to_one_and_the_optimiser_keeps_it():
+    """``tp`` left to the optimiser (the scenario's auto) is pinned to 1; a list holding 1 is
+    narrowed to it; the optimiser's candidates all have tp 1 (exhaustive search, whose
+    agreement with the gradient search benchmarks/optimizer.py measures)."""
+    import capopt
+    sc = _sc()
+    assert sc.knob("tp").values == (1,)
+    listed = load_scenario("llama3-8b-8xh100", overrides={"tp": [1, 2]},
+                           values={"training.runtime": ("hf", "t"),
+                                   "training.loss": ("fused-linear", "t")})
+    assert listed.knob("tp").values == (1,)
+    ex = capopt.optimize(sc, method="exhaustive", top_k=3, remedies=False)
+    assert len(ex.candidates) == 3 and all(c.config.tp == 1 for c in ex.candidates)
+
+
+def test_a_head_the_loss_cannot_fuse_with_is_refused():
+    """Pinned tp > 1 names config.tp; the xla runtimes' step (optax's loss on whole logits)
+    names training.loss."""
+    with pytest.raises(CapoptError, match="config.tp"):
+        load_scenario("llama3-8b-8xh100", overrides={"tp": 2},
+                      values={"training.runtime": ("hf", "t"),
+                              "training.loss": ("fused-linear", "t")})
+    with pytest.raises(CapoptError, match="optax") as err:
+        load_scenario("llama3-8b-8xh100", values={"training.loss": ("fused-linear", "--loss")})
+    assert err.value.field == "--loss"
+
+
+def test_the_fused_head_is_a_remedy_where_the_loss_makes_the_peak():
+    """The fused linear cross-entropy is among the changes tried for a PyTorch decoder's
+    float32 loss, with tp pinned to 1 in the changed scenario."""
+    from capopt.search.remedies import FUSED_LINEAR_LOSS, candidate_changes
+    sc = load_scenario("llama3-8b-8xh100", values={"training.runtime": ("hf", "t")})
+    changes = dict(candidate_changes(sc))
+    assert FUSED_LINEAR_LOSS in changes
+    assert changes[FUSED_LINEAR_LOSS].workload.loss == "fused-linear"
+    assert changes[FUSED_LINEAR_LOSS].knob("tp").values == (1,)
