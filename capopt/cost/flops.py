@@ -170,7 +170,7 @@ def fused_linear_chunk(n, tokens):
     ``fused_linear_cross_entropy_forward``): the ``tokens`` split into ``ceil(V / h)`` parts,
     each rounded up to a power of two, so that a chunk's logits are about the size of the
     head's input; never more than the tokens."""
-    parts = jnp.ceil(n["V"] / n["h"])
+    parts = jnp.maximum(jnp.ceil(n["V"] / n["h"]), 1.0)     # (no vocabulary: one part)
     rows = jnp.exp2(jnp.ceil(jnp.log2(jnp.maximum(jnp.ceil(tokens / parts), 1.0))))
     return jnp.minimum(rows, tokens)
 
