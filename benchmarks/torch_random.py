@@ -20,7 +20,8 @@ split over it), its own results files too; ``--tp --tp-dp 2``: the
 same on a 2 x tp mesh, FSDP2 over the data-parallel dimension (torchtitan's 2-D);
 ``--tp --tp-sp``: tensor parallelism with sequence parallelism. ``--loss fused-linear``: the
 same draw with Liger's fused linear cross-entropy (or ``fused``: one kernel on the
-compute-dtype logits), results ``torch_random_fused-linear``.
+compute-dtype logits), results ``torch_random_fused-linear``. ``--activation-offload``: the
+same draw with TRL's / torchtune's activation offloading, results ``torch_random_offload``.
 
 Measurements go to a JSONL file as they finish and a rerun resumes (a measurement does not
 depend on the cost model); the tables and ``--out`` (JSON) are recomputed from the current
@@ -121,6 +122,9 @@ def main(argv=None) -> int:
     ap.add_argument("--loss", default="float32", choices=["float32", "fused", "fused-linear"],
                     help="the same draw with this training.loss (fused-linear: Liger's fused "
                          "linear cross-entropy, tp 1; results: torch_random_fused-linear.json[l])")
+    ap.add_argument("--activation-offload", action="store_true",
+                    help="the same draw with activation offloading (training.activation_"
+                         "offload; results: torch_random_offload.json[l])")
     ap.add_argument("--runtime", default="pytorch-eager",
                     choices=["pytorch-eager", "torchtitan", "hf"],
                     help="the runtime profile that predicts and that the tier runs "
@@ -141,6 +145,7 @@ def main(argv=None) -> int:
             f"{'_sp' if args.tp_sp else ''}" if args.tp else
             "torch_random") + ("_oib" if args.optimizer_in_backward else "") + (
         f"_{args.loss}" if args.loss != "float32" else "") + (
+        "_offload" if args.activation_offload else "") + (
         f"_seed{args.seed}" if args.seed else "") + (
         f"_{args.runtime}" if args.runtime != "pytorch-eager" else "")
     args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
@@ -187,6 +192,15 @@ def main(argv=None) -> int:
                                      scenario=c.scenario.replace(workload=dataclasses.replace(
                                          c.scenario.workload, loss=args.loss)))
                  for c in cases]
+    if args.activation_offload:
+        if args.tp:
+            print("error: --activation-offload: the torch tier offloads activations without "
+                  "tensor parallelism, not with --tp", file=sys.stderr)
+            return 2
+        cases = [dataclasses.replace(c, features={**c.features, "offload": "activations"},
+                                     scenario=c.scenario.replace(workload=dataclasses.replace(
+                                         c.scenario.workload, activation_offload=True)))
+                 for c in cases]
     if args.runtime != "pytorch-eager":
         from capopt._runtime import get_profile
         rt = get_profile(args.runtime)
@@ -198,7 +212,8 @@ def main(argv=None) -> int:
         print(f"{len(cases)} of {len(cases) + skipped} drawn configs in precisions the "
               f"{args.runtime} profile prices ({', '.join(sorted(names))})")
     timing = [] if (args.lora or args.tp or args.runtime != "pytorch-eager"
-                    or args.optimizer_in_backward or args.loss != "float32") else timing_cases()
+                    or args.optimizer_in_backward or args.loss != "float32"
+                    or args.activation_offload) else timing_cases()
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)
     every = cases + [c for _, c in timing]

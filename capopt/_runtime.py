@@ -188,6 +188,11 @@ SCHEMA: dict[str, Coeff] = {
                                    "parameter, stepped from the parameter's post-accumulate-"
                                    "grad hook (FSDP2: after its group's reduce-scatter), its "
                                    "gradient then freed; 0: refused"),
+    "activation_offload": _c(0, "1: training.activation_offload as TRL's and torchtune's "
+                                "OffloadActivations run it (saved tensors of 1 KiB or more "
+                                "copied to pinned host memory in the forward pass, the "
+                                "head's excepted, brought back in the backward pass); 0: "
+                                "refused"),
     "async_tp": _c(0, "1: training.async_tp as torchtitan runs it (enable_async_tensor_"
                       "parallel: TorchInductor's micro-pipeline TP fuses each tensor-parallel "
                       "all-gather with the matmul after it and each reduce-scatter with the "

@@ -26,6 +26,7 @@ SCHEMA: dict[str, set[str]] = {
     "hardware": {"gpu", "count", "per_node", "price_per_gpu_hour"},
     "training": {"seq_len", "global_batch", "precision", "optimizer", "grad_clip", "runtime",
                  "lora", "loss", "compile", "optimizer_in_backward", "async_tp",
+                 "activation_offload",
                  "input_samples_per_s",
                  "train_tokens"},
     "budget": {"vram_gib", "headroom"},
@@ -351,6 +352,7 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
         optimizer_in_backward=_get(tr_t, "optimizer_in_backward", bool, "training", file,
                                    False),
         async_tp=_get(tr_t, "async_tp", bool, "training", file, False),
+        activation_offload=_get(tr_t, "activation_offload", bool, "training", file, False),
         input_samples_per_s=_get(tr_t, "input_samples_per_s", float, "training", file, None),
         train_tokens=_get(tr_t, "train_tokens", float, "training", file, None),
     )

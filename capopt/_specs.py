@@ -117,6 +117,11 @@ class Workload:
     # tensor-parallel all-gather / reduce-scatter pipelined with the GEMM that consumes or
     # produces it, forward and backward (TorchInductor's micro-pipeline TP pass)
     async_tp: bool = False
+    # activation offloading (TRL's SFTConfig.activation_offloading, torchtune's
+    # enable_activation_offloading: OffloadActivations): every tensor the forward pass saves
+    # for the backward pass (1 KiB or more, not a parameter; the output head's excepted) copied
+    # to pinned host memory on a side stream and brought back as the backward pass needs it
+    activation_offload: bool = False
     input_samples_per_s: float | None = None    # data-loader rate (None: not a limit)
     train_tokens: float | None = None           # for time-to-train
 
@@ -136,7 +141,7 @@ class Workload:
         if self.loss not in LOSSES:
             raise CapoptError(f"unknown loss {self.loss!r}", field="training.loss",
                               allowed=", ".join(LOSSES))
-        for name in ("compile", "optimizer_in_backward", "async_tp"):
+        for name in ("compile", "optimizer_in_backward", "async_tp", "activation_offload"):
             if not isinstance(getattr(self, name), bool):
                 raise CapoptError(f"must be true or false, got {getattr(self, name)!r}",
                                   field=f"training.{name}")
@@ -431,6 +436,12 @@ class Scenario:
             elif len(tp.values) > 1:
                 object.__setattr__(self, "knobs", tuple(k for k in self.knobs if k.name != "tp")
                                    + (KnobDomain("tp", (1,)),))
+        if (self.workload.activation_offload
+                and self.runtime.coeff("activation_offload") < 0.5):
+            raise CapoptError(f"the {self.runtime.name} runtime does not offload activations",
+                              file=self.path, field="training.activation_offload",
+                              allowed="false, or a runtime that does ("
+                                      + runtimes_running("activation_offload") + ")")
         if self.workload.async_tp and self.runtime.coeff("async_tp") < 0.5:
             raise CapoptError(f"the {self.runtime.name} runtime has no asynchronous tensor "
                               "parallelism", file=self.path, field="training.async_tp",

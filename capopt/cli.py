@@ -25,6 +25,7 @@ QUESTION_FLAGS = {
     "--lora": "training.lora", "--loss": "training.loss", "--compile": "training.compile",
     "--optimizer-in-backward": "training.optimizer_in_backward",
     "--async-tp": "training.async_tp",
+    "--activation-offload": "training.activation_offload",
     "--no-clip": "training.grad_clip",
     "--vram-gib": "budget.vram_gib",
 }
@@ -39,7 +40,8 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
                      if field.split(".")[1] in (key, key.replace("-", "_"))), None)
         if flag:
             # (the flags that switch a field on or off take no value)
-            switch = flag in ("--compile", "--optimizer-in-backward", "--async-tp", "--no-clip")
+            switch = flag in ("--compile", "--optimizer-in-backward", "--async-tp",
+                              "--activation-offload", "--no-clip")
             raise CapoptError(f"{key!r} is a scenario field, not a knob", field="--set",
                               allowed=flag if switch else f"{flag} VALUE")
     return out
@@ -392,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
                        default=None, help="each parameter stepped as its gradient is "
                        "accumulated, the gradient freed at once (torchtitan's "
                        "early_step_in_backward; needs no clipping, no accumulation)")
+        q.add_argument("--activation-offload", action="store_const", const=True, default=None,
+                       help="activations offloaded to host memory in the forward pass and "
+                            "brought back in the backward pass (TRL's activation_offloading; "
+                            "runtimes pytorch-eager and hf)")
         q.add_argument("--async-tp", action="store_const", const=True, default=None,
                        help="asynchronous tensor parallelism: each tensor-parallel collective "
                        "pipelined with the matmul beside it (torchtitan's "

@@ -161,6 +161,12 @@ BAD = [  # (description, text or None, argv extra, words the one line must conta
      GOOD.replace("count = 2", "count = 4").replace("tp = 1", "tp = 2").replace(
          "seq_len = 128", 'seq_len = 128\nloss = "fused-linear"\nruntime = "hf"'),
      [], ["s.toml", "config.tp", "1 (or auto)"]),
+    ("activation offloading the runtime does not run",
+     GOOD.replace("seq_len = 128", 'seq_len = 128\nactivation_offload = true'),
+     [], ["s.toml", "training.activation_offload", "xla-gpu", "hf"]),
+    ("activation offloading not a boolean",
+     GOOD.replace("seq_len = 128", 'seq_len = 128\nactivation_offload = "yes"'),
+     [], ["s.toml", "training.activation_offload"]),
     ("bad knob value", GOOD.replace("tp = 1", "tp = 0"), [], ["s.toml", "config.tp"]),
     ("unknown knob", GOOD + "", ["--set", "warp=3"], ["--set", "warp", "micro_batch"]),
     ("impossible layout", GOOD.replace("dp = 2", "dp = 4"), [], ["s.toml", "config."]),

@@ -980,3 +980,30 @@ def test_a_fused_linear_loss_is_ligers_kernel_alone_in_the_trainers_files():
                 emit(fmt, CONFIGS["dp-only"], sc)
             assert "training.loss" in str(err.value), fmt
             assert err.value.allowed == "hf-trainer, trl-sft", fmt
+
+
+def test_activation_offloading_is_trls_and_refused_elsewhere():
+    """``training.activation_offload`` is TRL's SFTConfig.activation_offloading (trl 1.16:
+    OffloadActivations over each training step); SFTConfig takes the field; the other
+    formats' files have no such switch and refuse it, naming trl-sft."""
+    import dataclasses
+
+    from trl import SFTConfig
+
+    from capopt._runtime import get_profile
+    sc = SC.replace(runtime=get_profile("hf"))
+    sc = sc.replace(workload=dataclasses.replace(sc.workload, activation_offload=True))
+    cfg = CONFIGS["dp-only"]
+    d = yaml.safe_load(emit("trl-sft", cfg, sc))
+    assert d["activation_offloading"] is True
+    # (SFTConfig defaults to bf16, which it refuses on a machine without a GPU)
+    assert SFTConfig(output_dir="/tmp/capopt-test-sft", activation_offloading=True,
+                     bf16=False).activation_offloading is True
+    plain = sc.replace(workload=dataclasses.replace(sc.workload, activation_offload=False))
+    assert "activation_offloading" not in yaml.safe_load(emit("trl-sft", cfg, plain))
+    for fmt in FORMATS:
+        if fmt != "trl-sft":
+            with pytest.raises(CapoptError) as err:
+                emit(fmt, cfg, sc)
+            assert "training.activation_offload" in str(err.value), fmt
+            assert err.value.allowed == "trl-sft", fmt

@@ -1221,3 +1221,43 @@ def test_a_fused_linear_loss_holds_one_chunk_of_logits():
     assert d["forward"] == pytest.approx(-tokens * v * 2 + tokens * h * (4 - 2), rel=1e-6)
     for p in ("bottom", "update"):
         assert d[p] == 0.0, p
+
+
+def test_activation_offloading_keeps_one_window_of_one_block_on_the_device():
+    """``activation_offload`` (TRL's / torchtune's OffloadActivations): in bf16 on one device
+    (no casts to offload), the blocks' saved tensors leave the device, and so do the first
+    block's input and the final norm's: the loss and the forward pass's end drop by every
+    block's saved bytes (under full recomputation, every block's input, which the checkpoint
+    saves through the same hooks) and those two h-wide tensors; the top block's backward
+    brings its window back (`offload_window`: the larger of its MLP's and its attention's
+    saved sets), less than its whole set; the update is unchanged."""
+    import dataclasses
+    from capopt.cost import estimate_numbers
+    from capopt.cost.activations import stream_bytes
+    from capopt.cost.memory import offload_window
+    m = llama_like()
+    sc = make_scenario(m, runtime="pytorch-eager", count=1, global_batch=2, seq_len=512,
+                       precision="bf16")
+    ao = sc.replace(workload=dataclasses.replace(sc.workload, activation_offload=True))
+    for remat, policy in (("none", 0), ("full", 2)):
+        cfg = Config(micro_batch=2, remat=remat)
+        k = knobs_from_config(cfg)
+        out = {}
+        for name, s in (("plain", sc), ("ao", ao)):
+            n = numbers_pytree(s)
+            n = {**n, "rt_fragmentation": 0.0 * n["rt_fragmentation"]}
+            out[name] = (estimate_numbers(k, n).memory, n)
+        d = {p: float(out["ao"][0][f"phase_{p}_bytes"] - out["plain"][0][f"phase_{p}_bytes"])
+             for p in PHASES}
+        n = out["ao"][1]
+        tokens = 2 * 512.0
+        saved = float(saved_bytes(k, n, tokens)[policy])
+        blocks = m.num_hidden_layers * saved
+        h_wide = tokens * m.hidden_size * float(stream_bytes(n))   # (no dropout: one each)
+        assert d["loss"] == pytest.approx(-(blocks + 2 * h_wide), rel=1e-5), remat
+        assert d["forward"] == pytest.approx(-(blocks + 2 * h_wide), rel=1e-5), remat
+        assert d["update"] == 0.0
+        if remat == "none":
+            window = float(offload_window(k, n, jnp.asarray(tokens))[0])
+            assert 0 < window < saved
+            assert d["loss"] < d["top"] < 0.0

@@ -127,6 +127,7 @@ def test_memory_random_results_come_from_the_current_model():
     ("torch_tp2d_seed1", dict(n=60, seed=1, tp=(2, 4), tp_dp=2)),
     ("torch_tp_sp_seed1", dict(n=60, seed=1, tp=(2, 4), tp_sp=True)),
     ("torch_random_fused-linear_seed1", dict(n=120, seed=1, loss="fused-linear")),
+    ("torch_random_offload_seed1", dict(n=120, seed=1, activation_offload=True)),
 ])
 def test_torch_results_come_from_the_current_model(name, draw):
     """Each torch-tier results file the README quotes holds, for its measured cases, the
@@ -141,12 +142,13 @@ def test_torch_results_come_from_the_current_model(name, draw):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import torch_random as bench
     recs = _recorded(RESULTS / f"{name}.jsonl")
+    workload = {k: draw[k] for k in ("loss", "activation_offload") if k in draw}
     cases = draw_torch_cases(draw["n"], **{k: v for k, v in draw.items()
-                                            if k not in ("n", "loss")})
-    if "loss" in draw:                  # (the same draw with another loss: --loss)
+                                            if k != "n" and k not in workload})
+    if workload:                        # (the same draw, --loss / --activation-offload)
         import dataclasses
         cases = [dataclasses.replace(c, scenario=c.scenario.replace(workload=dataclasses.replace(
-            c.scenario.workload, loss=draw["loss"]))) for c in cases]
+            c.scenario.workload, **workload))) for c in cases]
     points = doc["points"]
     assert len(points) >= 50
     for q, case, rec in _sampled(points, cases, recs, bench.measurement_key, 12):

@@ -1409,3 +1409,27 @@ def _fl_scenario(model, precision):
                                       loss="fused"),
                     budget=Budget(vram_bytes=hw.memory_bytes),
                     runtime=get_profile("pytorch-eager"))
+
+
+def test_activation_offloading_is_exposed_where_its_copies_outlast_the_matmuls():
+    """``activation_offload``: each micro-batch's offloaded bytes (`memory`'s
+    ``offloaded_activation_bytes``: the stored blocks' saved tensors) cross the host link to
+    the host in the forward pass and back in the backward pass, behind the matmuls: on a
+    fast link nothing is exposed; on slow ones the exposed seconds grow by exactly
+    2 x micro-batches x bytes / link (the copies in both directions, each past its window)."""
+    import dataclasses
+    sc = make_scenario(llama_like(), runtime="pytorch-eager", count=1, global_batch=8,
+                       seq_len=512, precision="bf16-mixed")
+    sc = sc.replace(workload=dataclasses.replace(sc.workload, activation_offload=True))
+    k = knobs_from_config(Config(micro_batch=2, grad_accum=4))
+    n = numbers_pytree(sc)
+
+    def offload(link_gb_s):
+        out = estimate_numbers(k, {**n, "host_bw": jnp.asarray(link_gb_s * 1e9),
+                                   "rt_host_eff": jnp.asarray(1.0)})
+        return float(out.time["offload_s"]), float(out.memory["offloaded_activation_bytes"])
+
+    fast, nbytes = offload(1e6)
+    assert fast == 0.0 and nbytes > 0
+    (s1, _), (s2, _) = offload(0.5), offload(0.25)
+    assert s2 - s1 == pytest.approx(2 * 4 * nbytes * (1 / 0.25e9 - 1 / 0.5e9), rel=1e-4)

@@ -860,6 +860,37 @@ def test_a_fused_linear_loss_never_holds_the_logits_whole(precision, vocab, tied
 
 
 @needs_torch
+@pytest.mark.parametrize("mlp, precision, remat", [("gated", "bf16-mixed", "none"),
+                                                   ("gelu", "bf16", "none"),
+                                                   ("gated", "bf16-mixed", "full"),
+                                                   ("gated", "fp32", "selective")])
+def test_activation_offloading_keeps_a_window_of_the_block_under_backward(mlp, precision,
+                                                                          remat):
+    """``activation_offload`` (the tier runs TRL's OffloadActivations, `OffloadActivations`):
+    the prediction is within 10% of the tier (measured: +7.4% on the gated bf16-mixed step,
+    whose loss the model prices a little high, 0.0%, +0.1%, -3.2%; the random draws' held-out
+    90th percentile is 5.1%) and the memory it saves is the tier's within 5% of the plain
+    step's peak (measured 199 MiB of 291, 101 of 169, and next to none where the blocks are
+    recomputed: their checkpoints go, what the selective policy keeps stays)."""
+    import dataclasses
+
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    kw = (dict(mlp_type="gelu", hidden_act="gelu", position_embedding="learned",
+               max_position_embeddings=1024, norm_type="layernorm") if mlp == "gelu" else {})
+    sc = _scenario(_spec(vocab_size=1024, num_hidden_layers=4, **kw), precision=precision,
+                   seq=1024)
+    ao = sc.replace(workload=dataclasses.replace(sc.workload, activation_offload=True))
+    cfg = Config(micro_batch=4, remat=remat)
+    m_plain, m_ao = (run_torch(s, cfg)["measured"]["peak_bytes"] for s in (sc, ao))
+    p_plain, p_ao = (predicted_torch_terms(cfg, s)["peak_bytes"] for s in (sc, ao))
+    assert abs(p_ao - m_ao) / m_ao < 0.10
+    assert abs((p_plain - p_ao) - (m_plain - m_ao)) < 0.05 * m_plain
+    if remat == "none":
+        assert m_plain - m_ao > 0.5 * m_plain
+
+
+@needs_torch
 @pytest.mark.parametrize("zero, remat", [(3, "none"), (2, "none"), (3, "selective")])
 def test_torchtitans_fsdp_mixed_precision_runs_without_autocast(zero, remat):
     """Under the torchtitan profile the tier runs torchtitan's apply_fsdp precision on 2 fake

@@ -587,6 +587,9 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     # and reductions into kernels that read their inputs and write their outputs once, so the
     # profile's eager extras (``ew_*_extra``) vanish (`capopt.cost.time.memory_bound_times`)
     n["compile"] = float(w.compile)
+    # activation offloading (``training.activation_offload``): the saved tensors of the
+    # blocks that are not recomputed go to host memory (`capopt.cost.memory`)
+    n["act_offload"] = float(w.activation_offload)
     return n
 
 

@@ -357,7 +357,15 @@ def backward_transient_points(k: Knobs, n: dict, tokens) -> dict:
                * (ab + cast * n["param_bytes"] * (1.0 + drop)))
     largest = tf * jnp.maximum(jnp.maximum(scores + ring, mlp), cast_in)
     return {"attention": tf * attention, "mlp": tf * mlp, "input_cast": tf * cast_in,
-            "largest": largest, "stream": stream}
+            "largest": largest, "stream": stream,
+            # (what ``attention`` counts as released by its point: the MLP's saved tensors,
+            # the copies downstream of a materialised softmax)
+            "attention_released_mlp": tf * release * mlp_saved,
+            "attention_released_post": tf * release * (1.0 - fl) * post_softmax,
+            # (materialised probabilities with no copy between the softmax and the P V
+            # matmul, neither a cast nor dropout: one tensor both nodes save)
+            "attention_probs_shared": tf * (1.0 - fl) * (1.0 - n["attn_dropout"])
+            * jnp.maximum(1.0 - copies, 0.0) * tokens / k.tp * n["a"] * n["s"] * ab}
 
 
 def context_parallel_transient(k: Knobs, n: dict, tokens):

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from ._inputs import Knobs, rank_sequences, shard_group
 from .flops import fused_linear_chunk
 from .activations import (backward_transient_points, block_inventory, first_block_unsaved,
-                          saved_bytes, shard, split_over, stream_bytes)
+                          mlp_width, saved_bytes, shard, split_over, stream_bytes)
 
 PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
 
@@ -110,6 +110,26 @@ def loss_copies(n):
     return (keep * n["rt_logits_fp32_copies"],
             keep * n["rt_logits_act_copies"] + 2.0 * n["loss_fused"] + n["loss_fused_linear"],
             keep * n["rt_logits_pad_copies"], keep * n["rt_logits_parallel_extra_copies"])
+
+
+def offload_window(k: Knobs, n, tokens):
+    """Bytes of a block's saved tensors on the device while activation offloading brings
+    them back for its backward pass: the larger of its MLP's saved set (the f-wide tensors
+    and the MLP input's cast) and its attention's (q, k, v, the output, the scores or the
+    flash kernel's statistics), the nodes around each point being the ones whose tensors
+    are back (torchtune's OffloadActivations: each node's freed once the next has run).
+    Returns (the window, the MLP's set, the attention's set)."""
+    ab = n["act_bytes"]
+    inv = block_inventory(k, n)
+    rep_div = shard(k.sp, k.tp)
+    tf = 1.0 - n["mlp"]
+    mlp = tokens * (ab * mlp_width(n) * (n["gated"] * n["rt_mlp_gated_saved"]
+                                         + (1.0 - n["gated"]) * n["rt_mlp_gelu_saved"]) / k.tp
+                    + ab * n["h"] * rep_div)
+    attn = tokens * (ab * (n["q_w"] + n["k_w"] + n["v_w"] + n["o_w"]) / k.tp
+                     + inv["scores"] / k.tp + ab * n["h"] * rep_div)
+    plain = (1.0 - tf) * tokens * inv["rep"]
+    return tf * jnp.maximum(mlp, attn) + plain, tf * mlp + plain, tf * attn + plain
 
 
 def lora_per_device(n, tp, ep):
@@ -346,7 +366,18 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     inv = block_inventory(k, n)
     a_none, a_sel, a_full = saved_bytes(k, n, tokens, inv)
     w_none, w_sel, w_full = k.remat[0], k.remat[1], k.remat[2]
-    per_block = w_none * a_none + w_sel * a_sel + w_full * a_full
+    # Activation offloading (``act_offload``): what a block saves goes to host memory in
+    # the forward pass and comes back node by node in the backward pass, each node's tensors
+    # freed once the next node has run: of the block under backward the larger of its MLP's
+    # and its attention's saved sets is on the device (`offload_window`). A recomputed
+    # block's checkpoint saves its input through the same hooks (torch v2.13 non-reentrant
+    # checkpoint: _NoopSaveInputs, before its own hooks are pushed), offloaded too and
+    # brought back for the rebuild; what a selective policy keeps stays in the checkpoint's
+    # own store, on the device.
+    ao = n["act_offload"]
+    window, window_mlp, window_attn = offload_window(k, n, tokens)
+    kept_sel = a_sel - ao * a_full
+    per_block = (1.0 - ao) * (w_none * a_none + w_full * a_full) + w_sel * kept_sel
     # (a block's backward transients at each point where its backward can peak; the largest
     # beside what it saved is the rule without the gradients' order)
     points = backward_transient_points(k, n, tokens)
@@ -357,6 +388,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # the stage's input edge, kept for every micro-batch in flight on the first stage
     edge = tokens * (stream_bytes(n) + n["hidden_dropout"]) * n["h"] * rep_div
     edge_bytes = edge * (first * edge_in_flight + (1.0 - first))
+    # (offloaded, it is on the host but while the first block is differentiated)
+    edge_kept = (1.0 - ao) * edge_bytes
     # Recomputing a fraction of the blocks recomputes the first ones (Megatron's "block"
     # method, the validation step's `remat_plan`): the top block is a stored one whenever a
     # block is stored, the bottom block a recomputed one whenever a block is recomputed.
@@ -368,16 +401,18 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # first blocks are the recomputed ones)
     u_none, u_sel, _ = first_block_unsaved(k, n, tokens, inv)
     unsaved_rebuilt = first * remat_share * (w_sel / w_rec) * u_sel
-    unsaved = first * (1.0 - remat_share) * u_none + unsaved_rebuilt
+    unsaved = first * (1.0 - remat_share) * (1.0 - ao) * u_none + unsaved_rebuilt
     stored = layers * per_block * in_flight - unsaved * edge_in_flight
     # the block under backward is its own micro-batch's: what it adds on top of the stored
     top_stored = jnp.minimum(1.0, w_none * layers)                  # 1 if any block is stored
     own_rec = (w_sel * (rebuilt_sel + transient) + w_full * (rebuilt_full + transient)) / w_rec
-    top_own = top_stored * transient + (1.0 - top_stored) * own_rec
+    top_own = (top_stored * (transient + ao * window)
+               + (1.0 - top_stored) * (own_rec + ao * a_full))
     rebuild_own = own_rec * remat_share
-    stored_remat = (layers * (w_sel * a_sel + w_full * a_full) * in_flight
-                    - unsaved_rebuilt * edge_in_flight)
-    bottom_own = ((1.0 - remat_share) * (a_none + transient)
+    stored_remat = (layers * (w_sel * kept_sel + (1.0 - ao) * w_full * a_full) * in_flight
+                    - unsaved_rebuilt * edge_in_flight
+                    + ao * remat_share * a_full)          # (the input brought back)
+    bottom_own = ((1.0 - remat_share) * ((1.0 - ao) * a_none + ao * window + transient)
                   + remat_share * ((w_sel * a_sel + w_full * a_full) / w_rec + own_rec))
 
     # --- logits and the loss (the stage with the head) ---
@@ -415,7 +450,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # under the fused linear cross-entropy, run inside the forward pass, the output itself,
     # in the stream's dtype, each chunk cast as the matmul reads it)
     head_out = (1.0 - fl) * n["act_bytes"] + fl * stream_bytes(n)
-    head_acts = (logits_mb * tokens * (stream_bytes(n) + head_out) * n["h"] * rep_div
+    # (offloaded, the norm's saved input is on the host by the loss's backward: the head's
+    # own saved input, under its no-op context, stays)
+    head_acts = (logits_mb * tokens * ((1.0 - ao) * stream_bytes(n) + head_out) * n["h"] * rep_div
                  * (1.0 - n["mlp"]))
 
     # --- weight casts to the compute dtype (a matmul's operand) ---
@@ -432,10 +469,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     cast_layer = wcf * ((1 - lora) * per_layer + lora_casts) * cast_share
     cast_head = logits_mb * wcb * cast_share * (
         n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share
-    casts_stored = layers * w_none * cast_layer
+    # (offloaded with the activations, a stored block's casts come back with its window)
+    casts_kept = layers * w_none * cast_layer
+    casts_stored = (1.0 - ao) * casts_kept + ao * jnp.minimum(casts_kept, cast_layer)
     casts_rebuilt = (w_sel + w_full) * cast_layer
     # a runtime that caches every cast for the whole forward pass (``autocast_weight_cache``)
-    casts_cached = jnp.maximum(casts_stored, n["rt_autocast_weight_cache"] * layers * cast_layer)
+    casts_cached = jnp.maximum(casts_kept, n["rt_autocast_weight_cache"] * layers * cast_layer)
 
     # --- ZeRO-3 gathered weights ---
     # Whole blocks gathered for compute (the layer in use plus prefetch): an all-gather's
@@ -542,6 +581,23 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     block_grads = grad_own + block_unsharded
     order = n["rt_block_grads_in_order"]
     largest_t = points["largest"]
+    # (offloaded, a stored block's own saved tensors at a point are its window there, the
+    # MLP's or the attention's set, not the whole block's: at the attention's, the copies
+    # downstream of a materialised softmax are freed by then only when dropout's node lies
+    # between (two nodes back), and probabilities both the softmax and the P V matmul save
+    # come back once for each; at the MLP's, down's input, freed by its own node when kept,
+    # is the previous node's, held beside the gradients it becomes. A recomputed block's are
+    # rebuilt on the device: per phase, top, rebuild and bottom, the stored share of the
+    # block under backward)
+    stored_here = ao * jnp.stack(jnp.broadcast_arrays(top_stored, 0.0 * top_stored,
+                                                      1.0 - remat_share))
+    points = {**points,
+              "mlp": points["mlp"] + stored_here * (
+                  window_mlp - window + tokens * n["act_bytes"] * mlp_width(n) / k.tp),
+              "attention": points["attention"] + stored_here * (
+                  points["attention_released_mlp"] + window_attn - window
+                  + (1.0 - n["attn_dropout"]) * points["attention_released_post"]
+                  + points["attention_probs_shared"])}
 
     # (at the MLP's point the residual stream's gradient is the block's incoming one alone:
     # the branch's gradient to the MLP's input comes after its nodes; half of ``stream``)
@@ -562,9 +618,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the block's own activations: stored whole, or its checkpoint and what is rebuilt; the
     # three phases' on a leading axis, split once)
     own_remat = (w_sel * (a_sel + rebuilt_sel) + w_full * (a_full + rebuilt_full)) / w_rec
+    # (offloaded, a stored block's own on the device is its window)
+    own_none = (1.0 - ao) * a_none + ao * window
     own_acts, own_grads = own_split(jnp.stack(jnp.broadcast_arrays(
-        top_stored * a_none + (1.0 - top_stored) * own_remat, own_remat,
-        (1.0 - remat_share) * a_none + remat_share * own_remat)))
+        top_stored * own_none + (1.0 - top_stored) * own_remat, own_remat,
+        (1.0 - remat_share) * own_none + remat_share * own_remat)))
     acts_top, acts_rebuild, acts_bottom = own_acts
     grads_top, grads_rebuild, grads_bottom = own_grads
     # A group's flat reduce-scatter input, in the reduce dtype (float32 under FSDP's mixed
@@ -650,11 +708,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     }
     # every block's saved activations and the head's input: from the forward pass's end to
     # the loss's backward (the head's backward gathers an FSDP root again in between)
-    at_head = stored + edge_bytes + head_acts
+    at_head = stored + edge_kept + head_acts
     acts = {
         "loss": at_head,
-        "top": stored + edge_bytes + top_own + acts_top,
-        "rebuild": stored_remat + edge_bytes + rebuild_own + remat_share * acts_rebuild,
+        "top": stored + edge_kept + top_own + acts_top,
+        "rebuild": stored_remat + edge_kept + rebuild_own + remat_share * acts_rebuild,
         "bottom": (edge_bytes + bottom_own + acts_bottom
                    + (in_flight - 1.0) * layers * per_block - unsaved * edge_in_flight),
         # after the blocks' backward pass, the larger of: the embedding's backward (a runtime
@@ -761,6 +819,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     out.update({f"phase_{p}_bytes": totals[i] for i, p in enumerate(PHASES)})
     out.update({
         "host_optimizer_bytes": opt_device * k.offload,
+        # what activation offloading copies to the host and back for each micro-batch: the
+        # stored blocks' saved tensors and weight casts, the recomputed blocks' inputs
+        "offloaded_activation_bytes": ao * layers * (w_none * (a_none + cast_layer)
+                                                     + (w_sel + w_full) * a_full),
         "trainable_params": trainable, "device_params": dense_params,
         # every gradient on this device (ZeRO-2/3: its slice): the model states' gradients
         "grads_all_bytes": grads_all,

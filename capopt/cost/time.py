@@ -623,8 +623,14 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
                             + oib * n["tensors_per_layer"])
     opt_launch = launch_exposed(update_s, opt_kernels, n)
     optimizer_s = update_s + opt_launch
-    offload_s = ((1.0 - n["rt_overlap_offload"]) * 2.0 * mem["host_optimizer_bytes"]
-                 / (n["host_bw"] * n["rt_host_eff"]))
+    link = n["host_bw"] * n["rt_host_eff"]
+    offload_s = (1.0 - n["rt_overlap_offload"]) * 2.0 * mem["host_optimizer_bytes"] / link
+    # activation offloading: each micro-batch's saved tensors copied to the host during its
+    # forward pass and back during its backward pass, on a side stream: exposed where a copy
+    # outlasts the matmuls it runs beside (the stage's forward, its backward)
+    act_copy = mem["offloaded_activation_bytes"] / link
+    offload_s = offload_s + m * (jnp.maximum(act_copy - st["fwd"], 0.0)
+                                 + jnp.maximum(act_copy - st["bwd"], 0.0))
 
     # --- input pipeline ---
     seqs, tokens = step_tokens(k, n)

@@ -102,6 +102,9 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
         raise _Unexpressible("training.loss", "fused-linear", "capopt writes Liger's fused "
                              "linear cross-entropy into the Trainer's file (use_liger_kernel) "
                              f"and TRL's only; {fmt} has no such loss")
+    if scenario.workload.activation_offload and fmt != "trl-sft":
+        raise _Unexpressible("training.activation_offload", True, "capopt writes activation "
+                             "offloading into TRL's file (activation_offloading) only")
     if scenario.workload.optimizer_in_backward and fmt != "torchtitan":
         raise _Unexpressible("training.optimizer_in_backward", True, "capopt writes the "
                              "optimizer step in the backward pass into torchtitan's file "
@@ -741,6 +744,10 @@ def _emit_trl_sft(c: Config, sc: Scenario) -> str:
     # which never holds them either, keeps other buffers)
     out.update(max_length=sc.seq_len, packing=True, loss_type="nll",
                dtype=_TRL_DTYPE[w.precision] if w.lora is not None else "float32")
+    if w.activation_offload:
+        # SFTConfig.activation_offloading (trl 1.16): OffloadActivations over each
+        # training step
+        out["activation_offloading"] = True
     lora, notes = w.lora, []
     if lora is not None:
         if c.zero_stage or c.offload_optimizer:

@@ -34,6 +34,16 @@ def _vocab_loss(sc: Scenario) -> bool:
             and (m.family == "decoder" or (m.family == "encoder" and m.mlm_head)))
 
 
+OFFLOAD_ACTIVATIONS = ("offload activations to host memory (activation_offload: TRL's "
+                       "activation_offloading)")
+
+
+def _can_offload_activations(sc: Scenario) -> bool:
+    """A runtime that offloads activations, not doing so yet."""
+    return (not sc.workload.activation_offload
+            and sc.runtime.coeff("activation_offload") >= 0.5)
+
+
 def _head_loss(sc: Scenario) -> bool:
     """A loss over a vocabulary in a PyTorch runtime not yet fused with its head (the fused
     linear cross-entropy runs with the head whole: tp 1, which the changed scenario pins)."""
@@ -72,6 +82,8 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
         out.append((FUSED_LOSS, _workload(sc, loss="fused")))
     if _head_loss(sc):
         out.append((FUSED_LINEAR_LOSS, _workload(sc, loss="fused-linear")))
+    if _can_offload_activations(sc):
+        out.append((OFFLOAD_ACTIVATIONS, _workload(sc, activation_offload=True)))
     if w.lora is None and sc.model.family != "mlp":
         out.append(("LoRA rank 16 on attention and MLP", _workload(sc, lora=LoRA(16))))
         out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4))))
@@ -162,6 +174,8 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
         out.append((FUSED_LOSS, _workload(sc, loss="fused"), cfg))
     if _head_loss(sc) and cfg.tp == 1:
         out.append((FUSED_LINEAR_LOSS, _workload(sc, loss="fused-linear"), cfg))
+    if _can_offload_activations(sc):
+        out.append((OFFLOAD_ACTIVATIONS, _workload(sc, activation_offload=True), cfg))
     if w.lora is None and sc.model.family != "mlp":
         out.append(("LoRA rank 16", _workload(sc, lora=LoRA(16)), cfg))
         out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4)),

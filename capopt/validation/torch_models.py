@@ -21,6 +21,7 @@ Only ``import torch`` at call time: `capopt` and the other tiers never need torc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -221,6 +222,8 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
             # set by a fused linear cross-entropy (``loss = "fused-linear"``):
             # ``head_loss(x, weight, bias, labels)`` in place of the logits
             self.head_loss = None
+            # set by activation offloading: a context manager the head's matmul runs in
+            self.head_context = None
 
         def forward(self, ids, labels=None):
             x = self.embed(ids)
@@ -235,12 +238,15 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
                 w, b = ((self.embed.weight, self.lm_head_bias) if self.tied
                         else (self.lm_head.weight, self.lm_head.bias))
                 return self.head_loss(x.reshape(-1, x.shape[-1]), w, b, labels.reshape(-1))
-            if self.tied:
-                if self.head_input is not None:
-                    x = self.head_input(x)
-                logits = F.linear(x, self.embed.weight, self.lm_head_bias)
-            else:
-                logits = self.lm_head(x)
+            # (activation offloading runs the output head under a no-op context)
+            with self.head_context() if self.head_context is not None else \
+                    contextlib.nullcontext():
+                if self.tied:
+                    if self.head_input is not None:
+                        x = self.head_input(x)
+                    logits = F.linear(x, self.embed.weight, self.lm_head_bias)
+                else:
+                    logits = self.lm_head(x)
             return logits
 
     model = DecoderLM()

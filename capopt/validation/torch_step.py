@@ -58,6 +58,8 @@ def _unsupported(msg: str):
 def check_supported(scenario: Scenario, config: Config) -> None:
     """Raise `Unsupported` for what the torch tier does not run."""
     w = scenario.workload
+    if w.activation_offload and config.tp > 1:
+        raise _unsupported("the torch tier offloads activations without tensor parallelism")
     if w.loss == "fused-linear" and config.tp > 1:
         raise _unsupported("the fused linear cross-entropy runs on the whole head: tp = 1")
     if w.loss == "fused" and config.tp > 1:
@@ -201,6 +203,82 @@ def fused_linear_cross_entropy(x, weight, bias, labels):
             return grad_x, grad_w, grad_b, None
 
     return FusedLinearCE.apply(x, weight, bias, labels)
+
+
+class OffloadActivations:
+    """Activation offloading as TRL's and torchtune's ``OffloadActivations`` run it (torchtune
+    bd2a0fc training/_activation_offloading.py, ported as trl/models/activation_offloading.py
+    in TRL 1.16; ``training.activation_offload``), on the meter's terms: a saved-tensor hook
+    that copies every saved tensor of ``min_bytes`` or more that is not a parameter to host
+    memory (made while the meter is paused: pinned host memory, not the device's) and keeps
+    the device tensor only while fewer than ``stash`` later tensors have been packed (its
+    forward stash); in the backward pass a tensor still in the stash is used as it is, the
+    rest are brought back as new device tensors, each kept until the backward node after the
+    one that unpacked it has run (its bwd_tensor_stash); the forward stash is emptied once the
+    backward pass's first node has run. `head` is the no-op context the output head's matmul
+    runs under."""
+
+    def __init__(self, meter, params, *, min_bytes: int = 1024, stash: int = 5):
+        import torch
+
+        from .torch_memory import local_shard
+        self.meter, self.min_bytes, self.stash_size = meter, min_bytes, stash
+        self.param_storages = {id(local_shard(p).untyped_storage()) for p in params}
+        self.count = 0
+        self.stash: dict[int, Any] = {}
+        self.node = None
+        self.current: list = []
+        self.previous: list = []
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def head(self):
+        import torch
+        return torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+
+    def _pack(self, t):
+        import torch
+
+        from .torch_memory import local_shard
+        self.count += 1
+        nbytes = t.element_size() * t.nelement()
+        if (isinstance(t, torch.nn.Parameter) or nbytes < self.min_bytes
+                or id(local_shard(t).untyped_storage()) in self.param_storages):
+            return ("kept", t)
+        for old in [k for k in self.stash if k <= self.count - self.stash_size]:
+            del self.stash[old]
+        was, self.meter.paused = self.meter.paused, True
+        try:
+            host = torch.empty_like(t)
+        finally:
+            self.meter.paused = was
+        self.stash[self.count] = t
+        return ("host", self.count, host)
+
+    def _unpack(self, packed):
+        import torch
+        if packed[0] == "kept":
+            return packed[1]
+        _, tid, host = packed
+        node = torch._C._current_autograd_node()
+        if node is not self.node:
+            if self.node is not None:     # (the first node has run: the stash is emptied)
+                self.stash.clear()
+            self.node = node
+            self.previous, self.current = self.current, []
+        if tid in self.stash:
+            return self.stash.pop(tid)
+        t = host.clone()
+        self.current.append(t)
+        return t
+
+    def __enter__(self):
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.stash.clear()
+        self.node, self.current, self.previous = None, [], []
+        return self.hooks.__exit__(*exc)
 
 
 def _dtypes(precision: str):
@@ -433,6 +511,10 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
             # (a block whose input needs no gradient, LoRA's first, still fires its hook;
             # torch warns that it does)
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            offload = (OffloadActivations(meter, model.parameters()) if w.activation_offload
+                       else None)
+            if offload is not None:
+                model.head_context = offload.head
             hooks = [blk.register_full_backward_pre_hook(
                 lambda mod, g, i=i: meter.set_phase(f"backward:block{i}"))
                 for i, blk in enumerate(model.blocks)]
@@ -441,36 +523,41 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                 ids = torch.randint(0, spec.vocab_size, (b, s))
                 labels = torch.randint(0, spec.vocab_size, (b, s))
                 meter.mark([ids, labels], "inputs")
-                meter.set_phase("forward")
-                ctx = (torch.autocast("cpu", dtype=autocast)
-                       if autocast is not None and not fsdp_mp else contextlib.nullcontext())
-                if w.loss == "fused-linear":
-                    # (the loss inside the model's forward pass, as the Trainer's Liger
-                    # patch runs it: under FSDP the root's parameters are still gathered)
+                # (activation offloading: over the forward pass, the loss and the backward pass,
+                # as TRL's SFTTrainer.training_step opens it)
+                with offload if offload is not None else contextlib.nullcontext():
+                    meter.set_phase("forward")
+                    ctx = (torch.autocast("cpu", dtype=autocast)
+                           if autocast is not None and not fsdp_mp else contextlib.nullcontext())
+                    if w.loss == "fused-linear":
+                        # (the loss inside the model's forward pass, as the Trainer's Liger
+                        # patch runs it: under FSDP the root's parameters are still gathered)
+                        with ctx:
+                            loss = model(ids, labels) / config.grad_accum
+                        meter.set_phase("backward")
+                        (loss * scale if scale is not None else loss).backward()
+                        del loss
+                        continue
                     with ctx:
-                        loss = model(ids, labels) / config.grad_accum
-                    meter.set_phase("backward")
-                    (loss * scale if scale is not None else loss).backward()
-                    del loss
-                    continue
-                with ctx:
-                    logits = model(ids)
-                meter.set_phase("loss")
-                # (tensor parallelism: logits sharded over the vocabulary go through
-                # loss_parallel's cross-entropy, its backward too; replicated ones are local)
-                with _loss_context(model):
-                    if not model.loss_parallel and hasattr(logits, "to_local"):
-                        logits = logits.to_local()
-                    if w.loss == "fused":
-                        loss = fused_cross_entropy(logits.view(-1, logits.shape[-1]),
+                        logits = model(ids)
+                    meter.set_phase("loss")
+                    # (tensor parallelism: logits sharded over the vocabulary go through
+                    # loss_parallel's cross-entropy, its backward too; replicated ones are
+                    # local)
+                    with _loss_context(model):
+                        if not model.loss_parallel and hasattr(logits, "to_local"):
+                            logits = logits.to_local()
+                        if w.loss == "fused":
+                            loss = fused_cross_entropy(logits.view(-1, logits.shape[-1]),
+                                                       labels.view(-1)) / config.grad_accum
+                        else:
+                            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
                                                    labels.view(-1)) / config.grad_accum
-                    else:
-                        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]),
-                                               labels.view(-1)) / config.grad_accum
-                    del logits
-                    meter.set_phase("backward")
-                    (loss * scale if scale is not None else loss).backward()
-                    del loss          # (the batch stays referenced, as a loader's loop keeps it)
+                        del logits
+                        meter.set_phase("backward")
+                        (loss * scale if scale is not None else loss).backward()
+                        # (the batch stays referenced, as a loader's loop keeps it)
+                        del loss
             meter.set_phase("update")
             grads = [p.grad for p in params if p.grad is not None]
             meter.mark(grads, "grads")

@@ -1,9 +1,9 @@
-"""``training.loss = "fused-linear"`` at the scenario's level: Liger's fused linear
-cross-entropy runs on the whole head, so tensor parallelism is 1 whether the scenario chose it
-or left it to the optimiser; the optimiser's answer keeps it, and where the loss makes the
-peak the fused head is offered as a remedy. (The memory, time, torch-tier and launch-file
-checks are with their layers: tests/test_memory.py, test_time.py, test_torch_tier.py,
-test_launch.py.)"""
+"""Workload options at the scenario's level: ``training.loss = "fused-linear"`` (Liger's fused
+linear cross-entropy runs on the whole head, so tensor parallelism is 1 whether the scenario
+chose it or left it to the optimiser; the optimiser's answer keeps it) and
+``training.activation_offload``, each offered as a remedy where the runtime runs it. (The
+memory, time, torch-tier and launch-file checks are with their layers: tests/test_memory.py,
+test_time.py, test_torch_tier.py, test_launch.py.)"""
 
 from __future__ import annotations
 
@@ -55,3 +55,13 @@ def test_the_fused_head_is_a_remedy_where_the_loss_makes_the_peak():
     assert FUSED_LINEAR_LOSS in changes
     assert changes[FUSED_LINEAR_LOSS].workload.loss == "fused-linear"
     assert changes[FUSED_LINEAR_LOSS].knob("tp").values == (1,)
+
+
+def test_activation_offloading_is_a_remedy_where_the_runtime_runs_it():
+    """Offloading activations is among the changes tried under a runtime that runs it (hf),
+    and not under one that does not (xla-gpu)."""
+    from capopt.search.remedies import OFFLOAD_ACTIVATIONS, candidate_changes
+    hf = load_scenario("llama3-8b-8xh100", values={"training.runtime": ("hf", "t")})
+    changes = dict(candidate_changes(hf))
+    assert changes[OFFLOAD_ACTIVATIONS].workload.activation_offload is True
+    assert OFFLOAD_ACTIVATIONS not in dict(candidate_changes(load_scenario("llama3-8b-8xh100")))
