@@ -951,6 +951,8 @@ def test_maxtext_overrides_are_base_yml_keys(name, precision):
         assert d.get(key, "") in allowed | {""}, (key, d.get(key))
 
 
+@pytest.mark.skipif(not _installed("transformers", "accelerate"),
+                    reason="transformers / accelerate are not installed")
 def test_a_fused_linear_loss_is_ligers_kernel_alone_in_the_trainers_files():
     """``loss = "fused-linear"`` is Liger's fused linear cross-entropy: the Trainer's and TRL's
     files switch Liger on (TrainingArguments.use_liger_kernel, transformers 5.25) with
@@ -982,6 +984,7 @@ def test_a_fused_linear_loss_is_ligers_kernel_alone_in_the_trainers_files():
             assert err.value.allowed == "hf-trainer, trl-sft", fmt
 
 
+@pytest.mark.skipif(not _installed("trl", "peft"), reason="trl and peft are not installed")
 def test_activation_offloading_is_trls_and_refused_elsewhere():
     """``training.activation_offload`` is TRL's SFTConfig.activation_offloading (trl 1.16:
     OffloadActivations over each training step); SFTConfig takes the field; the other
