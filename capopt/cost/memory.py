@@ -585,15 +585,18 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # MLP's or the attention's set, not the whole block's: at the attention's, the copies
     # downstream of a materialised softmax are freed by then only when dropout's node lies
     # between (two nodes back), and probabilities both the softmax and the P V matmul save
-    # come back once for each; at the MLP's, down's input, freed by its own node when kept,
-    # is the previous node's, held beside the gradients it becomes. A recomputed block's are
+    # come back once for each; at a GELU MLP's, down's input, freed by its own node when
+    # kept, is the previous node's, held beside the gradients it becomes (a gated MLP's
+    # four saved tensors are never back at once: three and three gradients at its mul and
+    # silu nodes, its window's four and its two net gradients). A recomputed block's are
     # rebuilt on the device: per phase, top, rebuild and bottom, the stored share of the
     # block under backward)
     stored_here = ao * jnp.stack(jnp.broadcast_arrays(top_stored, 0.0 * top_stored,
                                                       1.0 - remat_share))
     points = {**points,
               "mlp": points["mlp"] + stored_here * (
-                  window_mlp - window + tokens * n["act_bytes"] * mlp_width(n) / k.tp),
+                  window_mlp - window
+                  + (1.0 - n["gated"]) * tokens * n["act_bytes"] * mlp_width(n) / k.tp),
               "attention": points["attention"] + stored_here * (
                   points["attention_released_mlp"] + window_attn - window
                   + (1.0 - n["attn_dropout"]) * points["attention_released_post"]
@@ -740,9 +743,14 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the fused linear cross-entropy: none, it never holds them whole)
     logits_fwd = ((1.0 - fl) * logits_mb * rank_sequences(k) * n["logit_elems_per_seq"]
                   * n["act_bytes"] / logit_div)
+    # (offloaded, the loss's last saved tensor brought back, its log-probabilities in float32
+    # or a fused kernel's logits, stays until the next offloaded node, past the head's
+    # backward, whose own tensors were never offloaded)
+    loss_back = (ao * (1.0 - fl) * logits_mb * rank_sequences(k) * n["logit_elems_per_seq"]
+                 * ((1.0 - n["loss_fused"]) * 4.0 + n["loss_fused"] * n["act_bytes"]) / logit_div)
     logits = {"loss": logits_bytes, "top": 0.0 * logits_bytes, "rebuild": 0.0 * logits_bytes,
               "bottom": 0.0 * logits_bytes, "update": 0.0 * logits_bytes,
-              "forward": logits_fwd, "regather": logits_fwd}
+              "forward": logits_fwd, "regather": logits_fwd + loss_back}
     # (autocast caches the cast of a leaf parameter, not of a view of one: the fused linear
     # cross-entropy's logits matmul reads ``weight.t()`` and casts the whole head again for
     # every chunk, a transient beside the cached cast; torch v2.13 autocast_mode.cpp
