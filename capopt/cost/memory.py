@@ -112,15 +112,16 @@ def loss_copies(n):
             keep * n["rt_logits_pad_copies"], keep * n["rt_logits_parallel_extra_copies"])
 
 
-def offload_window(k: Knobs, n, tokens):
+def offload_window(k: Knobs, n, tokens, inv: dict | None = None):
     """Bytes of a block's saved tensors on the device while activation offloading brings
     them back for its backward pass: the larger of its MLP's saved set (the f-wide tensors
     and the MLP input's cast) and its attention's (q, k, v, the output, the scores or the
     flash kernel's statistics), the nodes around each point being the ones whose tensors
     are back (torchtune's OffloadActivations: each node's freed once the next has run).
-    Returns (the window, the MLP's set, the attention's set)."""
+    Returns (the window, the MLP's set, the attention's set). ``inv``: the block's
+    `block_inventory`, where the caller has it already."""
     ab = n["act_bytes"]
-    inv = block_inventory(k, n)
+    inv = block_inventory(k, n) if inv is None else inv
     rep_div = shard(k.sp, k.tp)
     tf = 1.0 - n["mlp"]
     mlp = tokens * (ab * mlp_width(n) * (n["gated"] * n["rt_mlp_gated_saved"]
@@ -375,7 +376,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # brought back for the rebuild; what a selective policy keeps stays in the checkpoint's
     # own store, on the device.
     ao = n["act_offload"]
-    window, window_mlp, window_attn = offload_window(k, n, tokens)
+    window, window_mlp, window_attn = offload_window(k, n, tokens, inv)
     kept_sel = a_sel - ao * a_full
     per_block = (1.0 - ao) * (w_none * a_none + w_full * a_full) + w_sel * kept_sel
     # (a block's backward transients at each point where its backward can peak; the largest
