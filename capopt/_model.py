@@ -216,6 +216,12 @@ class ModelSpec:
         return self.num_hidden_layers - self.first_k_dense_replace if self.is_moe else 0
 
     @property
+    def has_vocab_head(self) -> bool:
+        """Whether the model ends in a head over its vocabulary (a decoder, or an encoder with
+        its masked-LM head): the logits a cross-entropy takes."""
+        return self.family == "decoder" or (self.family == "encoder" and self.mlm_head)
+
+    @property
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2 if self.family == "vit" else 0
 

@@ -414,7 +414,7 @@ class Scenario:
                                       + runtimes_running("optimizer_in_backward") + ")")
         if self.workload.loss == "fused-linear":
             m = self.model
-            if not (m.family == "decoder" or (m.family == "encoder" and m.mlm_head)):
+            if not m.has_vocab_head:
                 raise CapoptError(f"a {m.family} model has no vocabulary head to fuse the "
                                   "loss with", file=self.path, field="training.loss",
                                   allowed="float32, fused (or a decoder / masked-LM card)")
@@ -425,15 +425,12 @@ class Scenario:
             # the chunked pass runs on the whole head (Liger's kernel takes plain tensors, not
             # a vocabulary-parallel head): tensor parallelism is 1, chosen or not
             tp = self.knob("tp")
-            if tp.auto:
-                object.__setattr__(self, "knobs", tuple(k for k in self.knobs if k.name != "tp")
-                                   + (KnobDomain("tp", (1,)),))
-            elif not tp.allows(1):
+            if not tp.allows(1):
                 raise CapoptError("the fused linear cross-entropy runs on the whole head, not "
                                   "a vocabulary-parallel one", file=self.path,
                                   field="config.tp", allowed="1 (or auto) with "
                                   "training.loss = \"fused-linear\"")
-            elif len(tp.values) > 1:
+            if tp.values != (1,):               # (auto, or a list holding 1)
                 object.__setattr__(self, "knobs", tuple(k for k in self.knobs if k.name != "tp")
                                    + (KnobDomain("tp", (1,)),))
         if (self.workload.activation_offload

@@ -409,7 +409,7 @@ def _flop_shape_numbers(model) -> dict[str, float]:
     """
     h = model.hidden_size
     fam = model.family
-    lm = fam == "decoder" or (fam == "encoder" and model.mlm_head)
+    lm = model.has_vocab_head
     labels = model.num_labels if fam in ("encoder", "vit") else 0
     patch_dim = model.num_channels * model.patch_size ** 2 if fam == "vit" else 0
     return {
@@ -468,7 +468,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     n.update(backward_grad_shares(inventory(m, w.lora)))
     n["tied"] = float(m.family == "decoder" and m.tie_word_embeddings)
     # Output elements per sequence that go through the loss.
-    if m.family == "decoder" or (m.family == "encoder" and m.mlm_head):
+    if m.has_vocab_head:
         n["logit_elems_per_seq"] = s * m.vocab_size
         n["logit_tp"] = 1.0
     else:

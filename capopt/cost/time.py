@@ -146,8 +146,7 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     fl = n["loss_fused_linear"]
     chunks = jnp.ceil(tokens / fused_linear_chunk(n, tokens))
     head_w = n["P_head_tp"] + n["tied"] * n["P_embed_tp"]
-    fl_casts = (fl * autocast_mixed(n) * n["rt_autocast_casts"] * chunks * head_w
-                * (n["param_bytes"] + ab))
+    fl_casts = fl * autocast_mixed(n) * chunks * head_w * (n["param_bytes"] + ab)
     last = (logits + final_norm + fl_casts) / rate
     first = n["embed_vocab"] * 2.0 * tokens * h * ab * passes / rate   # lookup and its gradient
     dequant = (wrapped_base_per_device(k, n) * dequant_passes(k, n)

@@ -28,10 +28,8 @@ def _vocab_loss(sc: Scenario) -> bool:
     """A float32 cross-entropy over a vocabulary (decoders, masked-LM heads) in a PyTorch
     runtime, where a fused kernel would keep its logits in the compute dtype (the JAX
     validation step and the XLA profiles take optax's float32 loss)."""
-    m = sc.model
     return (sc.workload.loss == "float32" and sc.workload.precision != "fp32"
-            and not sc.runtime.name.startswith("xla")
-            and (m.family == "decoder" or (m.family == "encoder" and m.mlm_head)))
+            and not sc.runtime.name.startswith("xla") and sc.model.has_vocab_head)
 
 
 OFFLOAD_ACTIVATIONS = ("offload activations to host memory (activation_offload: TRL's "
@@ -47,10 +45,8 @@ def _can_offload_activations(sc: Scenario) -> bool:
 def _head_loss(sc: Scenario) -> bool:
     """A loss over a vocabulary in a PyTorch runtime not yet fused with its head (the fused
     linear cross-entropy runs with the head whole: tp 1, which the changed scenario pins)."""
-    m = sc.model
     return (sc.workload.loss != "fused-linear" and not sc.runtime.name.startswith("xla")
-            and (m.family == "decoder" or (m.family == "encoder" and m.mlm_head))
-            and sc.knob("tp").allows(1))
+            and sc.model.has_vocab_head and sc.knob("tp").allows(1))
 
 
 def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
