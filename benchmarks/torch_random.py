@@ -119,9 +119,11 @@ def main(argv=None) -> int:
                     help="the same draw with each parameter stepped in the backward pass "
                          "(training.optimizer_in_backward): no clipping, one micro-batch a "
                          "step (the batch shrunk to it), fp16-mixed draws left out")
-    ap.add_argument("--loss", default="float32", choices=["float32", "fused", "fused-linear"],
+    ap.add_argument("--loss", default="float32",
+                    choices=["float32", "fused", "fused-linear", "chunked"],
                     help="the same draw with this training.loss (fused-linear: Liger's fused "
-                         "linear cross-entropy, tp 1; results: torch_random_fused-linear.json[l])")
+                         "linear cross-entropy, chunked: torchtune's chunked one, both tp 1; "
+                         "results: torch_random_<loss>.json[l])")
     ap.add_argument("--activation-offload", action="store_true",
                     help="the same draw with activation offloading (training.activation_"
                          "offload; results: torch_random_offload.json[l])")
@@ -184,9 +186,13 @@ def main(argv=None) -> int:
                 c.scenario.workload, grad_clip=False, optimizer_in_backward=True,
                 global_batch=c.config.micro_batch * c.config.dp))) for c in kept]
     if args.loss != "float32":
-        if args.tp and args.loss == "fused-linear":
-            print("error: --loss fused-linear: the fused linear cross-entropy runs on the "
-                  "whole head (tp 1), not with --tp", file=sys.stderr)
+        if args.tp and args.loss in ("fused-linear", "chunked"):
+            print(f"error: --loss {args.loss}: the {args.loss} loss runs on the whole head "
+                  "(tp 1), not with --tp", file=sys.stderr)
+            return 2
+        if args.activation_offload and args.loss == "chunked":
+            print("error: --loss chunked: not priced with --activation-offload",
+                  file=sys.stderr)
             return 2
         cases = [dataclasses.replace(c, features={**c.features, "loss": args.loss},
                                      scenario=c.scenario.replace(workload=dataclasses.replace(

@@ -35,9 +35,17 @@ class Plan:
         return {k: float(v) for k, v in self.estimate.throughput.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scenario": self.scenario.name, "fits": self.fits,
-                "config": self.config.to_dict(), "memory": self.memory, "time": self.time,
-                "throughput": self.throughput}
+        d = {"scenario": self.scenario.name, "fits": self.fits,
+             "config": self.config.to_dict(), "memory": self.memory, "time": self.time,
+             "throughput": self.throughput}
+        if self.scenario.choices:
+            d["training"] = training_choices(self.scenario)
+        return d
+
+
+def training_choices(sc: Scenario) -> dict[str, Any]:
+    """The values of the [training] fields the optimiser chose (`Scenario.choices`)."""
+    return {name: getattr(sc.workload, name) for name in sc.choices}
 
 
 def plan(scenario: Scenario | str | dict, config: Config | None = None, **knobs) -> Plan:

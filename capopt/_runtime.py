@@ -193,6 +193,9 @@ SCHEMA: dict[str, Coeff] = {
                                 "copied to pinned host memory in the forward pass, the "
                                 "head's excepted, brought back in the backward pass); 0: "
                                 "refused"),
+    "chunked_loss": _c(0, "1: training.loss = chunked as torchtune's recipes run it "
+                          "(LinearCrossEntropyLoss: the head and an upcast cross-entropy on "
+                          "8 slices of the tokens, eagerly); 0: refused"),
     "async_tp": _c(0, "1: training.async_tp as torchtitan runs it (enable_async_tensor_"
                       "parallel: TorchInductor's micro-pipeline TP fuses each tensor-parallel "
                       "all-gather with the matmul after it and each reduce-scatter with the "

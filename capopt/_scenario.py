@@ -14,8 +14,8 @@ from ._errors import CapoptError
 from ._hardware import get_hardware
 from ._io import check_depth, parse_toml, path_exists, read_text
 from ._runtime import get_profile
-from ._specs import (KNOBS, LORA_TARGETS, REMAT_POLICIES, STAGE_KNOBS, Budget, Config,
-                     KnobDomain, LoRA, Scenario, Workload, data_replicas)
+from ._specs import (KNOBS, LORA_TARGETS, LOSSES, REMAT_POLICIES, STAGE_KNOBS, Budget,
+                     Config, KnobDomain, LoRA, Scenario, Workload, data_replicas)
 from ._units import GiB
 
 DEFAULT_SCENARIO = "llama3-8b-8xh100"
@@ -340,6 +340,7 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
                           field="hardware.price_per_gpu_hour", allowed=", ".join(prices))
 
     seq_default = model.native_seq_len or ...
+    choice_values = {name: _choice(tr_t, name, file) for name in WORKLOAD_CHOICES}
     workload = Workload(
         seq_len=_get(tr_t, "seq_len", int, "training", file, seq_default),
         global_batch=_get(tr_t, "global_batch", int, "training", file),
@@ -347,12 +348,8 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
         optimizer=_get(tr_t, "optimizer", str, "training", file, "adamw"),
         grad_clip=_get(tr_t, "grad_clip", bool, "training", file, True),
         lora=_lora(tr_t.get("lora"), file),
-        loss=_get(tr_t, "loss", str, "training", file, "float32"),
-        compile=_get(tr_t, "compile", bool, "training", file, False),
-        optimizer_in_backward=_get(tr_t, "optimizer_in_backward", bool, "training", file,
-                                   False),
         async_tp=_get(tr_t, "async_tp", bool, "training", file, False),
-        activation_offload=_get(tr_t, "activation_offload", bool, "training", file, False),
+        **{name: vals[0] for name, (vals, _) in choice_values.items()},
         input_samples_per_s=_get(tr_t, "input_samples_per_s", float, "training", file, None),
         train_tokens=_get(tr_t, "train_tokens", float, "training", file, None),
     )
@@ -396,15 +393,87 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
         model=model, workload=workload, runtime=runtime, knobs=knobs,
         objective=_get(obj_t, "maximize", str, "objective", file, "throughput"),
         deadline_s=deadline_h * 3600.0 if deadline_h else None, path=file, **stage)
+    primary_at = dict(hardware=hardware, count=count, per_node=per_node, budget=budget,
+                      price_per_gpu_hour=price_for(hardware))
+    workloads, searched = _workload_choices(choice_values, common, primary_at)
+    common["choices"] = searched
     variants = [Scenario(hardware=hw, count=c,
                          per_node=per_node if per_node_given else min(hw.per_node, c),
-                         budget=budget_for(hw), price_per_gpu_hour=price_for(hw), **common)
-                for hw in hardwares for c in counts]
-    primary = Scenario(hardware=hardware, count=count, per_node=per_node, budget=budget,
-                       price_per_gpu_hour=price_for(hardware), **common)
+                         budget=budget_for(hw), price_per_gpu_hour=price_for(hw),
+                         **{**common, "workload": w})
+                for hw in hardwares for c in counts for w in workloads]
+    primary = Scenario(**primary_at, **{**common, "workload": workloads[0]})
     if len(variants) > 1:
         primary = primary.replace(variants=tuple(variants))
     return primary
+
+
+# [training] fields the optimiser chooses where the scenario lets it: a list of values, or
+# "auto" (every value of the tuple the runtime, the model and the other fields allow). The
+# first value is the field's default; a single value is the field as it always was.
+WORKLOAD_CHOICES: dict[str, tuple] = {
+    "loss": LOSSES,
+    "compile": (False, True),
+    "optimizer_in_backward": (False, True),
+    "activation_offload": (False, True),
+}
+
+
+def _choice(tr_t: Mapping, name: str, file) -> tuple[list, bool]:
+    """A choosable [training] field's values, and whether they came from "auto"."""
+    allowed = WORKLOAD_CHOICES[name]
+    field = f"training.{name}"
+    raw = tr_t.get(name, allowed[0])
+    if raw == "auto":
+        return list(allowed), True
+    flag = isinstance(allowed[0], bool)
+    what = ("true, false, [true, false] or \"auto\"" if flag else
+            ", ".join(allowed) + ', a list of them, or "auto"')
+    vals = raw if isinstance(raw, list) else [raw]
+    if not vals:
+        raise CapoptError("empty list", file=file, field=field, allowed=what)
+    out: list = []
+    for v in vals:
+        ok = isinstance(v, bool) if flag else isinstance(v, str) and v in allowed
+        if not ok:
+            raise CapoptError(f"got {v!r}" if flag or not isinstance(v, str) else
+                              f"unknown {name} {v!r}", file=file, field=field, allowed=what)
+        if v not in out:
+            out.append(v)
+    return out, False
+
+
+def _workload_choices(choice_values: Mapping[str, tuple[list, bool]], common: dict,
+                      primary_at: dict) -> tuple[list[Workload], tuple[str, ...]]:
+    """The workloads the optimiser chooses among (the first the scenario's default), and the
+    fields that vary. Each combination of the choosable fields' values is built as a scenario
+    and kept if it is one; a value given by "auto" that no combination takes is left out (the
+    runtime or the model does not run it), a value listed by hand must be taken by one, or its
+    error is the scenario's."""
+    import dataclasses
+    import itertools
+    searched = tuple(n for n, (vals, _) in choice_values.items() if len(vals) > 1)
+    base = common["workload"]
+    if not searched:
+        return [base], ()
+    kept: list[Workload] = []
+    first_error: dict[tuple[str, Any], CapoptError] = {}
+    for combo in itertools.product(*(choice_values[n][0] for n in searched)):
+        try:
+            w = dataclasses.replace(base, **dict(zip(searched, combo)))
+            Scenario(**primary_at, **{**common, "workload": w})
+        except CapoptError as e:
+            for item in zip(searched, combo):
+                first_error.setdefault(item, e)
+            continue
+        kept.append(w)
+    for name in searched:
+        vals, auto = choice_values[name]
+        for v in vals:
+            if not any(getattr(w, name) == v for w in kept) and (not auto or not kept):
+                raise first_error[(name, v)]
+    searched = tuple(n for n in searched if len({getattr(w, n) for w in kept}) > 1)
+    return kept, searched
 
 
 class CapoptWarning(UserWarning):

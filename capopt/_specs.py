@@ -24,8 +24,15 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adam
 # Engine cross-entropy), keeping float32 statistics per token only; "fused-linear", the
 # head's matmul and the cross-entropy in one pass over chunks of tokens that also writes the
 # head's input and weight gradients (Liger's LigerFusedLinearCrossEntropyLoss, the Trainer's
-# use_liger_kernel): the logits are never whole (`capopt.cost.flops.fused_linear_chunk`)
-LOSSES = ("float32", "fused", "fused-linear")
+# use_liger_kernel): the logits are never whole (`capopt.cost.flops.fused_linear_chunk`);
+# "chunked", the head and an upcast cross-entropy run eagerly on `CHUNKED_LOSS_CHUNKS`
+# slices of the tokens, one after another (torchtune's LinearCrossEntropyLoss, its recipes'
+# default, and CEWithChunkedOutputLoss): each slice's float32 log-probabilities are saved
+# for the backward pass, its upcast copies are transient
+LOSSES = ("float32", "fused", "fused-linear", "chunked")
+# torchtune (bd2a0fc) modules/loss/cross_entropy_loss.py LinearCrossEntropyLoss and
+# ce_chunked_output_loss.py CEWithChunkedOutputLoss: num_output_chunks: int = 8
+CHUNKED_LOSS_CHUNKS = 8
 REMAT_POLICIES = ("none", "selective", "full")
 OBJECTIVES = ("throughput", "cost_efficiency")
 # LoRA's targets: the groups ("attn": every attention projection, "mlp": the MLP's) and
@@ -370,6 +377,9 @@ class Scenario:
     path: str | None = field(default=None, compare=False)
     # Other (gpu, count) choices the scenario allows; each a complete Scenario.
     variants: tuple["Scenario", ...] = field(default=(), compare=False, repr=False)
+    # The [training] fields the optimiser chooses (`WORKLOAD_CHOICES`: a list or "auto" in the
+    # file); every variant holds one value of each, the same names on all of them.
+    choices: tuple[str, ...] = field(default=(), compare=False, repr=False)
     # Uneven pipeline stages (pp >= 2): "even" (L / pp layers each) or "auto" (the optimiser
     # chooses each stage's layer count); "uniform" recomputation (the remat knob everywhere)
     # or "auto" (the optimiser chooses how many layers each stage recomputes).
@@ -412,24 +422,44 @@ class Scenario:
                               field="training.optimizer_in_backward",
                               allowed="false, or a runtime that runs it ("
                                       + runtimes_running("optimizer_in_backward") + ")")
-        if self.workload.loss == "fused-linear":
+        loss = self.workload.loss
+        if loss == "fused" and self.runtime.name.startswith("xla"):
+            raise CapoptError(f"the {self.runtime.name} step takes optax's cross-entropy on "
+                              "the float32 logits (its rules are the profile's)",
+                              file=self.path, field="training.loss",
+                              allowed="float32, or fused under a PyTorch runtime")
+        if loss in ("fused-linear", "chunked"):
             m = self.model
             if not m.has_vocab_head:
-                raise CapoptError(f"a {m.family} model has no vocabulary head to fuse the "
-                                  "loss with", file=self.path, field="training.loss",
+                raise CapoptError(f"a {m.family} model has no vocabulary head to "
+                                  + ("fuse the loss with" if loss == "fused-linear" else
+                                     "chunk the loss over"), file=self.path,
+                                  field="training.loss",
                                   allowed="float32, fused (or a decoder / masked-LM card)")
             if self.runtime.name.startswith("xla"):
                 raise CapoptError(f"the {self.runtime.name} step takes optax's cross-entropy "
                                   "on whole logits", file=self.path, field="training.loss",
-                                  allowed="float32, or fused-linear under a PyTorch runtime")
-            # the chunked pass runs on the whole head (Liger's kernel takes plain tensors, not
-            # a vocabulary-parallel head): tensor parallelism is 1, chosen or not
+                                  allowed=f"float32, or {loss} under a PyTorch runtime")
+            if loss == "chunked" and self.runtime.coeff("chunked_loss") < 0.5:
+                raise CapoptError(f"the {self.runtime.name} runtime does not run the chunked "
+                                  "loss", file=self.path, field="training.loss",
+                                  allowed="float32, fused, fused-linear, or a runtime that "
+                                          "runs it (" + runtimes_running("chunked_loss") + ")")
+            if loss == "chunked" and self.workload.activation_offload:
+                # (torchtune opens OffloadActivations over the model's forward pass only, TRL
+                # over the loss too: which of the loss's tensors leave is the framework's)
+                raise CapoptError("the chunked loss is not priced with activation offloading",
+                                  file=self.path, field="training.activation_offload",
+                                  allowed="false with training.loss = \"chunked\"")
+            # both run on the whole head (Liger's kernel takes plain tensors; the chunked
+            # loss is priced without loss_parallel's vocabulary split): tensor parallelism is
+            # 1, chosen or not
             tp = self.knob("tp")
             if not tp.allows(1):
-                raise CapoptError("the fused linear cross-entropy runs on the whole head, not "
-                                  "a vocabulary-parallel one", file=self.path,
+                raise CapoptError(f"the {loss} loss runs on the whole head, not a "
+                                  "vocabulary-parallel one", file=self.path,
                                   field="config.tp", allowed="1 (or auto) with "
-                                  "training.loss = \"fused-linear\"")
+                                  f"training.loss = \"{loss}\"")
             if tp.values != (1,):               # (auto, or a list holding 1)
                 object.__setattr__(self, "knobs", tuple(k for k in self.knobs if k.name != "tp")
                                    + (KnobDomain("tp", (1,)),))

@@ -118,7 +118,7 @@ def cmd_optimize(args) -> int:
     from .search import optimize
     res = optimize(sc, top_k=args.top, method=args.method, seed=args.seed)
     d = res.to_dict()
-    if args.emit and res.best and _emit(args, res.best.config, sc):
+    if args.emit and res.best and _emit(args, res.best.config, res.best.scenario):
         pass                                # the launch file took the table's place
     elif args.json:
         print(json.dumps(d, indent=2))
@@ -309,6 +309,13 @@ _gib = _number(float, "a number of GiB", lambda v: math.isfinite(v) and v > 0,
                "a number of GiB > 0")
 
 
+def _loss(text: str):
+    """``KIND``, ``KIND,KIND`` (the optimiser chooses among them) or ``auto`` (checked with the
+    scenario)."""
+    kinds = [k.strip() for k in text.split(",")]
+    return kinds if len(kinds) > 1 else kinds[0]
+
+
 def _lora(text: str) -> dict:
     """``RANK``, ``RANK:BITS``, ``RANK:BITS:TARGETS`` (comma-separated, e.g. ``q,v``) or
     ``RANK:BITS:TARGETS:DROPOUT`` as the scenario's ``training.lora`` table (the targets and
@@ -379,10 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "adamw-8bit, adafactor, lion, sgd, sgd-momentum")
         q.add_argument("--runtime", metavar="PROFILE", help="a profile of `capopt catalog "
                        "profiles` (default xla-gpu)")
-        q.add_argument("--loss", metavar="KIND", help="float32 (default: logits upcast for "
-                       "the cross-entropy), fused (one kernel on the compute-dtype logits) or "
-                       "fused-linear (Liger's head and loss over chunks of tokens: the logits "
-                       "never whole; tp 1)")
+        q.add_argument("--loss", metavar="KIND", type=_loss,
+                       help="float32 (default: logits upcast for the cross-entropy), fused "
+                       "(one kernel on the compute-dtype logits) or fused-linear (Liger's head "
+                       "and loss over chunks of tokens: the logits never whole; tp 1); "
+                       "several, comma-separated, or auto: the optimiser chooses")
         q.add_argument("--compile", action="store_const", const=True, default=None,
                        help="the step under torch.compile: element-wise ops fused (runtimes "
                             "that run them eagerly: pytorch-eager and the profiles built on "

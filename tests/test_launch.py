@@ -491,8 +491,10 @@ def test_a_fused_loss_is_torchtitans_compiled_loss_or_mpts_and_refused_elsewhere
     """``loss = "fused"`` is torchtitan's compiled loss ([compile] enable, components
     ["loss"]: torchtitan/components/loss.py at v0.2.2) and MPT's flash-attn cross-entropy
     (llm-foundry's loss_fn: fused_crossentropy, its default); no other format's file chooses
-    the cross-entropy kernel, and each refusal names the two formats that express it."""
-    sc = _with(SC, loss="fused")
+    the cross-entropy kernel, and each refusal names the two formats that express it. (A
+    PyTorch runtime's scenario: the XLA step refuses the fused loss.)"""
+    sc = _with(load_scenario("llama3-8b-8xh100",
+                             values={"training.runtime": ("torchtitan", "t")}), loss="fused")
     cfg = CONFIGS["zero3-full"]
     t = tomllib.loads(emit("torchtitan", cfg, sc))
     assert t["compile"] == {"enable": True, "components": ["loss"]}
@@ -507,6 +509,19 @@ def test_a_fused_loss_is_torchtitans_compiled_loss_or_mpts_and_refused_elsewhere
                 emit(fmt, cfg, sc)
             assert "training.loss" in str(err.value)
             assert err.value.allowed == "torchtitan, llm-foundry"
+
+
+def test_a_chunked_loss_is_refused_by_every_format():
+    """``loss = "chunked"`` is torchtune's, a config none of the formats is: each refuses it
+    by name and none is offered instead."""
+    sc = _with(load_scenario("llama3-8b-8xh100",
+                             values={"training.runtime": ("pytorch-eager", "t")}),
+               loss="chunked")
+    for fmt in FORMATS:
+        with pytest.raises(CapoptError) as err:
+            emit(fmt, CONFIGS["zero3-full"], sc)
+        assert "training.loss" in str(err.value) and "torchtune" in str(err.value)
+        assert err.value.allowed is None
 
 
 def test_llm_foundry_files_say_what_composer_cannot_do():

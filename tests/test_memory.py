@@ -608,6 +608,28 @@ def test_torchtitans_op_policy_saves_every_other_plain_matmul():
     assert sel8 == pytest.approx(2 * 8192 * per_token8, rel=1e-6)
 
 
+def test_a_chunked_loss_holds_every_slices_float32_log_probabilities():
+    """``loss = "chunked"`` (torchtune's, eager): where the loss makes the peak, its logits
+    term is every slice's float32 log-probabilities plus one slice's nll_loss gradient and
+    log_softmax backward result, micro_batch x s x V x 4 x (1 + 2 / 8) bytes, exactly (the
+    head's weight gradients, 65536 x 64, are too small here to move the peak to the second
+    slice); its head GEMMs run on an eighth of the rows; nothing else changes."""
+    import dataclasses
+    from capopt._model import ModelSpec
+    m = ModelSpec(name="v", family="decoder", hidden_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, intermediate_size=128, vocab_size=65536,
+                  position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated",
+                  hidden_act="silu")
+    sc = make_scenario(m, runtime="pytorch-eager", count=1, global_batch=4, seq_len=512)
+    ch = sc.replace(workload=dataclasses.replace(sc.workload, loss="chunked"))
+    cfg = Config(micro_batch=4)
+    mem_c, mem_u = estimate(cfg, ch).memory, estimate(cfg, sc).memory
+    assert float(mem_c["logits_bytes"]) == 4 * 512 * 65536 * 4 * (1 + 2 / 8)
+    assert float(mem_u["logits_bytes"]) == 4 * 512 * 65536 * 4 * 3
+    for key in ("params_bytes", "optimizer_bytes", "grads_bytes", "activations_bytes"):
+        assert float(mem_c[key]) == float(mem_u[key]), key
+
+
 def test_a_fused_loss_holds_two_compute_dtype_logits_copies():
     """``loss = "fused"``: where the loss makes the peak (a large vocabulary, a small model),
     its logits term is the compute-dtype logits and their gradient, micro_batch x s x V x 2

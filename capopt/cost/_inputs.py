@@ -20,7 +20,7 @@ import numpy as np
 from .._runtime import (INT8_SCALE_BYTES, NF4_BYTES_PER_WEIGHT, adafactor_state_elems,
                         adam8bit_moment_bytes)
 from .._inventory import inventory, trainable
-from .._specs import Config, LoRA, Scenario, lora_adapters_bf16
+from .._specs import CHUNKED_LOSS_CHUNKS, Config, LoRA, Scenario, lora_adapters_bf16
 
 DTYPE = jnp.float32
 
@@ -583,6 +583,12 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     # The fused linear cross-entropy (``loss = "fused-linear"``) takes the head's matmul too:
     # chunk by chunk of tokens, never the whole logits (`capopt.cost.flops.fused_linear_chunk`)
     n["loss_fused_linear"] = float(w.loss == "fused-linear")
+    # The chunked loss (``loss = "chunked"``: torchtune's) runs the head and the float32
+    # cross-entropy slice by slice of the tokens, eagerly: its own rules at the loss
+    # (`capopt.cost.memory.loss_copies`); its matmuls and element-wise passes are the float32
+    # loss's, on slices (`CHUNKED_LOSS_CHUNKS`)
+    n["loss_chunked"] = float(w.loss == "chunked")
+    n["loss_chunks"] = float(CHUNKED_LOSS_CHUNKS)
     # torch.compile (``training.compile``): TorchInductor fuses each chain of element-wise ops
     # and reductions into kernels that read their inputs and write their outputs once, so the
     # profile's eager extras (``ew_*_extra``) vanish (`capopt.cost.time.memory_bound_times`)

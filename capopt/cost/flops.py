@@ -216,7 +216,9 @@ def compute_times(k: Knobs, n: dict) -> dict:
 
     seqs = rank_sequences(k)
     fl = n["loss_fused_linear"]
-    head_rows = (1.0 - fl) * tokens + fl * fused_linear_chunk(n, tokens)
+    ch = n["loss_chunked"]                        # (the chunked loss's head: slice by slice)
+    head_rows = ((1.0 - fl - ch) * tokens + fl * fused_linear_chunk(n, tokens)
+                 + ch * tokens / n["loss_chunks"])
     # the attention's projections: split over tp, and (latent attention's q_a, kv_a)
     # replicated; K = h (latent attention's q and kv_b read the narrower latents)
     qkv_rep = 2.0 * n["W_qkv_rep"]

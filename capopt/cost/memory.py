@@ -105,9 +105,16 @@ def loss_copies(n):
     reads, kept for its backward, and their gradient, written in the compute dtype; no
     float32 copy, no padded or vocabulary-parallel extras); or a fused linear
     cross-entropy's (``loss = "fused-linear"``): one, each chunk's logits overwritten by
-    their gradient (`fused_linear_chunk`)."""
-    keep = 1.0 - n["loss_fused"] - n["loss_fused_linear"]
-    return (keep * n["rt_logits_fp32_copies"],
+    their gradient (`fused_linear_chunk`); or the chunked loss's (``loss = "chunked"``,
+    torchtune's, eager): every slice's float32 log-probabilities, saved by log_softmax, and
+    at the first slice's backward, where its log_softmax backward runs, nll_loss's float32
+    gradient and the result beside them, one slice each (a slice's logits and their upcast
+    copy are freed within its forward pass: _to_copy's and linear's backward keep neither;
+    the last slice's forward holds its bf16 logits, their upcast and its log-probabilities
+    beside seven saved: 4.75 bytes a logit against the backward's 5)."""
+    ch = n["loss_chunked"]
+    keep = 1.0 - n["loss_fused"] - n["loss_fused_linear"] - ch
+    return (keep * n["rt_logits_fp32_copies"] + ch * (1.0 + 2.0 / n["loss_chunks"]),
             keep * n["rt_logits_act_copies"] + 2.0 * n["loss_fused"] + n["loss_fused_linear"],
             keep * n["rt_logits_pad_copies"], keep * n["rt_logits_parallel_extra_copies"])
 
@@ -446,6 +453,22 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     fl_logits = logits_mb * (fused_linear_chunk(n, tokens) * n["V"] * n["act_bytes"]
                              + tokens * (n["h"] * stream_bytes(n) + 4.0))
     logits_bytes = (1.0 - fl) * logits_bytes + fl * fl_logits
+    # The chunked loss (``loss = "chunked"``, tp = 1): of its slices' float32
+    # log-probabilities, all saved, the largest of: the first slice's backward (`loss_copies`:
+    # its nll_loss gradient and log_softmax backward's result beside all of them), the second
+    # slice's (the first slice's freed, its head weight gradient held) and the second slice's
+    # head backward (two freed; its weight gradient, the one held and their sum: autograd
+    # accumulates a gradient used twice out of place, three head-sized buffers in the
+    # matmul's dtype; the torch tier's live set at the peak of a float32 8191-entry head)
+    ch, n_slices = n["loss_chunked"], n["loss_chunks"]
+    slice_fp32 = (logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] * 4.0 / logit_div
+                  / n_slices)
+    head_wgrad = (logits_mb * (1 - n["lora"]) * (n["P_head_tp"] + n["tied"] * n["P_embed_tp"])
+                  * vocab_share * n["act_bytes"])
+    ch_logits = jnp.maximum(logits_bytes, jnp.maximum(
+        slice_fp32 * (n_slices + 1.0) + head_wgrad, slice_fp32 * (n_slices - 2.0)
+        + 3.0 * head_wgrad))
+    logits_bytes = (1.0 - ch) * logits_bytes + ch * ch_logits
     # the final norm's input and output (the head's input) at the loss
     # (under autocast: the norm's input in the stream's dtype, the head's cast of its output;
     # under the fused linear cross-entropy, run inside the forward pass, the output itself,
@@ -742,8 +765,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     }
     # (at the forward pass's end: the head's output, one compute-dtype copy)
     # (the fused linear cross-entropy: none, it never holds them whole)
-    logits_fwd = ((1.0 - fl) * logits_mb * rank_sequences(k) * n["logit_elems_per_seq"]
-                  * n["act_bytes"] / logit_div)
+    # (the chunked loss, run at the forward pass's end, before an FSDP root's pre-backward
+    # regather: every slice's float32 log-probabilities)
+    logits_fwd = (((1.0 - fl - ch) * n["act_bytes"] + ch * 4.0) * logits_mb
+                  * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div)
     # (offloaded, the loss's last saved tensor brought back, its log-probabilities in float32
     # or a fused kernel's logits, stays until the next offloaded node, past the head's
     # backward, whose own tensors were never offloaded)

@@ -137,6 +137,11 @@ def memory_bound_times(k: Knobs, n: dict) -> dict:
     passes = 1.0 + n["rt_ew_bwd_factor"]
     logit_div = n["logit_tp"] * tp + (1.0 - n["logit_tp"])
     fp32_copies, act_copies, _, _ = loss_copies(n)
+    # (the chunked loss runs the float32 loss's element-wise ops, slice by slice: its
+    # profile's passes, not its smaller live set)
+    ch = n["loss_chunked"]
+    fp32_copies = (1.0 - ch) * fp32_copies + ch * n["rt_logits_fp32_copies"]
+    act_copies = (1.0 - ch) * act_copies + ch * n["rt_logits_act_copies"]
     per_logit = ab * act_copies + 4.0 * fp32_copies
     logits = 2.0 * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div * per_logit
     final_norm = tf * 2.0 * tokens * h * rep * ab * passes

@@ -102,6 +102,10 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
         raise _Unexpressible("training.loss", "fused-linear", "capopt writes Liger's fused "
                              "linear cross-entropy into the Trainer's file (use_liger_kernel) "
                              f"and TRL's only; {fmt} has no such loss")
+    if scenario.workload.loss == "chunked":
+        raise _Unexpressible("training.loss", "chunked", "the chunked loss is torchtune's "
+                             "(loss: torchtune.modules.loss.LinearCrossEntropyLoss in a "
+                             "recipe's config), a format capopt does not write")
     if scenario.workload.activation_offload and fmt != "trl-sft":
         raise _Unexpressible("training.activation_offload", True, "capopt writes activation "
                              "offloading into TRL's file (activation_offloading) only")

@@ -103,13 +103,28 @@ def training_label(sc) -> str:
         kind = {4: "QLoRA", 8: "LoRA (8-bit base)", 16: "LoRA"}[lora.base_bits]
         parts.append(f"{kind} r{lora.rank} on {'+'.join(lora.targets)}"
                      + (f", dropout {lora.dropout:g}" if lora.dropout else ""))
-    if sc.workload.compile:
-        parts.append("torch.compile")
-    if sc.workload.optimizer_in_backward:
-        parts.append("optimizer in the backward pass")
+    fixed = [n for n in ("loss", "compile", "optimizer_in_backward", "activation_offload")
+             if n not in sc.choices]
+    if "loss" in fixed and sc.workload.loss != "float32":
+        parts.append(f"{sc.workload.loss} loss")
+    parts += [_CHOICE_WORDS[n] for n in fixed if n != "loss" and getattr(sc.workload, n)]
     if sc.workload.async_tp:
         parts.append("async TP")
+    if sc.choices:
+        parts.append("choosing " + ", ".join(sc.choices))
     return f" ({', '.join(parts)})" if parts else ""
+
+
+_CHOICE_WORDS = {"compile": "torch.compile", "optimizer_in_backward":
+                 "optimizer in the backward pass", "activation_offload": "activations offloaded"}
+
+
+def choice_label(sc) -> str:
+    """The values a search chose of the [training] fields left to it: ``fused-linear,
+    activations offloaded``; ``-`` for none switched on."""
+    parts = [sc.workload.loss if n == "loss" else _CHOICE_WORDS[n]
+             for n in sc.choices if n == "loss" or getattr(sc.workload, n)]
+    return ", ".join(parts) or "-"
 
 
 def optimize_table(res) -> str:
@@ -139,7 +154,8 @@ def optimize_table(res) -> str:
             lines.append(layout_line(res))
         return "\n".join(lines)
     rows = []
-    fleet = bool(res.per_variant)
+    fleet = len({(v["gpu"], v["count"]) for v in res.per_variant or ()}) > 1
+    chosen = bool(sc.choices)
     for i, c in enumerate(res.candidates, 1):
         m, t, th = c.memory, c.time, c.throughput
         stages = getattr(c, "layout", None)
@@ -147,18 +163,22 @@ def optimize_table(res) -> str:
             f" layers={stages.layers} recompute={stages.recompute}" if stages else "")
         row = [i, name, gib(m["total_bytes"]), seconds(t["step_s"]),
                si(th["tokens_per_s"], "tok/s"), f"{100 * th.get('mfu', 0):.1f}%"]
+        if chosen:
+            row.insert(1, choice_label(c.scenario))
         if fleet:
             row.insert(1, f"{c.scenario.count}x {c.scenario.hardware.name}")
         if th.get("cost_per_million_tokens"):
             row.append(f"${th['cost_per_million_tokens']:.3f}")
         rows.append(row)
     headers = ["#", "config", "GiB/dev", "step", "throughput", "MFU"]
+    if chosen:
+        headers.insert(1, "training")
     if fleet:
         headers.insert(1, "gpus")
     if rows and len(rows[0]) > len(headers):
         headers.append("$/M tok")
-    lines.append(table(rows, headers, "r" + "l" * (1 + fleet) + "r" * (len(headers) - 2
-                                                                          - fleet)))
+    left = 1 + fleet + chosen
+    lines.append(table(rows, headers, "r" + "l" * left + "r" * (len(headers) - 1 - left)))
     if len(res.candidates) > 1:
         lines.append("runner-up: " + why_lost(res.candidates[0], res.candidates[1]))
     if res.layout is not None:

@@ -13,7 +13,7 @@ import optax
 from .. import _jaxcache
 from .._compiled import in_background, result_or_none
 from .._errors import CapoptError
-from .._plan import Plan
+from .._plan import Plan, training_choices
 from .._scenario import load_scenario
 from .._specs import Scenario
 from .._units import GiB
@@ -451,8 +451,10 @@ def plan_objective(p: Plan) -> float:
 
 
 def _optimize_fleet(sc: Scenario, *, remedies: bool, **opts) -> OptimizeResult:
-    """Choose the GPU type and count too: solve each (gpu, count) the scenario lists (same
-    shape, so one compilation serves all) and rank everything found together."""
+    """Choose the GPU type and count, and the [training] fields left to the optimiser
+    (`Scenario.choices`), too: solve each variant the scenario lists (same shapes, the
+    workload's switches are numbers of the cost model: one compilation serves all) and rank
+    everything found together."""
     t0 = time.perf_counter()
     results = [optimize(v, remedies=False, **opts) for v in sc.variants]
     plans = [p for r in results for p in r.candidates]
@@ -479,7 +481,9 @@ def _optimize_fleet(sc: Scenario, *, remedies: bool, **opts) -> OptimizeResult:
     res = OptimizeResult(sc, status, opts["method"], top, time.perf_counter() - t0, evaluated,
                          space, shadow, None if top else smallest, rem,
                          {"variants": len(sc.variants)}, layouts=list(layouts))
-    res.per_variant = [{"gpu": v.hardware.name, "count": v.count, "status": r.status,
+    res.per_variant = [{"gpu": v.hardware.name, "count": v.count,
+                        **({"training": training_choices(v)} if v.choices else {}),
+                        "status": r.status,
                         "best_tokens_per_s": r.best.throughput["tokens_per_s"] if r.best
                         else None,
                         "best_objective": plan_objective(r.best) if r.best else None,

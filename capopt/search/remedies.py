@@ -74,11 +74,12 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
     for opt in ("adamw-8bit", "adafactor", "sgd-momentum"):
         if w.optimizer in ("adamw", "adam", "lion") and opt != w.optimizer:
             out.append((f"lighter optimizer: {opt}", _workload(sc, optimizer=opt)))
-    if _vocab_loss(sc):
+    # (a [training] field the search chose already is not offered again)
+    if _vocab_loss(sc) and "loss" not in sc.choices:
         out.append((FUSED_LOSS, _workload(sc, loss="fused")))
-    if _head_loss(sc):
+    if _head_loss(sc) and "loss" not in sc.choices:
         out.append((FUSED_LINEAR_LOSS, _workload(sc, loss="fused-linear")))
-    if _can_offload_activations(sc):
+    if _can_offload_activations(sc) and "activation_offload" not in sc.choices:
         out.append((OFFLOAD_ACTIVATIONS, _workload(sc, activation_offload=True)))
     if w.lora is None and sc.model.family != "mlp":
         out.append(("LoRA rank 16 on attention and MLP", _workload(sc, lora=LoRA(16))))

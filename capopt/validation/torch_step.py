@@ -60,8 +60,8 @@ def check_supported(scenario: Scenario, config: Config) -> None:
     w = scenario.workload
     if w.activation_offload and config.tp > 1:
         raise _unsupported("the torch tier offloads activations without tensor parallelism")
-    if w.loss == "fused-linear" and config.tp > 1:
-        raise _unsupported("the fused linear cross-entropy runs on the whole head: tp = 1")
+    if w.loss in ("fused-linear", "chunked") and config.tp > 1:
+        raise _unsupported(f"the {w.loss} loss runs on the whole head: tp = 1")
     if w.loss == "fused" and config.tp > 1:
         raise _unsupported("the torch tier's fused cross-entropy runs on whole (not "
                            "vocabulary-parallel) logits: tp = 1")
@@ -203,6 +203,30 @@ def fused_linear_cross_entropy(x, weight, bias, labels):
             return grad_x, grad_w, grad_b, None
 
     return FusedLinearCE.apply(x, weight, bias, labels)
+
+
+def chunked_linear_cross_entropy(x, weight, bias, labels):
+    """Mean cross-entropy of the head ``x @ weight.T + bias`` as torchtune's
+    LinearCrossEntropyLoss computes it eagerly (``loss = "chunked"``; torchtune bd2a0fc
+    modules/loss/cross_entropy_loss.py, mask_ignored_tokens on): the rows of tokens that are
+    not ignored selected (an index_select copy of ``x``), split into `CHUNKED_LOSS_CHUNKS`
+    slices, and each slice's logits upcast to float32 for F.cross_entropy, summed; autograd
+    keeps what those ops save (every slice's log_softmax output)."""
+    import torch
+    import torch.nn.functional as F
+
+    from .._specs import CHUNKED_LOSS_CHUNKS
+    # (torch.where(labels != -100)[0]: the tier's labels are drawn from the vocabulary, none
+    # ignored, so every row; the fake tensors cannot run nonzero's data-dependent shape)
+    keep = torch.arange(labels.shape[0], device=labels.device)
+    x, labels = x.index_select(0, keep), labels.index_select(0, keep)
+    total = torch.zeros((), dtype=torch.float32, device=x.device)
+    for xc, yc in zip(x.tensor_split(CHUNKED_LOSS_CHUNKS, dim=0),
+                      labels.tensor_split(CHUNKED_LOSS_CHUNKS, dim=0)):
+        logits = F.linear(xc, weight, bias)
+        total = total + F.cross_entropy(logits.float(), yc, reduction="sum")
+        del logits
+    return total / keep.numel()
 
 
 class OffloadActivations:
@@ -461,6 +485,8 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
         model.train()
         if w.loss == "fused-linear":
             model.head_loss = fused_linear_cross_entropy
+        elif w.loss == "chunked":
+            model.head_loss = chunked_linear_cross_entropy
         if config.tp > 1:
             from .torch_tp import parallelize
             parallelize(model, spec, mesh["tp"], sequence_parallel=config.sequence_parallel)
@@ -529,9 +555,11 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                     meter.set_phase("forward")
                     ctx = (torch.autocast("cpu", dtype=autocast)
                            if autocast is not None and not fsdp_mp else contextlib.nullcontext())
-                    if w.loss == "fused-linear":
+                    if model.head_loss is not None:
                         # (the loss inside the model's forward pass, as the Trainer's Liger
-                        # patch runs it: under FSDP the root's parameters are still gathered)
+                        # patch runs it: under FSDP the root's parameters are still gathered;
+                        # torchtune's chunked loss takes the model's head too, after a
+                        # forward pass that skips it)
                         with ctx:
                             loss = model(ids, labels) / config.grad_accum
                         meter.set_phase("backward")
