@@ -608,6 +608,15 @@ def test_torchtitans_op_policy_saves_every_other_plain_matmul():
     assert sel8 == pytest.approx(2 * 8192 * per_token8, rel=1e-6)
 
 
+def _wide_vocab():
+    """One small block under a 65536-entry vocabulary: the loss makes the peak."""
+    from capopt._model import ModelSpec
+    return ModelSpec(name="v", family="decoder", hidden_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, intermediate_size=128, vocab_size=65536,
+                     position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated",
+                     hidden_act="silu")
+
+
 def test_a_chunked_loss_holds_every_slices_float32_log_probabilities():
     """``loss = "chunked"`` (torchtune's, eager): where the loss makes the peak, its logits
     term is every slice's float32 log-probabilities plus one slice's nll_loss gradient and
@@ -615,12 +624,7 @@ def test_a_chunked_loss_holds_every_slices_float32_log_probabilities():
     head's weight gradients, 65536 x 64, are too small here to move the peak to the second
     slice); its head GEMMs run on an eighth of the rows; nothing else changes."""
     import dataclasses
-    from capopt._model import ModelSpec
-    m = ModelSpec(name="v", family="decoder", hidden_size=64, num_hidden_layers=1,
-                  num_attention_heads=2, intermediate_size=128, vocab_size=65536,
-                  position_embedding="rotary", norm_type="rmsnorm", mlp_type="gated",
-                  hidden_act="silu")
-    sc = make_scenario(m, runtime="pytorch-eager", count=1, global_batch=4, seq_len=512)
+    sc = make_scenario(_wide_vocab(), runtime="pytorch-eager", count=1, global_batch=4, seq_len=512)
     ch = sc.replace(workload=dataclasses.replace(sc.workload, loss="chunked"))
     cfg = Config(micro_batch=4)
     mem_c, mem_u = estimate(cfg, ch).memory, estimate(cfg, sc).memory

@@ -807,6 +807,27 @@ def test_torchtitans_op_policy_keeps_what_the_tier_keeps(which):
     assert abs((p_all - p_ops) - (m_all - m_ops)) < 0.15 * (m_all - m_ops)
 
 
+def _loss_against(precision, vocab, reference, loss, tied=False):
+    """A loss kind against a reference one on the same small card (a vocabulary large
+    enough that the loss makes the peak): the prediction within 5% of the tier (the plain
+    case's bound), a saving over 10% of the reference's peak, and that saving the tier's
+    within 10%."""
+    import dataclasses
+
+    from capopt.validation.predict import predicted_torch_terms
+    from capopt.validation.torch_step import run_torch
+    sc = _scenario(_spec(vocab_size=vocab, tie_word_embeddings=tied), precision=precision,
+                   seq=512 if vocab > 9000 else 256)
+    ref, new = (sc.replace(workload=dataclasses.replace(sc.workload, loss=kind))
+                for kind in (reference, loss))
+    cfg = Config(micro_batch=4)
+    m_ref, m_new = (run_torch(s, cfg)["measured"]["peak_bytes"] for s in (ref, new))
+    p_ref, p_new = (predicted_torch_terms(cfg, s)["peak_bytes"] for s in (ref, new))
+    assert abs(p_new - m_new) / m_new < 0.05
+    assert m_ref - m_new > 0.1 * m_ref
+    assert abs((p_ref - p_new) - (m_ref - m_new)) < 0.10 * (m_ref - m_new)
+
+
 @needs_torch
 @pytest.mark.parametrize("precision, vocab", [("bf16-mixed", 32000), ("fp32", 8191)])
 def test_a_fused_loss_keeps_the_logits_and_their_gradient_in_the_compute_dtype(precision,
@@ -817,19 +838,7 @@ def test_a_fused_loss_keeps_the_logits_and_their_gradient_in_the_compute_dtype(p
     the prediction is within 5% of the tier (the plain case's bound) on a vocabulary large
     enough that the loss makes the peak (measured: 1023 -> 524 MiB at V 32000 in bf16), and
     the saving is the tier's within 10%."""
-    import dataclasses
-
-    from capopt.validation.predict import predicted_torch_terms
-    from capopt.validation.torch_step import run_torch
-    sc = _scenario(_spec(vocab_size=vocab), precision=precision, seq=512 if vocab > 9000
-                   else 256)
-    fused = sc.replace(workload=dataclasses.replace(sc.workload, loss="fused"))
-    cfg = Config(micro_batch=4)
-    m_up, m_fused = (run_torch(s, cfg)["measured"]["peak_bytes"] for s in (sc, fused))
-    p_up, p_fused = (predicted_torch_terms(cfg, s)["peak_bytes"] for s in (sc, fused))
-    assert abs(p_fused - m_fused) / m_fused < 0.05
-    assert m_up - m_fused > 0.1 * m_up
-    assert abs((p_up - p_fused) - (m_up - m_fused)) < 0.10 * (m_up - m_fused)
+    _loss_against(precision, vocab, "float32", "fused")
 
 
 @needs_torch
@@ -843,20 +852,7 @@ def test_a_fused_linear_loss_never_holds_the_logits_whole(precision, vocab, tied
     prediction is within 5% of the tier (the plain case's bound) and the saving against the
     fused loss is the tier's within 10% (measured at V 32000 in bf16-mixed: 526 -> 340 MiB
     untied, 432 -> 232 MiB tied, where autocast casts the tied table again for every chunk)."""
-    import dataclasses
-
-    from capopt.validation.predict import predicted_torch_terms
-    from capopt.validation.torch_step import run_torch
-    sc = _scenario(_spec(vocab_size=vocab, tie_word_embeddings=tied), precision=precision,
-                   seq=512 if vocab > 9000 else 256)
-    fused, fl = (sc.replace(workload=dataclasses.replace(sc.workload, loss=loss))
-                 for loss in ("fused", "fused-linear"))
-    cfg = Config(micro_batch=4)
-    m_fused, m_fl = (run_torch(s, cfg)["measured"]["peak_bytes"] for s in (fused, fl))
-    p_fused, p_fl = (predicted_torch_terms(cfg, s)["peak_bytes"] for s in (fused, fl))
-    assert abs(p_fl - m_fl) / m_fl < 0.05
-    assert m_fused - m_fl > 0.1 * m_fused
-    assert abs((p_fused - p_fl) - (m_fused - m_fl)) < 0.10 * (m_fused - m_fl)
+    _loss_against(precision, vocab, "fused", "fused-linear", tied)
 
 
 @needs_torch
@@ -871,19 +867,7 @@ def test_a_chunked_loss_saves_each_slices_log_probabilities(precision, vocab, ti
     head backward, three head-sized weight gradients beside six slices saved) and the saving
     against the float32 loss is the tier's within 10% (measured 1023 -> 586 MiB, 930 -> 492
     tied, 892 -> 455 in pure bf16)."""
-    import dataclasses
-
-    from capopt.validation.predict import predicted_torch_terms
-    from capopt.validation.torch_step import run_torch
-    sc = _scenario(_spec(vocab_size=vocab, tie_word_embeddings=tied), precision=precision,
-                   seq=512 if vocab > 9000 else 256)
-    ch = sc.replace(workload=dataclasses.replace(sc.workload, loss="chunked"))
-    cfg = Config(micro_batch=4)
-    m_up, m_ch = (run_torch(s, cfg)["measured"]["peak_bytes"] for s in (sc, ch))
-    p_up, p_ch = (predicted_torch_terms(cfg, s)["peak_bytes"] for s in (sc, ch))
-    assert abs(p_ch - m_ch) / m_ch < 0.05
-    assert m_up - m_ch > 0.1 * m_up
-    assert abs((p_up - p_ch) - (m_up - m_ch)) < 0.10 * (m_up - m_ch)
+    _loss_against(precision, vocab, "float32", "chunked", tied)
 
 
 @needs_torch
