@@ -193,6 +193,10 @@ SCHEMA: dict[str, Coeff] = {
                                 "copied to pinned host memory in the forward pass, the "
                                 "head's excepted, brought back in the backward pass); 0: "
                                 "refused"),
+    "loss_in_forward": _c(0, "1: the float32 loss runs inside the model's forward pass, "
+                             "under its autocast region (Hugging Face models given labels), "
+                             "and the logits come out converted to float32 (Accelerate's "
+                             "convert_outputs_to_fp32); 0: after it, on the logits"),
     "chunked_loss": _c(0, "1: training.loss = chunked as torchtune's recipes run it "
                           "(LinearCrossEntropyLoss: the head and an upcast cross-entropy on "
                           "8 slices of the tokens, eagerly); 0: refused"),

@@ -96,8 +96,13 @@ def cmd_plan(args) -> int:
     elif args.json:
         print(json.dumps(d, indent=2))
     else:
-        print(plan_table(d, f"{sc.name}: {sc.model.name}{training_label(sc)} on {sc.count}x "
-                            f"{sc.hardware.name}"))
+        print(plan_table(d, f"{sc.name}: {sc.model.name}{training_label(sc, chosen=False)} "
+                            f"on {sc.count}x {sc.hardware.name}"))
+    if sc.choices:
+        print("capopt: note: plan prices the first value of each [training] field left to "
+              "the optimiser (" + ", ".join(f"{c} = {getattr(sc.workload, c)}"
+                                           for c in sc.choices)
+              + "); optimize searches them", file=sys.stderr)
     if args.plot:
         from .report.figures import memory_breakdown, save
         print(f"saved {save(memory_breakdown([p]), args.plot)}", file=sys.stderr)

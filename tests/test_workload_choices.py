@@ -116,7 +116,7 @@ def test_the_answer_names_its_choice(tmp_path, capsys):
     path.write_text('name = "t"\n[model]\ncard = "llama-3-8b"\n[hardware]\n'
                     'gpu = "h100-sxm-80gb"\ncount = 8\n[training]\nseq_len = 8192\n'
                     'global_batch = 256\nruntime = "hf"\nactivation_offload = "auto"\n'
-                    '[budget]\nvram_gib = 48\n[config]\ntp = 1\npp = 1\n')
+                    '[budget]\nvram_gib = 64\n[config]\ntp = 1\npp = 1\n')
     assert main(["optimize", str(path), "--method", "exhaustive", "--top", "2"]) == 0
     table = capsys.readouterr().out
     assert "training" in table and "activations offloaded" in table
@@ -128,3 +128,14 @@ def test_the_answer_names_its_choice(tmp_path, capsys):
     pytest.importorskip("yaml")
     assert main(["optimize", str(path), "--method", "exhaustive", "--emit", "trl-sft"]) == 0
     assert "activation_offloading: true" in capsys.readouterr().out
+
+
+def test_plan_prices_the_first_value_and_says_so(capsys):
+    """``plan`` evaluates one config: the first value of a field left to the optimiser (the
+    list's first), named in its header and in a note on stderr."""
+    code = main(["plan", "--runtime", "hf", "--loss", "fused,float32", "--set", "micro_batch=2",
+                 "--set", "dp=8", "--set", "zero_stage=3", "--set", "tp=1", "--set", "pp=1"])
+    out = capsys.readouterr()
+    assert code == 0
+    assert "(fused loss)" in out.out.splitlines()[0]
+    assert "plan prices the first value" in out.err and "loss = fused" in out.err

@@ -767,8 +767,16 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the fused linear cross-entropy: none, it never holds them whole)
     # (the chunked loss, run at the forward pass's end, before an FSDP root's pre-backward
     # regather: every slice's float32 log-probabilities)
-    logits_fwd = (((1.0 - fl - ch) * n["act_bytes"] + ch * 4.0) * logits_mb
-                  * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div)
+    # (a float32 loss inside the model's forward pass, ``loss_in_forward``: the logits, their
+    # float32 upcast and log_softmax's saved output at once, beside every cast autocast has
+    # cached; then, the region left, the logits converted to float32 beside the saved output
+    # in the compute dtype's place: as many bytes. At the backward pass's start only the saved
+    # output is left.)
+    logit_elems = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div
+    in_fwd = n["rt_loss_in_forward"] * (1.0 - fl - ch - n["loss_fused"])
+    logits_fwd = ((1.0 - fl - ch) * n["act_bytes"] + ch * 4.0
+                  + in_fwd * (4.0 * lowp + 4.0)) * logit_elems
+    logits_start = logits_fwd - in_fwd * (n["act_bytes"] + 4.0 * lowp) * logit_elems
     # (offloaded, the loss's last saved tensor brought back, its log-probabilities in float32
     # or a fused kernel's logits, stays until the next offloaded node, past the head's
     # backward, whose own tensors were never offloaded)
@@ -776,7 +784,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                  * ((1.0 - n["loss_fused"]) * 4.0 + n["loss_fused"] * n["act_bytes"]) / logit_div)
     logits = {"loss": logits_bytes, "top": 0.0 * logits_bytes, "rebuild": 0.0 * logits_bytes,
               "bottom": 0.0 * logits_bytes, "update": 0.0 * logits_bytes,
-              "forward": logits_fwd, "regather": logits_fwd + loss_back}
+              "forward": logits_fwd, "regather": logits_start + loss_back}
     # (autocast caches the cast of a leaf parameter, not of a view of one: the fused linear
     # cross-entropy's logits matmul reads ``weight.t()`` and casts the whole head again for
     # every chunk, a transient beside the cached cast; torch v2.13 autocast_mode.cpp
@@ -804,7 +812,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # post-forward: what the forward pass's end holds)
     comm_fwd = comm_bytes - fsdp * gathered + z2_shards + acc_bucket + fwd_flat
     comm = {
-        "loss": (1.0 - fl) * (comm_bytes - fsdp * (gathered + regather * root_gathered)
+        # (the chunked loss's backward runs after the root's pre-backward, which its output,
+        # the loss, sets off: the root gathered again by then)
+        "loss": (1.0 - fl) * (comm_bytes - fsdp * (gathered + (1.0 - ch) * regather
+                                                   * root_gathered)
                               + z2_shards + acc_bucket) + fl * comm_fwd,
         "top": comm_bytes + z2_shards + bwd_bucket,
         "rebuild": gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket,

@@ -95,23 +95,26 @@ def assumed_rates_line(thr: dict) -> str:
             f"{thr['nccl_inter_gb_s']:.0f} GB/s across")
 
 
-def training_label(sc) -> str:
+def training_label(sc, chosen: bool = True) -> str:
     """What the scenario trains, when not the whole model, and how when compiled or stepped
-    in the backward pass: `` (QLoRA r16 on q+v)``, `` (torch.compile)``."""
+    in the backward pass: `` (QLoRA r16 on q+v)``, `` (torch.compile)``; the [training]
+    fields left to the optimiser as ``choosing ...`` (``chosen``), or else their first values
+    (what `plan` prices)."""
     lora, parts = sc.workload.lora, []
     if lora is not None:
         kind = {4: "QLoRA", 8: "LoRA (8-bit base)", 16: "LoRA"}[lora.base_bits]
         parts.append(f"{kind} r{lora.rank} on {'+'.join(lora.targets)}"
                      + (f", dropout {lora.dropout:g}" if lora.dropout else ""))
+    searched = sc.choices if chosen else ()
     fixed = [n for n in ("loss", "compile", "optimizer_in_backward", "activation_offload")
-             if n not in sc.choices]
+             if n not in searched]
     if "loss" in fixed and sc.workload.loss != "float32":
         parts.append(f"{sc.workload.loss} loss")
     parts += [_CHOICE_WORDS[n] for n in fixed if n != "loss" and getattr(sc.workload, n)]
     if sc.workload.async_tp:
         parts.append("async TP")
-    if sc.choices:
-        parts.append("choosing " + ", ".join(sc.choices))
+    if searched:
+        parts.append("choosing " + ", ".join(searched))
     return f" ({', '.join(parts)})" if parts else ""
 
 
