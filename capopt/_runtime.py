@@ -197,6 +197,9 @@ SCHEMA: dict[str, Coeff] = {
                              "under its autocast region (Hugging Face models given labels), "
                              "and the logits come out converted to float32 (Accelerate's "
                              "convert_outputs_to_fp32); 0: after it, on the logits"),
+    "zero1_single_rank": _c(0, "1: ZeRO-1 runs with a data-parallel group of one rank (the "
+                               "shard is the whole state: as stage 0 in memory and time); "
+                               "0: ZeRO needs dp > 1"),
     "chunked_loss": _c(0, "1: training.loss = chunked as torchtune's recipes run it "
                           "(LinearCrossEntropyLoss: the head and an upcast cross-entropy on "
                           "8 slices of the tokens, eagerly); 0: refused"),

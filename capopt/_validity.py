@@ -180,9 +180,14 @@ RULES: tuple[Rule, ...] = (
           lambda c, sc: (c["sequence_parallel"] != 0) & (c["tp"] == 1),
           lambda cfg, sc: "sequence parallelism needs tp > 1",
           lambda d: False),
+    # (Megatron's distributed optimizer runs over a group of one: ``zero1_single_rank``)
     _rule("config.zero_stage", "zero_stage dp",
-          lambda c, sc: (c["zero_stage"] > 0) & (c["dp"] == 1),
-          lambda cfg, sc: "ZeRO sharding needs dp > 1",
+          lambda c, sc: ((c["zero_stage"] > 0) & (c["dp"] == 1)
+                         & ~((c["zero_stage"] == 1)
+                             & (sc.runtime.coeff("zero1_single_rank") >= 0.5))),
+          lambda cfg, sc: "ZeRO sharding needs dp > 1" + (
+              " (stage 1 at dp 1: " + runtimes_running("zero1_single_rank") + ")"
+              if cfg.zero_stage == 1 else ""),
           lambda d: 0),
     _rule("config.zero_stage", "zero_stage pp",
           lambda c, sc: (c["pp"] > 1) & (c["zero_stage"] >= 2)

@@ -119,3 +119,20 @@ def test_pipeline_rules_follow_the_runtime():
         assert [f for f, why in config_problems(pp4, sc)
                 if "must divide" in why and rt in why] == ["config.pp"], rt
         assert [f for f, _ in config_problems(pp8, sc)] == ["config.pp"], rt
+
+
+def test_megatrons_distributed_optimizer_runs_on_one_data_parallel_rank():
+    """ZeRO-1 at dp 1 is Megatron's --use-distributed-optimizer over a group of one (its
+    guide: 6 + 12/d bytes a parameter, d = 1 the non-distributed 18): a real config there,
+    priced as stage 0; stages 2 and 3 at dp 1, and stage 1 under other runtimes, stay
+    refused."""
+    from capopt._plan import plan
+    sc = make_scenario(llama_like(), runtime="megatron", count=2, global_batch=4)
+    one, zero = (Config(micro_batch=2, grad_accum=2, dp=1, tp=2, zero_stage=z) for z in (1, 0))
+    assert not config_problems(one, sc)
+    assert config_problems(one.replace(zero_stage=2), sc)
+    a, b = plan(sc, one), plan(sc, zero)
+    assert a.memory["total_bytes"] == b.memory["total_bytes"]
+    assert a.time["step_s"] == b.time["step_s"]
+    other = make_scenario(llama_like(), runtime="torchtitan", count=2, global_batch=4)
+    assert [f for f, _ in config_problems(one, other)] == ["config.zero_stage"]
