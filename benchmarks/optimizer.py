@@ -4,6 +4,7 @@
     python benchmarks/optimizer.py --context-parallel 60     # section 5 alone, into --out
     python benchmarks/optimizer.py --virtual-stages 100      # section 6 alone, into --out
     python benchmarks/optimizer.py --hybrid-shard 100        # section 7 alone, into --out
+    python benchmarks/optimizer.py --workload-choices 100    # section 8 alone, into --out
 
 1. Optimality: seeded random scenarios (real cards, catalog GPUs, 1-64 devices, random
    precision / optimizer / runtime / budget) whose exhaustive search finds a fitting config:
@@ -27,6 +28,10 @@
    ``vpp = "auto"``, pp searched or drawn from 2-8).
 7. With hybrid sharding searched (``--hybrid-shard N``): section 1 over multi-node scenarios
    (16-512 devices, torchtitan or megatron, ``dp_replicate = "auto"``).
+8. With [training] fields searched (``--workload-choices N``): section 1 over PyTorch
+   scenarios (pytorch-eager or hf, 1-8 devices, LoRA in half) with ``loss`` and
+   ``activation_offload`` "auto" (``compile`` too in half): the exhaustive reference scores
+   every config of every workload variant.
 
 The optimality section runs the default method, the relaxed solve: it measures the optimiser,
 not the small-space shortcut of ``--method auto``.
@@ -155,6 +160,44 @@ def random_multinode_scenario(rng: random.Random) -> dict:
     }
 
 
+CHOICE_CARDS = ["llama-3.2-1b", "gemma-2-2b", "qwen2.5-1.5b", "llama-3-8b", "mistral-7b",
+                "gpt2-1.5b"]
+
+
+def random_workload_scenario(rng: random.Random) -> dict:
+    """A PyTorch scenario with [training] fields left to the optimiser (``loss`` and
+    ``activation_offload`` "auto", ``compile`` "auto" in half), on one to eight cards and
+    large vocabularies, LoRA in half: for the optimality of the search over workload
+    variants (each solved like a GPU of a fleet and ranked together)."""
+    count = rng.choice([1, 1, 2, 4, 8])
+    d = {
+        "name": f"random-choices-{rng.randrange(10**9)}",
+        "model": {"card": rng.choice(CHOICE_CARDS)},
+        "hardware": {"gpu": rng.choice(["rtx-4090-24gb", "a100-sxm-40gb", "a100-sxm-80gb",
+                                        "h100-sxm-80gb"]), "count": count},
+        "training": {"seq_len": rng.choice([2048, 4096, 8192, 16384]),
+                     "global_batch": count * rng.choice([1, 2, 4, 8]),
+                     "precision": rng.choice(["bf16-mixed", "bf16"]),
+                     "optimizer": rng.choice(["adamw", "adamw-8bit"]),
+                     "grad_clip": rng.random() < 0.7,
+                     "runtime": rng.choice(["pytorch-eager", "hf"]),
+                     "loss": "auto", "activation_offload": "auto",
+                     "compile": rng.choice([False, "auto"])},
+        "config": {"micro_batch": "auto", "grad_accum": "auto", "dp": "auto", "tp": "auto",
+                   "pp": "auto", "zero_stage": "auto", "sequence_parallel": "auto",
+                   "remat": "auto"},
+    }
+    if rng.random() < 0.5:
+        d["training"]["lora"] = {"rank": 16, "base_bits": rng.choice([4, 16])}
+    return d
+
+
+def _training(plan) -> dict:
+    """The [training] values a search chose (`capopt._plan.training_choices`), or {}."""
+    from capopt._plan import training_choices
+    return training_choices(plan.scenario) if plan is not None else {}
+
+
 def optimality(n_scenarios: int, seed: int, draw=random_scenario) -> dict:
     rng = random.Random(seed)
     rows, skipped = [], 0
@@ -184,7 +227,8 @@ def optimality(n_scenarios: int, seed: int, draw=random_scenario) -> dict:
             "vpp": ex.best.config.vpp,
             "optimizer_vpp": gr.best.config.vpp if gr.best else None,
             "dp_replicate": ex.best.config.dp_replicate,
-            "optimizer_dp_replicate": gr.best.config.dp_replicate if gr.best else None})
+            "optimizer_dp_replicate": gr.best.config.dp_replicate if gr.best else None,
+            "training": _training(ex.best), "optimizer_training": _training(gr.best)})
         if len(rows) % 25 == 0:
             print(f"  {len(rows)}/{n_scenarios} scenarios "
                   f"({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
@@ -375,15 +419,16 @@ def stage_layouts(restarts: int = 20, seed: int = 0) -> list[dict]:
     return out
 
 
-def knob_section(args, key: str, n: int, draw, knob: str, title: str, uses: str) -> int:
-    """Section 1 over ``n`` scenarios drawn by ``draw`` with ``knob`` searched: printed and
-    written as the ``key`` section of ``--out`` (the other sections kept)."""
+def knob_section(args, key: str, n: int, draw, knob, title: str, uses: str) -> int:
+    """Section 1 over ``n`` scenarios drawn by ``draw`` with ``knob`` searched (a config
+    knob's name, or a test of a row: whether its exhaustive optimum uses the choice):
+    printed and written as the ``key`` section of ``--out`` (the other sections kept)."""
     res = optimality(n, args.seed, draw=draw)
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.exists() else {}
     data[key] = res
     out.write_text(json.dumps(data, indent=1))
-    used = sum(r[knob] > 1 for r in res["rows"])
+    used = sum((knob(r) if callable(knob) else r[knob] > 1) for r in res["rows"])
     print(f"\nOptimality with {title}")
     print(f"  scenarios                    {res['scenarios']} "
           f"({res['skipped_infeasible']} infeasible draws skipped); the exhaustive optimum "
@@ -414,8 +459,20 @@ def main() -> int:
     ap.add_argument("--hybrid-shard", type=int, default=0, metavar="N",
                     help="run only the optimality of N multi-node scenarios with dp_replicate "
                          "searched and replace the 'hybrid_shard' section of --out")
+    ap.add_argument("--workload-choices", type=int, default=0, metavar="N",
+                    help="run only the optimality of N PyTorch scenarios with loss, "
+                         "activation_offload (and compile) left to the optimiser and replace "
+                         "the 'workload_choices' section of --out")
     args = ap.parse_args()
 
+    if args.workload_choices:
+        return knob_section(args, "workload_choices", args.workload_choices,
+                            random_workload_scenario,
+                            lambda r: any(v not in ("float32", False)
+                                          for v in r["training"].values()),
+                            "[training] fields searched (loss, activation_offload, compile; "
+                            "pytorch-eager / hf)", "takes a loss other than float32, "
+                            "offloading or torch.compile")
     if args.hybrid_shard:
         return knob_section(args, "hybrid_shard", args.hybrid_shard,
                             random_multinode_scenario, "dp_replicate",

@@ -65,6 +65,10 @@ def measurement_key(case: Case) -> str:
         # measured with the fused RMSNorm backward (revision 2); revision 1 left the keys as
         # they were, and a card without RMSNorm measures the same under both
         parts += (f"torch tier revision {TORCH_TIER_REVISION}",)
+    if (sc.runtime.coeff("loss_in_forward") >= 0.5 and sc.workload.loss == "float32"
+            and case.config.tp == 1):
+        # the float32 loss inside the forward pass, as Hugging Face's models run it
+        parts += ("loss inside the forward pass",)
     from capopt._inventory import lora_quant_key
     parts += lora_quant_key(sc.model, sc.workload.lora)
     text = stable_text(parts)

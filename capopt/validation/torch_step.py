@@ -38,6 +38,7 @@ sequence parallelism (the residual stream split over the sequence).
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import warnings
 from typing import Any
@@ -203,6 +204,19 @@ def fused_linear_cross_entropy(x, weight, bias, labels):
             return grad_x, grad_w, grad_b, None
 
     return FusedLinearCE.apply(x, weight, bias, labels)
+
+
+def causal_lm_loss(x, weight, bias, labels, context=None):
+    """The float32 loss as a Hugging Face causal LM computes it inside its forward pass given
+    labels (``loss_in_forward``; transformers 5.25 LlamaForCausalLM.forward and
+    loss/loss_utils.py ForCausalLMLoss): the head's logits, their float32 upcast, the mean
+    cross-entropy; returned with the logits, the model's output beside its loss (the shifted
+    labels, int64, left out: the tier's are random). ``context``: activation offloading's
+    no-op context for the head (TRL's)."""
+    import torch.nn.functional as F
+    with context() if context is not None else contextlib.nullcontext():
+        logits = F.linear(x, weight, bias)
+    return F.cross_entropy(logits.float(), labels), logits
 
 
 def chunked_linear_cross_entropy(x, weight, bias, labels):
@@ -541,6 +555,13 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                        else None)
             if offload is not None:
                 model.head_context = offload.head
+            # (a runtime whose models compute the float32 loss inside their forward pass,
+            # ``loss_in_forward``: Hugging Face's, under Accelerate's autocast region; on the
+            # whole head, as a Trainer runs it: tp 1)
+            if (scenario.runtime.coeff("loss_in_forward") >= 0.5 and w.loss == "float32"
+                    and config.tp == 1):
+                model.head_loss = functools.partial(causal_lm_loss,
+                                                    context=model.head_context)
             hooks = [blk.register_full_backward_pre_hook(
                 lambda mod, g, i=i: meter.set_phase(f"backward:block{i}"))
                 for i, blk in enumerate(model.blocks)]
@@ -561,7 +582,17 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                         # torchtune's chunked loss takes the model's head too, after a
                         # forward pass that skips it)
                         with ctx:
-                            loss = model(ids, labels) / config.grad_accum
+                            loss = model(ids, labels)
+                        if isinstance(loss, tuple):
+                            # (the model's output, loss and logits: Accelerate's
+                            # convert_outputs_to_fp32 returns 16-bit logits as a float32
+                            # copy once the autocast region is left, held until
+                            # Trainer.compute_loss returns, before the backward pass)
+                            loss, logits = loss
+                            if autocast is not None and not fsdp_mp:
+                                logits = logits.float()
+                            del logits
+                        loss = loss / config.grad_accum
                         meter.set_phase("backward")
                         (loss * scale if scale is not None else loss).backward()
                         del loss
