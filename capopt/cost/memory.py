@@ -812,9 +812,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # post-forward: what the forward pass's end holds)
     comm_fwd = comm_bytes - fsdp * gathered + z2_shards + acc_bucket + fwd_flat
     comm = {
-        # (the chunked loss's backward runs after the root's pre-backward, which its output,
-        # the loss, sets off: the root gathered again by then)
-        "loss": (1.0 - fl) * (comm_bytes - fsdp * (gathered + (1.0 - ch) * regather
+        # (a loss inside the forward pass, the chunked one or ``loss_in_forward``'s, is
+        # differentiated after the root's pre-backward, which its output, the loss, sets
+        # off: the root gathered again by then)
+        "loss": (1.0 - fl) * (comm_bytes - fsdp * (gathered + (1.0 - ch - in_fwd) * regather
                                                    * root_gathered)
                               + z2_shards + acc_bucket) + fl * comm_fwd,
         "top": comm_bytes + z2_shards + bwd_bucket,
