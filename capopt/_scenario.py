@@ -472,8 +472,15 @@ def _workload_choices(choice_values: Mapping[str, tuple[list, bool]], common: di
         for v in vals:
             if not any(getattr(w, name) == v for w in kept) and (not auto or not kept):
                 raise first_error[(name, v)]
-    searched = tuple(n for n in searched if len({getattr(w, n) for w in kept}) > 1)
-    return kept, searched
+    left = tuple(n for n in searched if len({getattr(w, n) for w in kept}) > 1)
+    for name in searched:
+        if name not in left and choice_values[name][1]:
+            value = getattr(kept[0], name)
+            value = str(value).lower() if isinstance(value, bool) else f'"{value}"'
+            warnings.warn(f"training.{name} = \"auto\": {value} is the only value the "
+                          f"{common['runtime'].name} runtime and the scenario allow",
+                          CapoptWarning, stacklevel=5)
+    return kept, left
 
 
 class CapoptWarning(UserWarning):

@@ -53,6 +53,12 @@ def _scenario(args):
     from ._scenario import load_scenario, one_line_scenario
     given = {flag: getattr(args, flag[2:].replace("-", "_"), None) for flag in QUESTION_FLAGS}
     values = {QUESTION_FLAGS[flag]: (v, flag) for flag, v in given.items() if v is not None}
+    from ._scenario import WORKLOAD_CHOICES
+    for name in getattr(args, "choose", None) or ():
+        if name not in WORKLOAD_CHOICES:
+            raise CapoptError(f"{name!r} is not a [training] field the optimiser chooses",
+                              field="--choose", allowed=", ".join(WORKLOAD_CHOICES))
+        values[f"training.{name}"] = ("auto", "--choose")
     overrides = _overrides(args.set)
     if args.scenario is not None or "model.card" not in values:
         return load_scenario(args.scenario, overrides=overrides, values=values)
@@ -314,6 +320,11 @@ _gib = _number(float, "a number of GiB", lambda v: math.isfinite(v) and v > 0,
                "a number of GiB > 0")
 
 
+def _choose(text: str) -> list[str]:
+    """``FIELD[,FIELD]``: [training] fields the optimiser chooses (checked in `_scenario`)."""
+    return [f.strip().replace("-", "_") for f in text.split(",") if f.strip()]
+
+
 def _loss(text: str):
     """``KIND``, ``KIND,KIND`` (the optimiser chooses among them) or ``auto`` (checked with the
     scenario)."""
@@ -411,6 +422,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="activations offloaded to host memory in the forward pass and "
                             "brought back in the backward pass (TRL's activation_offloading; "
                             "runtimes pytorch-eager and hf)")
+        q.add_argument("--choose", type=_choose, metavar="FIELD[,FIELD]",
+                       help="leave [training] fields to the optimiser, each \"auto\": loss, "
+                            "compile, optimizer_in_backward, activation_offload (every value "
+                            "the runtime and the model allow is searched)")
         q.add_argument("--async-tp", action="store_const", const=True, default=None,
                        help="asynchronous tensor parallelism: each tensor-parallel collective "
                        "pipelined with the matmul beside it (torchtitan's "

@@ -139,3 +139,19 @@ def test_plan_prices_the_first_value_and_says_so(capsys):
     assert code == 0
     assert "(fused loss)" in out.out.splitlines()[0]
     assert "plan prices the first value" in out.err and "loss = fused" in out.err
+
+
+def test_choose_leaves_fields_to_the_optimiser_and_says_when_only_one_value_is_left(capsys):
+    """``--choose FIELD[,FIELD]`` sets each field to "auto"; a field the runtime runs one way
+    only is said so on one line (the XLA step: float32 loss, no offloading); an unknown field
+    is exit 2 naming --choose and the fields."""
+    assert main(["optimize", "--runtime", "hf", "--choose", "activation-offload", "--top", "1",
+                 "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["best"]["training"].keys() == {"activation_offload"}
+    assert main(["optimize", "--choose", "loss", "--top", "1", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert 'training.loss = "auto": "float32" is the only value' in err
+    assert main(["optimize", "--choose", "warp"]) == 2
+    err = capsys.readouterr().err
+    assert "--choose" in err and "activation_offload" in err and "Traceback" not in err
