@@ -20,7 +20,8 @@ split over it), its own results files too; ``--tp --tp-dp 2``: the
 same on a 2 x tp mesh, FSDP2 over the data-parallel dimension (torchtitan's 2-D);
 ``--tp --tp-sp``: tensor parallelism with sequence parallelism. ``--loss fused-linear``: the
 same draw with Liger's fused linear cross-entropy (or ``fused``: one kernel on the
-compute-dtype logits), results ``torch_random_fused-linear``. ``--activation-offload``: the
+compute-dtype logits; ``chunked``: torchtune's chunked loss), results
+``torch_random_fused-linear``. ``--activation-offload``: the
 same draw with TRL's / torchtune's activation offloading, results ``torch_random_offload``.
 
 Measurements go to a JSONL file as they finish and a rerun resumes (a measurement does not

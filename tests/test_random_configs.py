@@ -128,10 +128,13 @@ def test_memory_random_results_come_from_the_current_model():
     ("torch_tp_sp_seed1", dict(n=60, seed=1, tp=(2, 4), tp_sp=True)),
     ("torch_random_fused-linear_seed1", dict(n=120, seed=1, loss="fused-linear")),
     ("torch_random_offload_seed2", dict(n=120, seed=2, activation_offload=True)),
+    ("torch_random_chunked_seed2", dict(n=120, seed=2, loss="chunked")),
+    ("torch_random_hf", dict(n=120, seed=0, runtime="hf")),
+    ("torch_random_seed1_hf", dict(n=60, seed=1, runtime="hf")),
 ])
 def test_torch_results_come_from_the_current_model(name, draw):
     """Each torch-tier results file the README quotes holds, for its measured cases, the
-    peak the current pytorch-eager profile predicts (recomputed from the recorded
+    peak the current profile (pytorch-eager, or the file's runtime) predicts (recomputed from the recorded
     measurements; no torch needed), and the measurement it was compared with."""
     from capopt.validation.predict import predicted_torch_terms
     from capopt.validation.random_configs import draw_torch_cases
@@ -144,7 +147,15 @@ def test_torch_results_come_from_the_current_model(name, draw):
     recs = _recorded(RESULTS / f"{name}.jsonl")
     workload = {k: draw[k] for k in ("loss", "activation_offload") if k in draw}
     cases = draw_torch_cases(draw["n"], **{k: v for k, v in draw.items()
-                                            if k != "n" and k not in workload})
+                                            if k not in ("n", "runtime") and k not in workload})
+    if "runtime" in draw:               # (the same draw, --runtime: its precisions only)
+        import dataclasses
+
+        from capopt._runtime import get_profile
+        rt = get_profile(draw["runtime"])
+        names = {name for name, _ in rt.precisions}
+        cases = [dataclasses.replace(c, scenario=c.scenario.replace(runtime=rt)) for c in cases
+                 if c.scenario.workload.precision in names]
     if workload:                        # (the same draw, --loss / --activation-offload)
         import dataclasses
         cases = [dataclasses.replace(c, scenario=c.scenario.replace(workload=dataclasses.replace(
