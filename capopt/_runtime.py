@@ -200,6 +200,10 @@ SCHEMA: dict[str, Coeff] = {
     "zero1_single_rank": _c(0, "1: ZeRO-1 runs with a data-parallel group of one rank (the "
                                "shard is the whole state: as stage 0 in memory and time); "
                                "0: ZeRO needs dp > 1"),
+    "fused_loss": _c(1, "1: training.loss = fused, one kernel on the compute-dtype logits "
+                        "(torch.compile's loss, MPT's flash-attn cross-entropy, Megatron's "
+                        "fusion); 0: refused (the runtime's own fused losses hold other "
+                        "buffers)"),
     "chunked_loss": _c(0, "1: training.loss = chunked as torchtune's recipes run it "
                           "(LinearCrossEntropyLoss: the head and an upcast cross-entropy on "
                           "8 slices of the tokens, eagerly); 0: refused"),

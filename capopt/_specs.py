@@ -428,6 +428,11 @@ class Scenario:
                               "the float32 logits (its rules are the profile's)",
                               file=self.path, field="training.loss",
                               allowed="float32, or fused under a PyTorch runtime")
+        if loss == "fused" and self.runtime.coeff("fused_loss") < 0.5:
+            raise CapoptError(f"the {self.runtime.name} runtime has no fused cross-entropy "
+                              "as capopt prices it", file=self.path, field="training.loss",
+                              allowed="float32, fused-linear, or a runtime that runs it ("
+                                      + runtimes_running("fused_loss") + ")")
         if loss in ("fused-linear", "chunked"):
             m = self.model
             if not m.has_vocab_head:

@@ -180,11 +180,13 @@ RULES: tuple[Rule, ...] = (
           lambda c, sc: (c["sequence_parallel"] != 0) & (c["tp"] == 1),
           lambda cfg, sc: "sequence parallelism needs tp > 1",
           lambda d: False),
-    # (Megatron's distributed optimizer runs over a group of one: ``zero1_single_rank``)
+    # (Megatron's distributed optimizer runs over a group of one, ``zero1_single_rank``:
+    # where the scenario names the stage; searched, it is stage 0's twin, left out)
     _rule("config.zero_stage", "zero_stage dp",
           lambda c, sc: ((c["zero_stage"] > 0) & (c["dp"] == 1)
                          & ~((c["zero_stage"] == 1)
-                             & (sc.runtime.coeff("zero1_single_rank") >= 0.5))),
+                             & (sc.runtime.coeff("zero1_single_rank") >= 0.5)
+                             & (sc.knob("zero_stage").values is not None))),
           lambda cfg, sc: "ZeRO sharding needs dp > 1" + (
               " (stage 1 at dp 1: " + runtimes_running("zero1_single_rank") + ")"
               if cfg.zero_stage == 1 else ""),

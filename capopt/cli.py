@@ -54,10 +54,19 @@ def _scenario(args):
     given = {flag: getattr(args, flag[2:].replace("-", "_"), None) for flag in QUESTION_FLAGS}
     values = {QUESTION_FLAGS[flag]: (v, flag) for flag, v in given.items() if v is not None}
     from ._scenario import WORKLOAD_CHOICES
-    for name in getattr(args, "choose", None) or ():
+    chosen = getattr(args, "choose", None)
+    if chosen is not None and not chosen:
+        raise CapoptError("no field named", field="--choose",
+                          allowed=", ".join(WORKLOAD_CHOICES))
+    for name in chosen or ():
         if name not in WORKLOAD_CHOICES:
             raise CapoptError(f"{name!r} is not a [training] field the optimiser chooses",
                               field="--choose", allowed=", ".join(WORKLOAD_CHOICES))
+        if f"training.{name}" in values:
+            flag = values[f"training.{name}"][1]
+            raise CapoptError(f"{name} is given by {flag} too", field="--choose",
+                              allowed=f"either {flag} (a value, or for --loss a list or "
+                                      f"auto) or --choose {name}")
         values[f"training.{name}"] = ("auto", "--choose")
     overrides = _overrides(args.set)
     if args.scenario is not None or "model.card" not in values:
@@ -160,6 +169,10 @@ def cmd_explain(args) -> int:
     sc = _scenario(args)
     cfg = pinned_config(sc)
     rep = explain(sc, cfg)
+    if sc.choices:
+        print("capopt: note: explain prices the first value of each [training] field left "
+              "to the optimiser (" + ", ".join(f"{c} = {getattr(sc.workload, c)}"
+                                               for c in sc.choices) + ")", file=sys.stderr)
     if args.json:
         print(json.dumps({k: v if k != "remedies" else [
             {kk: vv for kk, vv in r.items() if not kk.startswith("_")} for r in v]

@@ -123,16 +123,21 @@ def test_pipeline_rules_follow_the_runtime():
 
 def test_megatrons_distributed_optimizer_runs_on_one_data_parallel_rank():
     """ZeRO-1 at dp 1 is Megatron's --use-distributed-optimizer over a group of one (its
-    guide: 6 + 12/d bytes a parameter, d = 1 the non-distributed 18): a real config there,
-    priced as stage 0; stages 2 and 3 at dp 1, and stage 1 under other runtimes, stay
-    refused."""
+    guide: 6 + 12/d bytes a parameter, d = 1 the non-distributed 18): a real config where
+    the scenario names the stage, priced as stage 0; searched it is left out (stage 0's
+    twin); stages 2 and 3 at dp 1, and stage 1 under other runtimes, stay refused."""
     from capopt._plan import plan
-    sc = make_scenario(llama_like(), runtime="megatron", count=2, global_batch=4)
+    from capopt._specs import KnobDomain
+    searched = make_scenario(llama_like(), runtime="megatron", count=2, global_batch=4)
+    # (named by the scenario; searched, stage 1 at dp 1 is stage 0's twin and left out)
+    sc = searched.replace(knobs=searched.knobs + (KnobDomain("zero_stage", (0, 1)),))
     one, zero = (Config(micro_batch=2, grad_accum=2, dp=1, tp=2, zero_stage=z) for z in (1, 0))
     assert not config_problems(one, sc)
     assert config_problems(one.replace(zero_stage=2), sc)
     a, b = plan(sc, one), plan(sc, zero)
     assert a.memory["total_bytes"] == b.memory["total_bytes"]
     assert a.time["step_s"] == b.time["step_s"]
+    assert [f for f, _ in config_problems(one, searched)] == ["config.zero_stage"]
     other = make_scenario(llama_like(), runtime="torchtitan", count=2, global_batch=4)
+    other = other.replace(knobs=other.knobs + (KnobDomain("zero_stage", (0, 1)),))
     assert [f for f, _ in config_problems(one, other)] == ["config.zero_stage"]

@@ -77,9 +77,9 @@ def test_auto_takes_only_what_the_runtime_and_the_other_fields_allow():
     both = _llama(**{"training.loss": "auto", "training.compile": "auto",
                      "hardware.gpu": ["h100-sxm-80gb", "a100-sxm-80gb"]})
     assert both.choices == ("loss", "compile")
-    # 2 GPUs x 3 losses (the Trainer runs no chunked loss) x 2 compile settings; the fused
-    # head's variants have tp pinned to 1
-    assert len(both.variants) == 12
+    # 2 GPUs x 2 losses (the Trainer runs neither the fused nor the chunked one as priced)
+    # x 2 compile settings; the fused head's variants have tp pinned to 1
+    assert len(both.variants) == 8
     assert all(v.knob("tp").values == (1,) for v in both.variants
                if v.workload.loss == "fused-linear")
     eager = _llama(**{"training.runtime": "pytorch-eager", "training.loss": "auto"})
@@ -105,7 +105,10 @@ def test_a_searched_field_is_not_offered_again_as_a_remedy():
     offered = dict(candidate_changes(sc.variants[0]))
     assert not {FUSED_LOSS, FUSED_LINEAR_LOSS, OFFLOAD_ACTIVATIONS} & set(offered)
     plain = dict(candidate_changes(_llama()))
-    assert {FUSED_LOSS, FUSED_LINEAR_LOSS, OFFLOAD_ACTIVATIONS} <= set(plain)
+    assert {FUSED_LINEAR_LOSS, OFFLOAD_ACTIVATIONS} <= set(plain)
+    assert FUSED_LOSS not in plain              # (the Trainer runs no fused loss as priced)
+    eager = dict(candidate_changes(_llama(**{"training.runtime": "pytorch-eager"})))
+    assert {FUSED_LOSS, FUSED_LINEAR_LOSS, OFFLOAD_ACTIVATIONS} <= set(eager)
 
 
 def test_the_answer_names_its_choice(tmp_path, capsys):
@@ -133,12 +136,13 @@ def test_the_answer_names_its_choice(tmp_path, capsys):
 def test_plan_prices_the_first_value_and_says_so(capsys):
     """``plan`` evaluates one config: the first value of a field left to the optimiser (the
     list's first), named in its header and in a note on stderr."""
-    code = main(["plan", "--runtime", "hf", "--loss", "fused,float32", "--set", "micro_batch=2",
+    code = main(["plan", "--runtime", "hf", "--loss", "fused-linear,float32", "--set",
+                 "micro_batch=2",
                  "--set", "dp=8", "--set", "zero_stage=3", "--set", "tp=1", "--set", "pp=1"])
     out = capsys.readouterr()
     assert code == 0
-    assert "(fused loss)" in out.out.splitlines()[0]
-    assert "plan prices the first value" in out.err and "loss = fused" in out.err
+    assert "(fused-linear loss)" in out.out.splitlines()[0]
+    assert "plan prices the first value" in out.err and "loss = fused-linear" in out.err
 
 
 def test_choose_leaves_fields_to_the_optimiser_and_says_when_only_one_value_is_left(capsys):
@@ -155,3 +159,31 @@ def test_choose_leaves_fields_to_the_optimiser_and_says_when_only_one_value_is_l
     assert main(["optimize", "--choose", "warp"]) == 2
     err = capsys.readouterr().err
     assert "--choose" in err and "activation_offload" in err and "Traceback" not in err
+
+
+def test_remedies_are_solved_over_the_searched_values():
+    """Nothing fits Llama-3-8B under the Trainer on one RTX 4090 (4 x 4096 tokens), the loss
+    and offloading left to the optimiser: each change is solved over every variant, so LoRA
+    rank 16 is found to fit with Liger's fused head and offloading (it does not with the
+    float32 loss alone), and the change names the values it took."""
+    sc = one_line_scenario({
+        "model.card": ("llama-3-8b", "t"), "hardware.gpu": ("rtx-4090-24gb", "t"),
+        "hardware.count": (1, "t"), "training.seq_len": (4096, "t"),
+        "training.global_batch": (4, "t"), "training.runtime": ("hf", "t"),
+        "training.loss": ("auto", "t"), "training.activation_offload": ("auto", "t")}, {})
+    res = capopt.optimize(sc, top_k=1)
+    assert res.status == "infeasible"
+    lora = next(r for r in res.remedies if r.change.startswith("LoRA rank 16"))
+    assert lora.fits and lora.training is not None
+    assert lora.training != {"loss": "float32", "activation_offload": False}
+
+
+def test_explain_takes_a_chunked_loss_without_offering_offloading():
+    """The chunked loss is not priced with offloading: ``explain`` offers the other changes
+    and does not stop on that one."""
+    from capopt._specs import Config
+    from capopt.search.remedies import OFFLOAD_ACTIVATIONS, explain
+    sc = _llama(**{"training.runtime": "pytorch-eager", "training.loss": "chunked"})
+    rep = explain(sc, Config(micro_batch=1, grad_accum=32, dp=8, zero_stage=3, tp=1))
+    assert rep["remedies"] and not any(r["change"].startswith(OFFLOAD_ACTIVATIONS)
+                                       for r in rep["remedies"])

@@ -122,11 +122,12 @@ _CHOICE_WORDS = {"compile": "torch.compile", "optimizer_in_backward":
                  "optimizer in the backward pass", "activation_offload": "activations offloaded"}
 
 
-def choice_label(sc) -> str:
-    """The values a search chose of the [training] fields left to it: ``fused-linear,
-    activations offloaded``; ``-`` for none switched on."""
-    parts = [sc.workload.loss if n == "loss" else _CHOICE_WORDS[n]
-             for n in sc.choices if n == "loss" or getattr(sc.workload, n)]
+def choice_label(sc, values: dict | None = None) -> str:
+    """The values a search chose of the [training] fields left to it (``values``, or the
+    scenario's own): ``fused-linear, activations offloaded``; ``-`` for none switched on."""
+    values = values if values is not None else {n: getattr(sc.workload, n) for n in sc.choices}
+    parts = [v if n == "loss" else _CHOICE_WORDS[n] for n, v in values.items()
+             if n == "loss" or v]
     return ", ".join(parts) or "-"
 
 
@@ -148,7 +149,8 @@ def optimize_table(res) -> str:
             lines.append(f"smallest requirement found: {gib(m['total_bytes'])} GiB per "
                          f"device with {config_line(res.smallest.config.to_dict())}")
         if res.remedies:
-            rows = [(r.change, "yes" if r.fits else "no",
+            rows = [(r.change + (f" ({choice_label(r.scenario, r.training)})"
+                                 if r.training else ""), "yes" if r.fits else "no",
                      gib(r.total_bytes) if r.total_bytes else "-",
                      si(r.tokens_per_s, "tok/s") if r.tokens_per_s else "-")
                     for r in res.remedies]
@@ -227,6 +229,11 @@ def why_lost(best: Plan, other: Plan) -> str:
     """The knobs that differ, and the time terms that grew most."""
     a, b = best.config.to_dict(), other.config.to_dict()
     diff = ", ".join(f"{k} {a[k]}->{b[k]}" for k in a if a[k] != b[k])
+    # (and the [training] values a search chose, where they differ)
+    wa, wb = best.scenario.workload, other.scenario.workload
+    chose = ", ".join(f"{n} {getattr(wa, n)}->{getattr(wb, n)}"
+                      for n in best.scenario.choices if getattr(wa, n) != getattr(wb, n))
+    diff = ", ".join(filter(None, (chose, diff)))
     ta, tb = best.time, other.time
     deltas = sorted(((tb[k] - ta[k], k) for k in STEP_TERMS), reverse=True)
     grew = [f"{k[:-2].replace('_', ' ')} +{seconds(d)}" for d, k in deltas[:2] if d > 0]
@@ -244,7 +251,9 @@ def validation_table(rep) -> str:
                      "compare; the CPU's temp is no GPU's, so no peak is compared)")
     for i, r in enumerate(rep.results, 1):
         head = (f"#{i} {r['tier']} {r['status'].upper()}  {config_line(r['config'])}"
-                f"  [predicted by profile {r.get('runtime', '?')}]")
+                + (f"  ({', '.join(f'{k} {v}' for k, v in r['training'].items())})"
+                   if r.get("training") else "")
+                + f"  [predicted by profile {r.get('runtime', '?')}]")
         if r.get("details", {}).get("compile_s") is not None:
             head += f"  (compile {r['details']['compile_s']:.1f} s)"
         lines += ["", head]

@@ -472,7 +472,7 @@ def _optimize_fleet(sc: Scenario, *, remedies: bool, **opts) -> OptimizeResult:
                                                       "basis": "infeasible"}
     rem = []
     if not top and remedies:
-        rem = find_remedies(sc.variants[0], optimize)
+        rem = find_remedies(sc if sc.choices else sc.variants[0], optimize)
     # stage layouts: the winning variant's; with no winner, every variant's, fitting and
     # fastest first
     layouts = (best_res.layouts if best_res is not None and best_res.layouts else sorted(

@@ -29,7 +29,8 @@ def _vocab_loss(sc: Scenario) -> bool:
     runtime, where a fused kernel would keep its logits in the compute dtype (the JAX
     validation step and the XLA profiles take optax's float32 loss)."""
     return (sc.workload.loss == "float32" and sc.workload.precision != "fp32"
-            and not sc.runtime.name.startswith("xla") and sc.model.has_vocab_head)
+            and not sc.runtime.name.startswith("xla") and sc.model.has_vocab_head
+            and sc.runtime.coeff("fused_loss") >= 0.5)
 
 
 OFFLOAD_ACTIVATIONS = ("offload activations to host memory (activation_offload: TRL's "
@@ -37,8 +38,9 @@ OFFLOAD_ACTIVATIONS = ("offload activations to host memory (activation_offload: 
 
 
 def _can_offload_activations(sc: Scenario) -> bool:
-    """A runtime that offloads activations, not doing so yet."""
-    return (not sc.workload.activation_offload
+    """A runtime that offloads activations, not doing so yet (nor running the chunked loss,
+    which is not priced with it)."""
+    return (not sc.workload.activation_offload and sc.workload.loss != "chunked"
             and sc.runtime.coeff("activation_offload") >= 0.5)
 
 
@@ -105,12 +107,32 @@ class Remedy:
     total_bytes: float | None
     tokens_per_s: float | None
     error: str | None = None
+    training: dict | None = None     # the [training] values its best chose, where searched
 
     def to_dict(self) -> dict:
         return {"change": self.change, "fits": self.fits, "total_bytes": self.total_bytes,
                 "tokens_per_s": self.tokens_per_s,
                 "config": self.config.to_dict() if self.config else None,
+                **({"training": self.training} if self.training else {}),
                 **({"error": self.error} if self.error else {})}
+
+
+def _changes_over_variants(sc: Scenario) -> list[tuple[str, Scenario]]:
+    """`candidate_changes` of a scenario whose [training] fields are left to the optimiser:
+    each change made to every workload variant of its first GPU and count, solved together
+    (a change only another value of a searched field makes fit is found so). Without such
+    variants, the scenario's own changes (a GPU fleet's first variant's)."""
+    variants = [v for v in (sc.variants or (sc,))
+                if (v.hardware, v.count) == (sc.hardware, sc.count)] or [sc]
+    if not sc.choices or len(variants) < 2:
+        return candidate_changes(variants[0])
+    per = [dict(candidate_changes(v)) for v in variants]
+    out = []
+    for desc in per[0]:
+        changed = [p[desc] for p in per if desc in p]
+        out.append((desc, changed[0].replace(variants=tuple(changed))
+                    if len(changed) > 1 else changed[0]))
+    return out
 
 
 def remedies(sc: Scenario, solve: Callable[..., Any], *, starts: int = 32) -> list[Remedy]:
@@ -119,7 +141,7 @@ def remedies(sc: Scenario, solve: Callable[..., Any], *, starts: int = 32) -> li
     import it back); ``starts`` is the main solve's (the same shapes: no second
     compilation)."""
     out = []
-    for desc, changed in candidate_changes(sc):
+    for desc, changed in _changes_over_variants(sc):
         try:
             res = solve(changed, top_k=1, starts=starts, remedies=False)
         except CapoptError as e:   # a change the scenario cannot take is reported, not fatal
@@ -129,7 +151,9 @@ def remedies(sc: Scenario, solve: Callable[..., Any], *, starts: int = 32) -> li
         out.append(Remedy(
             desc, changed, res.status == "ok", plan.config if plan else None,
             plan.memory["total_bytes"] if plan else None,
-            plan.throughput["tokens_per_s"] if res.best else None))
+            plan.throughput["tokens_per_s"] if res.best else None,
+            training=({n: getattr(plan.scenario.workload, n) for n in plan.scenario.choices}
+                      if plan is not None and plan.scenario.choices else None)))
     out.sort(key=lambda r: (not r.fits, -(r.tokens_per_s or 0.0),
                             r.total_bytes or float("inf")))
     return out

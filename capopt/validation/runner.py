@@ -260,6 +260,8 @@ def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int
         "predicted": {k: predicted.get(k) for k in (*terms, *parts, "step_s")},
         "measured": {k: measured.get(k) for k in (*terms, *parts, "step_s")},
     }
+    if sc.choices:                      # (the [training] values the search chose for it)
+        rec["training"] = {n: getattr(sc.workload, n) for n in sc.choices}
     extra_pred = {k: v for k, v in predicted.items() if k not in rec["predicted"]}
     if extra_pred:
         rec["predicted_terms"] = extra_pred
@@ -381,12 +383,17 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
         from ..search import optimize
         res = optimize(sc, top_k=top_k)
         cands = [p.config for p in res.candidates]
+        # (each candidate with its own scenario: the GPU and the [training] values the
+        # search chose for it)
+        scenarios = [p.scenario for p in res.candidates]
         if not cands:
             notes.append(f"optimize found no config that fits ({res.status}); nothing to "
                          "validate")
     else:
         cands = [_as_config(c) for c in configs]
-    tsc = tier_scenario(sc, tier, profile)
+        scenarios = [sc] * len(cands)
+    tscs = [tier_scenario(s, tier, profile) for s in scenarios]
+    tier_scenario(sc, tier, profile)     # (the tier and profile checked, candidates or not)
     if tier in ("xla-gpu", "torch", "deepspeed"):
         ok, why = {"xla-gpu": xla_gpu_available, "torch": torch_available,
                    "deepspeed": deepspeed_available}[tier]()
@@ -408,7 +415,7 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
             if (isinstance(rec.get("key"), str) and finished(rec)
                     and (not retry or rec.get("status") == "ok")):
                 done[rec["key"]] = rec
-    keys = [result_key(tier, tsc, c) for c in cands]
+    keys = [result_key(tier, t, c) for t, c in zip(tscs, cands)]
     todo = [i for i, k in enumerate(keys) if k not in done]
     if path is not None and len(todo) < len(cands):
         notes.append(f"resumed: {len(cands) - len(todo)} result(s) from {path}")
@@ -419,12 +426,12 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
     results: dict[int, dict] = {}
 
     def job(i: int) -> dict:
-        return {"tier": tier, "scenario": tsc, "config": cands[i], "index": i,
+        return {"tier": tier, "scenario": tscs[i], "config": cands[i], "index": i,
                 "options": dict(options or {})}
 
     def keep(i: int, result: dict) -> dict:
         """A finished candidate: its record, streamed to ``out`` at once."""
-        rec = _finish(result, tier=tier, sc=tsc, config=cands[i], index=i, key=keys[i])
+        rec = _finish(result, tier=tier, sc=tscs[i], config=cands[i], index=i, key=keys[i])
         if path is not None:
             _append(path, rec)
         bar.update(config_line(rec["config"]), rec["status"])
