@@ -193,8 +193,8 @@ def random_workload_scenario(rng: random.Random) -> dict:
 
 
 def _training(plan) -> dict:
-    """The [training] values a search chose (`capopt._plan.training_choices`), or {}."""
-    from capopt._plan import training_choices
+    """The [training] values a search chose (`capopt._specs.training_choices`), or {}."""
+    from capopt._specs import training_choices
     return training_choices(plan.scenario) if plan is not None else {}
 
 

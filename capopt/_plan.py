@@ -7,7 +7,7 @@ from typing import Any
 
 from ._errors import CapoptError
 from ._scenario import load_scenario, pinned_config
-from ._specs import Config, Scenario
+from ._specs import Config, Scenario, training_choices
 from ._validity import config_problems
 from .cost import Estimate, estimate
 
@@ -41,11 +41,6 @@ class Plan:
         if self.scenario.choices:
             d["training"] = training_choices(self.scenario)
         return d
-
-
-def training_choices(sc: Scenario) -> dict[str, Any]:
-    """The values of the [training] fields the optimiser chose (`Scenario.choices`)."""
-    return {name: getattr(sc.workload, name) for name in sc.choices}
 
 
 def plan(scenario: Scenario | str | dict, config: Config | None = None, **knobs) -> Plan:

@@ -510,6 +510,11 @@ class Scenario:
         return dataclasses.replace(self, **changes)
 
 
+def training_choices(sc: Scenario) -> dict[str, Any]:
+    """The values of the [training] fields the optimiser chose (`Scenario.choices`)."""
+    return {name: getattr(sc.workload, name) for name in sc.choices}
+
+
 def lora_adapters_bf16(sc: Scenario) -> bool:
     """Whether the runtime keeps a quantised base's LoRA adapters, their gradients and their
     optimizer state in bfloat16 under mixed precision (``lora_quant_adapters_lowp``: TRL's

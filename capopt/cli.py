@@ -113,15 +113,22 @@ def cmd_plan(args) -> int:
     else:
         print(plan_table(d, f"{sc.name}: {sc.model.name}{training_label(sc, chosen=False)} "
                             f"on {sc.count}x {sc.hardware.name}"))
-    if sc.choices:
-        print("capopt: note: plan prices the first value of each [training] field left to "
-              "the optimiser (" + ", ".join(f"{c} = {getattr(sc.workload, c)}"
-                                           for c in sc.choices)
-              + "); optimize searches them", file=sys.stderr)
+    _first_values_note(sc, "plan")
     if args.plot:
         from .report.figures import memory_breakdown, save
         print(f"saved {save(memory_breakdown([p]), args.plot)}", file=sys.stderr)
     return 0
+
+
+def _first_values_note(sc, command: str) -> None:
+    """One line on stderr where ``command`` prices one config of a scenario whose [training]
+    fields are left to the optimiser: the first values, which it takes."""
+    if sc.choices:
+        from ._specs import training_choices
+        print(f"capopt: note: {command} prices the first value of each [training] field left "
+              "to the optimiser (" + ", ".join(f"{c} = {v}" for c, v in
+                                               training_choices(sc).items())
+              + "); optimize searches them", file=sys.stderr)
 
 
 def cmd_optimize(args) -> int:
@@ -169,10 +176,7 @@ def cmd_explain(args) -> int:
     sc = _scenario(args)
     cfg = pinned_config(sc)
     rep = explain(sc, cfg)
-    if sc.choices:
-        print("capopt: note: explain prices the first value of each [training] field left "
-              "to the optimiser (" + ", ".join(f"{c} = {getattr(sc.workload, c)}"
-                                               for c in sc.choices) + ")", file=sys.stderr)
+    _first_values_note(sc, "explain")
     if args.json:
         print(json.dumps({k: v if k != "remedies" else [
             {kk: vv for kk, vv in r.items() if not kk.startswith("_")} for r in v]

@@ -461,8 +461,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # accumulates a gradient used twice out of place, three head-sized buffers in the
     # matmul's dtype; the torch tier's live set at the peak of a float32 8191-entry head)
     ch, n_slices = n["loss_chunked"], n["loss_chunks"]
-    slice_fp32 = (logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] * 4.0 / logit_div
-                  / n_slices)
+    logit_elems = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div
+    slice_fp32 = logit_elems * 4.0 / n_slices
     head_wgrad = (logits_mb * (1 - n["lora"]) * (n["P_head_tp"] + n["tied"] * n["P_embed_tp"])
                   * vocab_share * n["act_bytes"])
     ch_logits = jnp.maximum(logits_bytes, jnp.maximum(
@@ -772,7 +772,6 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # cached; then, the region left, the logits converted to float32 beside the saved output
     # in the compute dtype's place: as many bytes. At the backward pass's start only the saved
     # output is left.)
-    logit_elems = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div
     in_fwd = n["rt_loss_in_forward"] * (1.0 - fl - ch - n["loss_fused"])
     logits_fwd = ((1.0 - fl - ch) * n["act_bytes"] + ch * 4.0
                   + in_fwd * (4.0 * lowp + 4.0)) * logit_elems
@@ -780,8 +779,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (offloaded, the loss's last saved tensor brought back, its log-probabilities in float32
     # or a fused kernel's logits, stays until the next offloaded node, past the head's
     # backward, whose own tensors were never offloaded)
-    loss_back = (ao * (1.0 - fl) * logits_mb * rank_sequences(k) * n["logit_elems_per_seq"]
-                 * ((1.0 - n["loss_fused"]) * 4.0 + n["loss_fused"] * n["act_bytes"]) / logit_div)
+    loss_back = (ao * (1.0 - fl) * logit_elems
+                 * ((1.0 - n["loss_fused"]) * 4.0 + n["loss_fused"] * n["act_bytes"]))
     logits = {"loss": logits_bytes, "top": 0.0 * logits_bytes, "rebuild": 0.0 * logits_bytes,
               "bottom": 0.0 * logits_bytes, "update": 0.0 * logits_bytes,
               "forward": logits_fwd, "regather": logits_start + loss_back}

@@ -125,7 +125,8 @@ _CHOICE_WORDS = {"compile": "torch.compile", "optimizer_in_backward":
 def choice_label(sc, values: dict | None = None) -> str:
     """The values a search chose of the [training] fields left to it (``values``, or the
     scenario's own): ``fused-linear, activations offloaded``; ``-`` for none switched on."""
-    values = values if values is not None else {n: getattr(sc.workload, n) for n in sc.choices}
+    from .._specs import training_choices
+    values = values if values is not None else training_choices(sc)
     parts = [v if n == "loss" else _CHOICE_WORDS[n] for n, v in values.items()
              if n == "loss" or v]
     return ", ".join(parts) or "-"

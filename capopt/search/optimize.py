@@ -13,9 +13,9 @@ import optax
 from .. import _jaxcache
 from .._compiled import in_background, result_or_none
 from .._errors import CapoptError
-from .._plan import Plan, training_choices
+from .._plan import Plan
 from .._scenario import load_scenario
-from .._specs import Scenario
+from .._specs import Scenario, training_choices
 from .._units import GiB
 from ..cost import numbers_pytree
 from ..cost.estimate import estimate as cost_estimate

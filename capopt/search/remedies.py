@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .._errors import CapoptError
-from .._specs import Config, KnobDomain, LoRA, Scenario
+from .._specs import Config, KnobDomain, LoRA, Scenario, training_choices
 
 
 def with_knob(sc: Scenario, name: str, values) -> Scenario:
@@ -152,7 +152,7 @@ def remedies(sc: Scenario, solve: Callable[..., Any], *, starts: int = 32) -> li
             desc, changed, res.status == "ok", plan.config if plan else None,
             plan.memory["total_bytes"] if plan else None,
             plan.throughput["tokens_per_s"] if res.best else None,
-            training=({n: getattr(plan.scenario.workload, n) for n in plan.scenario.choices}
+            training=(training_choices(plan.scenario)
                       if plan is not None and plan.scenario.choices else None)))
     out.sort(key=lambda r: (not r.fits, -(r.tokens_per_s or 0.0),
                             r.total_bytes or float("inf")))

@@ -261,7 +261,7 @@ def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int
         "measured": {k: measured.get(k) for k in (*terms, *parts, "step_s")},
     }
     if sc.choices:                      # (the [training] values the search chose for it)
-        rec["training"] = {n: getattr(sc.workload, n) for n in sc.choices}
+        rec["training"] = training_choices(sc)
     extra_pred = {k: v for k, v in predicted.items() if k not in rec["predicted"]}
     if extra_pred:
         rec["predicted_terms"] = extra_pred
