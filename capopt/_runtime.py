@@ -229,6 +229,9 @@ SCHEMA: dict[str, Coeff] = {
     "grads_fused": _c(0, "1: each update is applied as its gradient is produced, unless "
                          "clipping or accumulation needs every gradient"),
     "accum_buffer": _c(1, "gradient accumulation keeps one accumulator of every gradient"),
+    "zero3_loop_layout_copies": _c(0, "1: under ZeRO-3 and gradient accumulation, every "
+                                      "weight shard split on its minor dimension has a "
+                                      "transposed copy live through the micro-batch loop"),
     "embed_grad_early": _c(0, "1: the embedding gradient's dense buffer is created before the "
                               "backward pass and live through it"),
     "embed_grad_last": _c(0, "1: the embedding's dense gradient is written after every "

@@ -184,6 +184,32 @@ def parameter_groups(tensors, layers: int, topk: int) -> dict[str, float]:
     return {**g, **w}
 
 
+def minor_sharded_groups(tensors, layers: int) -> dict[str, float]:
+    """One block's GEMM weight elements that ZeRO-3 splits on their minor (output) dimension,
+    as `capopt.validation.sharding` places them: the data axes go to a dimension tensor
+    parallelism leaves whole, the largest one (the first on a tie), that the group divides.
+
+    ``P_minor_tp1``  at tp = 1: kernels ``(in, out)`` with ``out > in`` (gate, up and a plain
+                     MLP's input matrix wider than the model; q where the heads are wider);
+    ``P_minor_row``  at tp > 1: the row-parallel kernels (o, down), whose input dimension
+                     tensor parallelism splits, so the data axes take the output one.
+
+    Dense blocks only (routed experts are split on their own axes; not counted); every
+    dimension is taken to divide by the data-parallel group.
+    """
+    g = {"P_minor_tp1": 0.0, "P_minor_row": 0.0}
+    for t in tensors:
+        if t.where != "block" or t.expert or not t.matmul or len(t.shape) != 2 \
+                or t.lora == "adapter":
+            continue
+        per = t.elements / layers
+        if t.shape[1] > t.shape[0]:
+            g["P_minor_tp1"] += per
+        if t.tp == "row":
+            g["P_minor_row"] += per
+    return g
+
+
 def backward_grad_shares(tensors) -> dict[str, float]:
     """The share of one block's trainable elements (the adapters under LoRA) whose gradients
     an eager backward pass has produced by each point where the block's backward can peak:
@@ -463,6 +489,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     #                classifier, MLM transform and norms: replicated.
     h_ = m.hidden_size
     n.update(parameter_groups(inventory(m), L, m.num_experts_per_tok))
+    n.update(minor_sharded_groups(inventory(m), L))
     n.update(attention_widths(m))
     n.update(op_checkpoint_widths(inventory(m, w.lora), L, m.num_experts_per_tok))
     n.update(backward_grad_shares(inventory(m, w.lora)))

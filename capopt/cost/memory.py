@@ -551,6 +551,16 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     buckets = buckets + k.zero[..., 3] * z_bucket
     p2p = step_at_least(k.pp, 2.0) * 2.0 * tokens * n["h"] * n["act_bytes"] * rep_div
     comm_bytes = gathered + buckets + p2p + root_gathered
+    # A runtime that gathers along a tensor's major dimension (``zero3_loop_layout_copies``,
+    # XLA GPU) transposes each ZeRO-3 shard split on its minor one before its all-gather;
+    # inside the micro-batch loop the copy of that loop-invariant parameter is hoisted out
+    # and held through the loop: every such shard of the stage's blocks, in the parameter's
+    # dtype, in every phase but the update (`minor_sharded_groups`: at tp = 1 the kernels
+    # wider than their input, at tp > 1 the row-parallel ones)
+    tp_split = step_at_least(k.tp, 2.0)
+    minor = (1.0 - tp_split) * n["P_minor_tp1"] + tp_split * n["P_minor_row"] / k.tp
+    loop_copies = (n["rt_zero3_loop_layout_copies"] * f_param * multi_dp * accumulating
+                   * (1 - lora) * layers * minor / dp * n["param_bytes"])
 
     # ZeRO-2 as FSDP2 runs it (``zero2_keeps_shards``): the parameters stay sharded, and each
     # group's unsharded copy, gathered for its forward pass, is kept to its backward pass
@@ -809,23 +819,25 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     regather = n["rt_zero3_root_regather"]
     # (the fused linear cross-entropy runs inside the forward pass, before the root's
     # post-forward: what the forward pass's end holds)
-    comm_fwd = comm_bytes - fsdp * gathered + z2_shards + acc_bucket + fwd_flat
+    comm_fwd = comm_bytes - fsdp * gathered + z2_shards + acc_bucket + fwd_flat + loop_copies
     comm = {
         # (a loss inside the forward pass, the chunked one or ``loss_in_forward``'s, is
         # differentiated after the root's pre-backward, which its output, the loss, sets
         # off: the root gathered again by then)
         "loss": (1.0 - fl) * (comm_bytes - fsdp * (gathered + (1.0 - ch - in_fwd) * regather
                                                    * root_gathered)
-                              + z2_shards + acc_bucket) + fl * comm_fwd,
-        "top": comm_bytes + z2_shards + bwd_bucket,
-        "rebuild": gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
-        "bottom": gather_bottom + buckets + p2p + root_gathered + z2_shards + bwd_bucket,
+                              + z2_shards + acc_bucket + loop_copies) + fl * comm_fwd,
+        "top": comm_bytes + z2_shards + bwd_bucket + loop_copies,
+        "rebuild": (gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket
+                    + loop_copies),
+        "bottom": (gather_bottom + buckets + p2p + root_gathered + z2_shards + bwd_bucket
+                   + loop_copies),
         "update": buckets + 0.0 * comm_bytes,
         "forward": comm_fwd,
         # (the collective's flat output is the whole group, world size x shard, a buffer of
         # its own; the parameters copied out of it are counted as the gathered root is in
         # every phase)
-        "regather": buckets + bwd_bucket + p2p + z2_shards + regather * fsdp * (
+        "regather": buckets + bwd_bucket + p2p + z2_shards + loop_copies + regather * fsdp * (
             root_gathered + f_param * extra_params * gather_param),
     }
     # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)
