@@ -30,8 +30,8 @@
    (16-512 devices, torchtitan or megatron, ``dp_replicate = "auto"``).
 8. With [training] fields searched (``--workload-choices N``): section 1 over PyTorch
    scenarios (pytorch-eager or hf, 1-8 devices, LoRA in half) with ``loss`` and
-   ``activation_offload`` "auto" (``compile`` too in half): the exhaustive reference scores
-   every config of every workload variant.
+   ``activation_offload`` "auto" (``compile`` and ``paged_optimizer`` too, each in half): the
+   exhaustive reference scores every config of every workload variant.
 
 The optimality section runs the default method, the relaxed solve: it measures the optimiser,
 not the small-space shortcut of ``--method auto``.
@@ -166,9 +166,9 @@ CHOICE_CARDS = ["llama-3.2-1b", "gemma-2-2b", "qwen2.5-1.5b", "llama-3-8b", "mis
 
 def random_workload_scenario(rng: random.Random) -> dict:
     """A PyTorch scenario with [training] fields left to the optimiser (``loss`` and
-    ``activation_offload`` "auto", ``compile`` "auto" in half), on one to eight cards and
-    large vocabularies, LoRA in half: for the optimality of the search over workload
-    variants (each solved like a GPU of a fleet and ranked together)."""
+    ``activation_offload`` "auto", ``compile`` and ``paged_optimizer`` "auto" in half each),
+    on one to eight cards and large vocabularies, LoRA in half: for the optimality of the
+    search over workload variants (each solved like a GPU of a fleet and ranked together)."""
     count = rng.choice([1, 1, 2, 4, 8])
     d = {
         "name": f"random-choices-{rng.randrange(10**9)}",
@@ -189,6 +189,7 @@ def random_workload_scenario(rng: random.Random) -> dict:
     }
     if rng.random() < 0.5:
         d["training"]["lora"] = {"rank": 16, "base_bits": rng.choice([4, 16])}
+    d["training"]["paged_optimizer"] = rng.choice([False, "auto"])
     return d
 
 
@@ -461,8 +462,8 @@ def main() -> int:
                          "searched and replace the 'hybrid_shard' section of --out")
     ap.add_argument("--workload-choices", type=int, default=0, metavar="N",
                     help="run only the optimality of N PyTorch scenarios with loss, "
-                         "activation_offload (and compile) left to the optimiser and replace "
-                         "the 'workload_choices' section of --out")
+                         "activation_offload (and compile, paged_optimizer) left to the "
+                         "optimiser and replace the 'workload_choices' section of --out")
     args = ap.parse_args()
 
     if args.workload_choices:
@@ -470,9 +471,9 @@ def main() -> int:
                             random_workload_scenario,
                             lambda r: any(v not in ("float32", False)
                                           for v in r["training"].values()),
-                            "[training] fields searched (loss, activation_offload, compile; "
-                            "pytorch-eager / hf)", "takes a loss other than float32, "
-                            "offloading or torch.compile")
+                            "[training] fields searched (loss, activation_offload, compile, "
+                            "paged_optimizer; pytorch-eager / hf)", "takes a loss other than "
+                            "float32, offloading, torch.compile or a paged optimizer")
     if args.hybrid_shard:
         return knob_section(args, "hybrid_shard", args.hybrid_shard,
                             random_multinode_scenario, "dp_replicate",

@@ -25,6 +25,10 @@ from ._io import check_depth, parse_toml, path_exists, read_text
 ADAM8BIT_BLOCK = 2048          # weights per float32 absmax in blockwise 8-bit Adam (bitsandbytes)
 ADAM8BIT_MIN_SIZE = 4096       # smaller tensors keep float32 moments (bitsandbytes min_8bit_size)
 ADAM8BIT_ABSMAX_BYTES = 4      # one float32 absmax per block
+# a paged optimizer keeps the state of parameters of this many elements or more in CUDA
+# managed memory, smaller ones' on the device (bitsandbytes 95f9af3, optim/optimizer.py
+# Optimizer8bit.get_state_buffer: ``p.numel() < 1e5``)
+PAGED_STATE_MIN_SIZE = 100_000
 ADAFACTOR_MIN_DIM = 128        # optax.adafactor's min_dim_size_to_factor (its default)
 INT8_SCALE_BYTES = 4           # 8-bit frozen base: one float32 scale per output column
 # QLoRA's NF4 base (Dettmers et al. 2023): two 4-bit codes per byte, one 8-bit absmax per
@@ -188,6 +192,9 @@ SCHEMA: dict[str, Coeff] = {
                                    "parameter, stepped from the parameter's post-accumulate-"
                                    "grad hook (FSDP2: after its group's reduce-scatter), its "
                                    "gradient then freed; 0: refused"),
+    "paged_optimizer": _c(0, "1: training.paged_optimizer as bitsandbytes' Paged* "
+                             "optimizers run it (the state of every parameter of 1e5 "
+                             "elements or more in CUDA managed memory); 0: refused"),
     "activation_offload": _c(0, "1: training.activation_offload as TRL's and torchtune's "
                                 "OffloadActivations run it (saved tensors of 1 KiB or more "
                                 "copied to pinned host memory in the forward pass, the "

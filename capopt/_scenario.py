@@ -26,7 +26,7 @@ SCHEMA: dict[str, set[str]] = {
     "hardware": {"gpu", "count", "per_node", "price_per_gpu_hour"},
     "training": {"seq_len", "global_batch", "precision", "optimizer", "grad_clip", "runtime",
                  "lora", "loss", "compile", "optimizer_in_backward", "async_tp",
-                 "activation_offload",
+                 "activation_offload", "paged_optimizer",
                  "input_samples_per_s",
                  "train_tokens"},
     "budget": {"vram_gib", "headroom"},
@@ -416,6 +416,7 @@ WORKLOAD_CHOICES: dict[str, tuple] = {
     "compile": (False, True),
     "optimizer_in_backward": (False, True),
     "activation_offload": (False, True),
+    "paged_optimizer": (False, True),
 }
 
 

@@ -18,6 +18,9 @@ from ._runtime import RuntimeProfile
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed")
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adamw-8bit")
+# the optimizers bitsandbytes pages (bitsandbytes/optim: PagedAdamW, PagedAdamW8bit,
+# PagedLion; Adam as PagedAdamW without weight decay)
+PAGED_OPTIMIZERS = ("adamw", "adam", "lion", "adamw-8bit")
 # How the cross-entropy meets the logits: "float32", upcast and taken op by op (the runtime
 # profile's logits rules); "fused", one kernel that reads the compute-dtype logits and writes
 # their gradient in the compute dtype (torch.compile's loss, Liger / Apex / Transformer
@@ -129,6 +132,11 @@ class Workload:
     # for the backward pass (1 KiB or more, not a parameter; the output head's excepted) copied
     # to pinned host memory on a side stream and brought back as the backward pass needs it
     activation_offload: bool = False
+    # a paged optimizer (bitsandbytes' Paged* optimizers, the Trainer's optim="paged_..."):
+    # the state of every parameter of PAGED_STATE_MIN_SIZE elements or more in CUDA managed
+    # memory, which the driver moves to host memory when the device is short and back for
+    # each parameter's update (capopt.cost.memory, capopt.cost.time)
+    paged_optimizer: bool = False
     input_samples_per_s: float | None = None    # data-loader rate (None: not a limit)
     train_tokens: float | None = None           # for time-to-train
 
@@ -148,7 +156,8 @@ class Workload:
         if self.loss not in LOSSES:
             raise CapoptError(f"unknown loss {self.loss!r}", field="training.loss",
                               allowed=", ".join(LOSSES))
-        for name in ("compile", "optimizer_in_backward", "async_tp", "activation_offload"):
+        for name in ("compile", "optimizer_in_backward", "async_tp", "activation_offload",
+                     "paged_optimizer"):
             if not isinstance(getattr(self, name), bool):
                 raise CapoptError(f"must be true or false, got {getattr(self, name)!r}",
                                   field=f"training.{name}")
@@ -162,6 +171,16 @@ class Workload:
                               "overflows, which needs every gradient before the step",
                               field="training.optimizer_in_backward",
                               allowed="false, or another precision")
+        if self.paged_optimizer and self.optimizer not in PAGED_OPTIMIZERS:
+            raise CapoptError(f"bitsandbytes has no paged {self.optimizer}",
+                              field="training.paged_optimizer",
+                              allowed="false, or true with training.optimizer "
+                                      + " / ".join(PAGED_OPTIMIZERS))
+        if self.paged_optimizer and self.optimizer_in_backward:
+            raise CapoptError("a paged optimizer is one bitsandbytes optimizer over every "
+                              "parameter, stepped after the backward pass",
+                              field="training.paged_optimizer",
+                              allowed="false with training.optimizer_in_backward = true")
         if self.input_samples_per_s is not None and not self.input_samples_per_s > 0:
             raise CapoptError(f"must be > 0, got {self.input_samples_per_s!r}",
                               field="training.input_samples_per_s")
@@ -474,6 +493,27 @@ class Scenario:
                               file=self.path, field="training.activation_offload",
                               allowed="false, or a runtime that does ("
                                       + runtimes_running("activation_offload") + ")")
+        if self.workload.paged_optimizer:
+            if self.runtime.coeff("paged_optimizer") < 0.5:
+                raise CapoptError(f"the {self.runtime.name} runtime does not run "
+                                  "bitsandbytes' paged optimizers", file=self.path,
+                                  field="training.paged_optimizer",
+                                  allowed="false, or a runtime that does ("
+                                          + runtimes_running("paged_optimizer") + ")")
+            # (bitsandbytes steps plain device tensors: not FSDP's or DTensor's shards, so
+            # no ZeRO sharding and no tensor parallelism, chosen or not)
+            for knob, one in (("zero_stage", 0), ("tp", 1)):
+                dom = self.knob(knob)
+                if not dom.allows(one):
+                    raise CapoptError("a paged optimizer (bitsandbytes) steps whole device "
+                                      "tensors, not ZeRO or tensor-parallel shards",
+                                      file=self.path, field=f"config.{knob}",
+                                      allowed=f"{one} (or auto) with "
+                                              "training.paged_optimizer = true")
+                if dom.values != (one,):
+                    object.__setattr__(self, "knobs",
+                                       tuple(k for k in self.knobs if k.name != knob)
+                                       + (KnobDomain(knob, (one,)),))
         if self.workload.async_tp and self.runtime.coeff("async_tp") < 0.5:
             raise CapoptError(f"the {self.runtime.name} runtime has no asynchronous tensor "
                               "parallelism", file=self.path, field="training.async_tp",

@@ -33,7 +33,8 @@ TIME_LABELS = (("compute_s", "compute (matmuls, attention)", 0),
                *((f"comm_{k}_s", label, 1) for k, label in COMM_LABELS),
                ("bubble_s", "pipeline bubble", 0),
                ("optimizer_s", "optimizer update", 0),
-               ("offload_s", "offload (host link)", 0))
+               ("offload_s", "offload (host link)", 0),
+               ("paging_s", "of which paged optimizer state", 1))
 
 __all__ = ["COMM_KINDS", "COMM_LABELS", "MEMORY_LABELS", "MEMORY_TERMS", "STEP_TERMS",
            "TIME_LABELS"]

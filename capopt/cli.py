@@ -26,6 +26,7 @@ QUESTION_FLAGS = {
     "--optimizer-in-backward": "training.optimizer_in_backward",
     "--async-tp": "training.async_tp",
     "--activation-offload": "training.activation_offload",
+    "--paged-optimizer": "training.paged_optimizer",
     "--no-clip": "training.grad_clip",
     "--vram-gib": "budget.vram_gib",
 }
@@ -41,7 +42,7 @@ def _overrides(items: list[str] | None) -> dict[str, Any]:
         if flag:
             # (the flags that switch a field on or off take no value)
             switch = flag in ("--compile", "--optimizer-in-backward", "--async-tp",
-                              "--activation-offload", "--no-clip")
+                              "--activation-offload", "--paged-optimizer", "--no-clip")
             raise CapoptError(f"{key!r} is a scenario field, not a knob", field="--set",
                               allowed=flag if switch else f"{flag} VALUE")
     return out
@@ -439,10 +440,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="activations offloaded to host memory in the forward pass and "
                             "brought back in the backward pass (TRL's activation_offloading; "
                             "runtimes pytorch-eager and hf)")
+        q.add_argument("--paged-optimizer", action="store_const", const=True, default=None,
+                       help="bitsandbytes' paged optimizer (the Trainer's optim=\"paged_...\"): "
+                            "its state in CUDA managed memory, moved to the host when the "
+                            "device is short (adamw, adam, lion, adamw-8bit; ZeRO 0, tp 1; "
+                            "runtimes pytorch-eager and hf)")
         q.add_argument("--choose", type=_choose, metavar="FIELD[,FIELD]",
                        help="leave [training] fields to the optimiser, each \"auto\": loss, "
-                            "compile, optimizer_in_backward, activation_offload (every value "
-                            "the runtime and the model allow is searched)")
+                            "compile, optimizer_in_backward, activation_offload, "
+                            "paged_optimizer (every value the runtime and the model allow is "
+                            "searched)")
         q.add_argument("--async-tp", action="store_const", const=True, default=None,
                        help="asynchronous tensor parallelism: each tensor-parallel collective "
                        "pipelined with the matmul beside it (torchtitan's "

@@ -191,6 +191,20 @@ BAD = [  # (description, text or None, argv extra, words the one line must conta
      GOOD.replace("seq_len = 128", 'seq_len = 128\nloss = "chunked"\n'
                   'runtime = "pytorch-eager"\nactivation_offload = true'),
      [], ["s.toml", "training.activation_offload", "chunked"]),
+    ("a paged optimizer the runtime does not run",
+     GOOD.replace("seq_len = 128", "seq_len = 128\npaged_optimizer = true"),
+     [], ["s.toml", "training.paged_optimizer", "xla-gpu", "hf"]),
+    ("a paged optimizer not a boolean",
+     GOOD.replace("seq_len = 128", "seq_len = 128\npaged_optimizer = 3"),
+     [], ["s.toml", "training.paged_optimizer"]),
+    ("a paged optimizer bitsandbytes has not",
+     GOOD.replace("seq_len = 128", 'seq_len = 128\npaged_optimizer = true\n'
+                  'runtime = "hf"\noptimizer = "sgd"'),
+     [], ["s.toml", "training.paged_optimizer", "adamw-8bit"]),
+    ("a paged optimizer under ZeRO-3",
+     GOOD.replace("seq_len = 128", 'seq_len = 128\npaged_optimizer = true\nruntime = "hf"')
+         .replace("pp = 1", "pp = 1\nzero_stage = 3"),
+     [], ["s.toml", "config.zero_stage", "0 (or auto)"]),
     ("bad knob value", GOOD.replace("tp = 1", "tp = 0"), [], ["s.toml", "config.tp"]),
     ("unknown knob", GOOD + "", ["--set", "warp=3"], ["--set", "warp", "micro_batch"]),
     ("no field to choose", GOOD, ["--choose", ","], ["--choose", "activation_offload"]),

@@ -451,7 +451,7 @@ def test_shared_overlap_has_finite_gradients_where_nothing_communicates():
 TIME_KEYS = {"compute_s", "memory_bound_s", "comm_dp_s", "comm_zero_s", "comm_tp_s",
              "comm_pp_s", "comm_moe_s", "comm_cp_s", "comm_exposed_s", "comm_hidden_s", "bubble_s",
              "optimizer_s", "offload_s", "input_s", "step_s", "grad_accum_s", "launch_s",
-             "dequant_s"}
+             "dequant_s", "paging_s"}
 THROUGHPUT_KEYS = {"tokens_per_s", "tokens_per_s_per_device", "samples_per_s", "mfu", "hfu",
                    "model_flops", "hardware_flops", "tflops_per_device", "time_to_train_s",
                    "cost_per_million_tokens", "gemm_tflops", "gemm_peak_share",

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._runtime import (INT8_SCALE_BYTES, NF4_BYTES_PER_WEIGHT, adafactor_state_elems,
-                        adam8bit_moment_bytes)
+from .._runtime import (ADAM8BIT_MIN_SIZE, INT8_SCALE_BYTES, NF4_BYTES_PER_WEIGHT,
+                        PAGED_STATE_MIN_SIZE, adafactor_state_elems, adam8bit_moment_bytes)
 from .._inventory import inventory, trainable
 from .._specs import CHUNKED_LOSS_CHUNKS, Config, LoRA, Scenario, lora_adapters_bf16
 
@@ -182,6 +182,25 @@ def parameter_groups(tensors, layers: int, topk: int) -> dict[str, float]:
             part = "embed" if t.where == "embed" else "head"
             g[f"P_{part}_{'tp' if t.tp == 'vocab' else 'rep'}"] += t.elements
     return {**g, **w}
+
+
+def paged_state_share(opt: str, shapes, state_bytes: float) -> float:
+    """The share of an optimizer's state bytes that a paged optimizer puts in managed memory:
+    the state of the trainable tensors (``(shape, count)`` pairs) of `PAGED_STATE_MIN_SIZE`
+    elements or more, counted as `scenario_numbers` counts the state (8-bit Adam blockwise,
+    every other optimizer ``state_bytes`` a moment)."""
+    total = paged = 0.0
+    for shape, count in shapes:
+        size = math.prod(shape)
+        if opt == "adamw-8bit":
+            state = 2.0 * adam8bit_moment_bytes(size)
+            moved = 2.0 * size if size >= ADAM8BIT_MIN_SIZE else state
+        else:
+            state = moved = state_bytes * OPT_STATES[opt] * size
+        total += state * count
+        if size >= PAGED_STATE_MIN_SIZE:
+            paged += moved * count
+    return paged / total if total else 0.0
 
 
 def minor_sharded_groups(tensors, layers: int) -> dict[str, float]:
@@ -542,6 +561,9 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     opt = w.optimizer
     lora = w.lora
     trainable_shapes = [(t.shape, t.count) for t in trainable(inventory(m, lora))]
+    # (bitsandbytes' 32-bit optimizers, the paged ones, keep float32 state whatever the
+    # parameter's dtype: Optimizer2State.init_state, optim_bits 32)
+    state_bytes = 4.0 if w.paged_optimizer else float(prec["state_bytes"])
     n_trainable = sum(math.prod(sh) * cnt for sh, cnt in trainable_shapes) or 1
     if opt == "adafactor":
         # optax keeps Adafactor's accumulators in the parameter dtype
@@ -552,8 +574,15 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                      for sh, cnt in trainable_shapes)
         n["opt_bytes"] = nbytes / n_trainable
     else:
-        n["opt_bytes"] = float(prec["state_bytes"]) * OPT_STATES[opt]
+        n["opt_bytes"] = state_bytes * OPT_STATES[opt]
     n["opt_states"] = OPT_STATES.get(opt) or (2.0 if opt == "adamw-8bit" else 1.0)
+    # a paged optimizer (``training.paged_optimizer``): the share of the state bytes in CUDA
+    # managed memory, the state of every trainable tensor of PAGED_STATE_MIN_SIZE elements
+    # or more (8-bit Adam: its codes; the per-block absmax stays on the device); a LoRA
+    # adapter of rank 16 on a 4096-wide projection (65,536 elements) keeps its state on the
+    # device
+    n["opt_paged"] = (paged_state_share(opt, trainable_shapes, state_bytes)
+                      if w.paged_optimizer else 0.0)
     n["grad_clip"] = float(w.grad_clip)
     n["adam"] = float(opt in ("adam", "adamw"))
     # an optimizer stepped in the backward pass (``training.optimizer_in_backward``): one a

@@ -317,6 +317,14 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     opt_per_param = master + n["opt_bytes"]
     opt_device = zero_shard(f_opt, trainable, trainable_expert, k) * opt_per_param
     optimizer_bytes = opt_device * (1.0 - k.offload)
+    # A paged optimizer (bitsandbytes, ``opt_paged``: the share of the state in CUDA managed
+    # memory) holds that state outside the caching allocator: the driver moves its pages to
+    # host memory when an allocation needs the room and back for each parameter's update, so
+    # it is in no phase's live set (what could run out) and priced in time where it does not
+    # fit beside them (`capopt.cost.time`)
+    paged_bytes = (zero_shard(f_opt, trainable, trainable_expert, k) * n["opt_bytes"]
+                   * (1.0 - k.offload) * n["opt_paged"])
+    optimizer_bytes = optimizer_bytes - paged_bytes
 
     # --- gradients ---
     # One block's gradients on this device, all of them, and the embedding table's
@@ -876,6 +884,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     out.update({f"phase_{p}_bytes": totals[i] for i, p in enumerate(PHASES)})
     out.update({
         "host_optimizer_bytes": opt_device * k.offload,
+        "paged_optimizer_bytes": paged_bytes,
         # what activation offloading copies to the host and back for each micro-batch: the
         # stored blocks' saved tensors and weight casts, the recomputed blocks' inputs
         "offloaded_activation_bytes": ao * layers * (w_none * (a_none + cast_layer)
@@ -955,6 +964,11 @@ def memory(k: Knobs, n) -> dict:
     out["budget_bytes"] = n["usable_bytes"]
     out["vram_bytes"] = n["vram_bytes"]
     out["free_bytes"] = n["usable_bytes"] - out["total_bytes"]
+    # what the step holds of the device's memory while nothing runs short: the allocator's
+    # reserved memory (its cached free blocks too), the context and the workspaces; what a
+    # paged optimizer's state has beside it (`capopt.cost.time`)
+    out["device_used_bytes"] = (out["reserved_bytes"] + n["rt_context_bytes"]
+                                + n["rt_workspace_bytes"])
     return out
 
 

@@ -174,6 +174,10 @@ def assemble_estimate(even: Estimate, vpp, step, t_mb, terms: dict) -> Estimate:
                    "budget_bytes": even.memory["budget_bytes"],
                    "vram_bytes": even.memory["vram_bytes"]})
     memory["free_bytes"] = memory["budget_bytes"] - memory["total_bytes"]
+    # (the context and workspaces beside the binding stage's reserved memory; a paged
+    # optimizer's time stays the even split's, as the other per-step terms do)
+    memory["device_used_bytes"] = memory["reserved_bytes"] + (
+        even.memory["device_used_bytes"] - even.memory["reserved_bytes"])
     time = dict(even.time)
     ratio = even.time["step_s"] / step
     time["bubble_s"] = (p - 1.0) / vpp * xp.max(t_mb)

@@ -635,6 +635,18 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     act_copy = mem["offloaded_activation_bytes"] / link
     offload_s = offload_s + m * (jnp.maximum(act_copy - st["fwd"], 0.0)
                                  + jnp.maximum(act_copy - st["bwd"], 0.0))
+    # a paged optimizer's state beyond what the device has left beside everything else is on
+    # the host: the update brings each parameter's pages back (bitsandbytes' prefetch_state,
+    # before the parameter's update, in series with it), which sends as many others out, so
+    # that share crosses the host link twice a step; none where the state fits. What the
+    # device has left: its memory less the caching allocator's reserved memory (the cached
+    # free blocks included: an allocation that the driver serves by evicting managed pages
+    # does not fail, so the allocator never frees them), the context and the workspaces
+    # (`capopt.cost.memory.memory`: ``device_used_bytes``)
+    paged = mem["paged_optimizer_bytes"]
+    evicted = jnp.clip(paged - (n["vram_bytes"] - mem["device_used_bytes"]), 0.0, paged)
+    paging_s = 2.0 * evicted / link
+    offload_s = offload_s + paging_s
 
     # --- input pipeline ---
     seqs, tokens = step_tokens(k, n)
@@ -655,7 +667,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
             # memory_bound_s), the exposed per-kernel overhead (in memory_bound_s and
             # optimizer_s)
             "grad_accum_s": m * st["accum"], "launch_s": m * st["launch"] + opt_launch,
-            "dequant_s": m * layers * mb["dequant"]}
+            "dequant_s": m * layers * mb["dequant"], "paging_s": paging_s}
 
     # --- throughput ---
     devices = k.dp * k.tp * k.pp

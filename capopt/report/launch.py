@@ -109,6 +109,10 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
     if scenario.workload.activation_offload and fmt != "trl-sft":
         raise _Unexpressible("training.activation_offload", True, "capopt writes activation "
                              "offloading into TRL's file (activation_offloading) only")
+    if scenario.workload.paged_optimizer and fmt not in ("hf-trainer", "trl-sft"):
+        raise _Unexpressible("training.paged_optimizer", True, "capopt writes bitsandbytes' "
+                             "paged optimizers into the Trainer's file and TRL's "
+                             "(optim = \"paged_adamw_8bit\" ...) only")
     if scenario.workload.optimizer_in_backward and fmt != "torchtitan":
         raise _Unexpressible("training.optimizer_in_backward", True, "capopt writes the "
                              "optimizer step in the backward pass into torchtitan's file "
@@ -659,6 +663,12 @@ _HF_OPTIM = {"adamw": ("adamw_torch", {}),
              "sgd": ("sgd", {}), "sgd-momentum": ("sgd", {"optim_args": "momentum=0.9"}),
              "adafactor": ("adafactor", {}), "lion": ("lion_32bit", {}),
              "adamw-8bit": ("adamw_bnb_8bit", {})}
+# bitsandbytes' paged optimizers by OptimizerNames (transformers 5.25 training_args.py:
+# PAGED_ADAMW "paged_adamw_32bit", PAGED_ADAMW_8BIT "paged_adamw_8bit", PAGED_LION
+# "paged_lion_32bit"); Adam as AdamW without decay
+_HF_PAGED = {"adamw": ("paged_adamw_32bit", {}),
+             "adam": ("paged_adamw_32bit", {"weight_decay": 0.0}),
+             "lion": ("paged_lion_32bit", {}), "adamw-8bit": ("paged_adamw_8bit", {})}
 
 
 def _emit_hf_trainer(c: Config, sc: Scenario) -> str:
@@ -688,7 +698,7 @@ def _training_args(c: Config, sc: Scenario) -> dict:
         if not every:
             raise _Unexpressible("config.remat", c.remat, f"{k} of {layers} layers is not "
                                  "every n-th layer")
-    optim, extra = _HF_OPTIM[w.optimizer]
+    optim, extra = (_HF_PAGED if w.paged_optimizer else _HF_OPTIM)[w.optimizer]
     out: dict = {"per_device_train_batch_size": c.micro_batch,
                  "gradient_accumulation_steps": c.grad_accum,
                  "bf16": w.precision == "bf16-mixed", "fp16": w.precision == "fp16-mixed",

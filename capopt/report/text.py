@@ -65,6 +65,13 @@ def plan_table(p: dict, title: str | None = None) -> str:
     verdict = "FITS" if p["fits"] else "DOES NOT FIT"
     lines.append(f"budget {gib(budget)} GiB usable of {gib(mem['vram_bytes'])} GiB: {verdict} "
                  f"({gib(abs(budget - total))} GiB {'free' if p['fits'] else 'over'})")
+    paged = mem.get("paged_optimizer_bytes", 0.0)
+    if paged > 0:
+        left = max(mem["vram_bytes"] - mem.get("device_used_bytes", total), 0.0)
+        where = ("on the device beside the total" if paged <= left else
+                 f"{gib(paged - left)} GiB of it on the host, paged in and out every step")
+        lines.append(f"paged optimizer state: {gib(paged)} GiB in CUDA managed memory, outside "
+                     f"the total ({where})")
     if tm:
         lines.append("")
         lines.append(table(time_rows(tm), ["step time", "", "share"], "lrr"))
@@ -106,7 +113,8 @@ def training_label(sc, chosen: bool = True) -> str:
         parts.append(f"{kind} r{lora.rank} on {'+'.join(lora.targets)}"
                      + (f", dropout {lora.dropout:g}" if lora.dropout else ""))
     searched = sc.choices if chosen else ()
-    fixed = [n for n in ("loss", "compile", "optimizer_in_backward", "activation_offload")
+    fixed = [n for n in ("loss", "compile", "optimizer_in_backward", "activation_offload",
+                         "paged_optimizer")
              if n not in searched]
     if "loss" in fixed and sc.workload.loss != "float32":
         parts.append(f"{sc.workload.loss} loss")
@@ -119,7 +127,8 @@ def training_label(sc, chosen: bool = True) -> str:
 
 
 _CHOICE_WORDS = {"compile": "torch.compile", "optimizer_in_backward":
-                 "optimizer in the backward pass", "activation_offload": "activations offloaded"}
+                 "optimizer in the backward pass", "activation_offload": "activations offloaded",
+                 "paged_optimizer": "paged optimizer"}
 
 
 def choice_label(sc, values: dict | None = None) -> str:

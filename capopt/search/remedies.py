@@ -44,6 +44,22 @@ def _can_offload_activations(sc: Scenario) -> bool:
             and sc.runtime.coeff("activation_offload") >= 0.5)
 
 
+PAGED_OPTIMIZER = ("paged optimizer state (paged_optimizer: bitsandbytes' Paged*, the "
+                   "Trainer's optim = \"paged_...\"; ZeRO 0, tp 1)")
+
+
+def _can_page(sc: Scenario, cfg=None) -> bool:
+    """A runtime that runs bitsandbytes' paged optimizers, an optimizer it pages, not paged
+    yet, and a layout it steps (no ZeRO sharding, no tensor parallelism)."""
+    from .._specs import PAGED_OPTIMIZERS
+    w = sc.workload
+    layout = (sc.knob("zero_stage").allows(0) and sc.knob("tp").allows(1) if cfg is None
+              else cfg.zero_stage == 0 and cfg.tp == 1)
+    return (not w.paged_optimizer and w.optimizer in PAGED_OPTIMIZERS
+            and not w.optimizer_in_backward and layout
+            and sc.runtime.coeff("paged_optimizer") >= 0.5)
+
+
 def _head_loss(sc: Scenario) -> bool:
     """A loss over a vocabulary in a PyTorch runtime not yet fused with its head (the fused
     linear cross-entropy runs with the head whole: tp 1, which the changed scenario pins)."""
@@ -83,6 +99,8 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
         out.append((FUSED_LINEAR_LOSS, _workload(sc, loss="fused-linear")))
     if _can_offload_activations(sc) and "activation_offload" not in sc.choices:
         out.append((OFFLOAD_ACTIVATIONS, _workload(sc, activation_offload=True)))
+    if _can_page(sc) and "paged_optimizer" not in sc.choices:
+        out.append((PAGED_OPTIMIZER, _workload(sc, paged_optimizer=True)))
     if w.lora is None and sc.model.family != "mlp":
         out.append(("LoRA rank 16 on attention and MLP", _workload(sc, lora=LoRA(16))))
         out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4))))
@@ -197,6 +215,8 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
         out.append((FUSED_LINEAR_LOSS, _workload(sc, loss="fused-linear"), cfg))
     if _can_offload_activations(sc):
         out.append((OFFLOAD_ACTIVATIONS, _workload(sc, activation_offload=True), cfg))
+    if _can_page(sc, cfg):
+        out.append((PAGED_OPTIMIZER, _workload(sc, paged_optimizer=True), cfg))
     if w.lora is None and sc.model.family != "mlp":
         out.append(("LoRA rank 16", _workload(sc, lora=LoRA(16)), cfg))
         out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4)),

@@ -66,6 +66,9 @@ def check_supported(scenario: Scenario, config: Config) -> None:
     if w.loss == "fused" and config.tp > 1:
         raise _unsupported("the torch tier's fused cross-entropy runs on whole (not "
                            "vocabulary-parallel) logits: tp = 1")
+    if w.paged_optimizer:
+        raise _unsupported("the torch tier runs torch's optimizers: bitsandbytes' paged state "
+                           "(CUDA managed memory) is not on fake tensors")
     if w.compile:
         raise _unsupported("the torch tier runs the step eagerly: a compiled step keeps what "
                            "TorchInductor's partitioner saves, which it does not replay")
