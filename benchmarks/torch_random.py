@@ -133,7 +133,7 @@ def main(argv=None) -> int:
                     help="the same draw with activation offloading (training.activation_"
                          "offload; results: torch_random_offload.json[l])")
     ap.add_argument("--runtime", default="pytorch-eager",
-                    choices=["pytorch-eager", "torchtitan", "hf"],
+                    choices=["pytorch-eager", "torchtitan", "hf", "torchtune"],
                     help="the runtime profile that predicts and that the tier runs "
                          "(torchtitan: results torch_random_torchtitan.json[l])")
     ap.add_argument("--measurements", default=None,
@@ -174,7 +174,8 @@ def main(argv=None) -> int:
                              tp_sp=args.tp_sp,
                              lora_targets=LORA_SINGLE_SETS if single else LORA_TARGET_SETS,
                              lora_dropout=(0.05, 0.1) if args.lora_dropout else ())
-    if args.optimizer_in_backward and args.runtime not in ("pytorch-eager", "torchtitan"):
+    if args.optimizer_in_backward and args.runtime not in ("pytorch-eager", "torchtitan",
+                                                           "torchtune"):
         print(f"error: --runtime {args.runtime}: its step updates after the backward pass "
               "(--optimizer-in-backward takes pytorch-eager or torchtitan)", file=sys.stderr)
         return 2
@@ -222,6 +223,12 @@ def main(argv=None) -> int:
                  if c.scenario.workload.precision in names]
         print(f"{len(cases)} of {len(cases) + skipped} drawn configs in precisions the "
               f"{args.runtime} profile prices ({', '.join(sorted(names))})")
+        if rt.coeff("selective_remat") < 0.5:
+            # (torchtune checkpoints whole blocks: the draw's selective configs are left out)
+            kept = [c for c in cases if c.config.remat != "selective"]
+            print(f"{len(kept)} of {len(cases)} without selective recomputation, which the "
+                  f"{args.runtime} runtime does not run")
+            cases = kept
     timing = [] if (args.lora or args.tp or args.runtime != "pytorch-eager"
                     or args.optimizer_in_backward or args.loss != "float32"
                     or args.activation_offload) else timing_cases()

@@ -187,6 +187,20 @@ SCHEMA: dict[str, Coeff] = {
                               "--context-parallel-size: each rank holds 1/cp of every "
                               "sequence, keys and values are exchanged in the attention, the "
                               "state is sharded over dp x cp; 0: cp > 1 is refused"),
+    "pipeline_parallel": _c(1, "1: pipeline parallelism (pp > 1) runs in this runtime; 0: "
+                               "it has none, pp is 1"),
+    "selective_remat": _c(1, "1: remat = selective (the profile's selective checkpointing "
+                             "rules) runs in this runtime; 0: refused, whole blocks only"),
+    "expert_parallel": _c(1, "1: expert parallelism (ep > 1) runs in this runtime; 0: it "
+                             "has none, ep is 1"),
+    "torch_compile": _c(1, "1: training.compile runs as priced (the model's element-wise ops "
+                           "fused, the loss as the profile prices it); 0: refused"),
+    "sharded_data_parallel_only": _c(0, "1: data parallelism over more than one rank is "
+                                        "always FSDP's (ZeRO-2 or ZeRO-3): no replicas (DDP), "
+                                        "no ZeRO-1; 0: every stage the rules allow"),
+    "optimizer_offload": _c(1, "1: config.offload_optimizer (the optimizer state and its "
+                               "step on the host, parameters and gradients on the device) "
+                               "runs in this runtime; 0: refused"),
     "optimizer_in_backward": _c(0, "1: training.optimizer_in_backward as torchtitan's "
                                    "early_step_in_backward runs it: one optimizer a "
                                    "parameter, stepped from the parameter's post-accumulate-"
@@ -211,6 +225,8 @@ SCHEMA: dict[str, Coeff] = {
                         "(torch.compile's loss, MPT's flash-attn cross-entropy, Megatron's "
                         "fusion); 0: refused (the runtime's own fused losses hold other "
                         "buffers)"),
+    "fused_linear_loss": _c(1, "1: training.loss = fused-linear, Liger's fused linear "
+                               "cross-entropy, runs in this runtime; 0: refused"),
     "chunked_loss": _c(0, "1: training.loss = chunked as torchtune's recipes run it "
                           "(LinearCrossEntropyLoss: the head and an upcast cross-entropy on "
                           "8 slices of the tokens, eagerly); 0: refused"),

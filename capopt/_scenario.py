@@ -340,11 +340,16 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
                           field="hardware.price_per_gpu_hour", allowed=", ".join(prices))
 
     seq_default = model.native_seq_len or ...
+    runtime = _nested(get_profile, _get(tr_t, "runtime", str, "training", file, "xla-gpu"),
+                      file, "training.runtime")
+    # (a runtime without mixed precision, torchtune, trains in its first dtype by default)
+    precisions = [name for name, _ in runtime.precisions]
+    precision_default = "bf16-mixed" if "bf16-mixed" in precisions else precisions[0]
     choice_values = {name: _choice(tr_t, name, file) for name in WORKLOAD_CHOICES}
     workload = Workload(
         seq_len=_get(tr_t, "seq_len", int, "training", file, seq_default),
         global_batch=_get(tr_t, "global_batch", int, "training", file),
-        precision=_get(tr_t, "precision", str, "training", file, "bf16-mixed"),
+        precision=_get(tr_t, "precision", str, "training", file, precision_default),
         optimizer=_get(tr_t, "optimizer", str, "training", file, "adamw"),
         grad_clip=_get(tr_t, "grad_clip", bool, "training", file, True),
         lora=_lora(tr_t.get("lora"), file),
@@ -353,8 +358,6 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
         input_samples_per_s=_get(tr_t, "input_samples_per_s", float, "training", file, None),
         train_tokens=_get(tr_t, "train_tokens", float, "training", file, None),
     )
-    runtime = _nested(get_profile, _get(tr_t, "runtime", str, "training", file, "xla-gpu"),
-                      file, "training.runtime")
     _check_workload_fits_model(model, workload, file)
 
     vram_given = _get(bud_t, "vram_gib", float, "budget", file, None)

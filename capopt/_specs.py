@@ -60,6 +60,26 @@ def runtimes_where(test) -> list[str]:
     return [name for name in list_profiles() if test(get_profile(name))]
 
 
+def losses_run_by(rt) -> list[str]:
+    """The `LOSSES` the runtime ``rt`` runs as capopt prices them (an XLA step takes optax's
+    cross-entropy on float32 logits; a PyTorch runtime each loss its profile switches on)."""
+    xla = rt.name.startswith("xla")
+    gates = {"fused": "fused_loss", "fused-linear": "fused_linear_loss",
+             "chunked": "chunked_loss"}
+    return ["float32"] + [loss for loss, gate in gates.items()
+                          if rt.coeff(gate) >= 0.5 and not xla]
+
+
+def _loss_allowed(rt, loss: str) -> str:
+    """The words of a refused loss: what ``rt`` runs, and the runtimes that run ``loss``."""
+    others = runtimes_where(lambda r: loss in losses_run_by(r))
+    ran = ", ".join(losses_run_by(rt)) + f" (the {rt.name} runtime's)"
+    if not others:
+        return ran
+    return (ran + f", or a runtime that runs {loss} ("
+            + " or ".join(filter(None, (", ".join(others[:-1]), others[-1]))) + ")")
+
+
 def eager_runtimes() -> list[str]:
     """The built-in runtimes whose element-wise ops run eagerly (where compiling changes
     something)."""
@@ -379,6 +399,32 @@ class KnobDomain:
         return self.values is None or value in self.values
 
 
+# Knob values a runtime has no way to run (torchtune: no pipeline or expert parallelism, no
+# optimizer-only offload, FSDP over every data-parallel rank so never ZeRO-1, whole blocks
+# checkpointed; ZeRO-0 at dp > 1 is `capopt._validity`'s rule). Each: the knob, the values kept
+# when it is searched, the test of a named value, the profile coefficient and the value of it
+# that sets the rule on, the allowed values' words, why.
+RUNTIME_KNOB_RULES = (
+    ("pp", (1,), lambda v: v == 1, "pipeline_parallel", 0, "1",
+     "has no pipeline parallelism"),
+    ("ep", (1,), lambda v: v == 1, "expert_parallel", 0, "1",
+     "has no expert parallelism"),
+    ("offload_optimizer", (False,), lambda v: v is False, "optimizer_offload", 0, "false",
+     "does not offload the optimizer state alone"),
+    ("zero_stage", (0, 2, 3), lambda v: v != 1, "sharded_data_parallel_only", 1, "0, 2 or 3",
+     "shards data parallelism with FSDP (ZeRO-2 or ZeRO-3), never ZeRO-1"),
+    ("remat", ("none", "full"), lambda v: v != "selective", "selective_remat", 0,
+     "none, full or a fraction of the blocks",
+     "checkpoints whole blocks (every one, or every n-th), not selected activations"),
+)
+
+
+def runtime_runs(rt, knob: str, value) -> bool:
+    """Whether the runtime profile ``rt`` runs ``knob`` at ``value`` (`RUNTIME_KNOB_RULES`)."""
+    return all(ok(value) for name, _, ok, coeff, on, _, _ in RUNTIME_KNOB_RULES
+               if name == knob and (rt.coeff(coeff) >= 0.5) == bool(on))
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -423,6 +469,11 @@ class Scenario:
             if getattr(self, name) not in allowed:
                 raise CapoptError(f"got {getattr(self, name)!r}", file=self.path,
                                   field=f"config.{name}", allowed=", ".join(allowed))
+        precisions = [name for name, _ in self.runtime.precisions]
+        if self.workload.precision not in precisions:
+            raise CapoptError(f"the {self.runtime.name} runtime has no precision "
+                              f"{self.workload.precision!r}", file=self.path,
+                              field="training.precision", allowed=", ".join(precisions))
         lora = self.workload.lora
         if lora is not None and lora.dropout > 0 and self.runtime.name.startswith("xla"):
             raise CapoptError(f"the {self.runtime.name} step runs no adapter dropout",
@@ -434,6 +485,12 @@ class Scenario:
                               file=self.path, field="training.compile",
                               allowed="a runtime whose ops run eagerly ("
                               + ", ".join(eager_runtimes()) + ")")
+        if self.workload.compile and self.runtime.coeff("torch_compile") < 0.5:
+            raise CapoptError(f"the {self.runtime.name} runtime compiles its loss with the "
+                              "model, which capopt prices eager", file=self.path,
+                              field="training.compile",
+                              allowed="false, or a runtime whose compile it prices ("
+                                      + runtimes_running("torch_compile") + ")")
         if (self.workload.optimizer_in_backward
                 and self.runtime.coeff("optimizer_in_backward") < 0.5):
             raise CapoptError(f"the {self.runtime.name} runtime has no optimizer step in the "
@@ -442,6 +499,10 @@ class Scenario:
                               allowed="false, or a runtime that runs it ("
                                       + runtimes_running("optimizer_in_backward") + ")")
         loss = self.workload.loss
+        if loss == "fused-linear" and self.runtime.coeff("fused_linear_loss") < 0.5:
+            raise CapoptError(f"the {self.runtime.name} runtime does not run Liger's fused "
+                              "linear cross-entropy", file=self.path, field="training.loss",
+                              allowed=_loss_allowed(self.runtime, "fused-linear"))
         if loss == "fused" and self.runtime.name.startswith("xla"):
             raise CapoptError(f"the {self.runtime.name} step takes optax's cross-entropy on "
                               "the float32 logits (its rules are the profile's)",
@@ -450,8 +511,7 @@ class Scenario:
         if loss == "fused" and self.runtime.coeff("fused_loss") < 0.5:
             raise CapoptError(f"the {self.runtime.name} runtime has no fused cross-entropy "
                               "as capopt prices it", file=self.path, field="training.loss",
-                              allowed="float32, fused-linear, or a runtime that runs it ("
-                                      + runtimes_running("fused_loss") + ")")
+                              allowed=_loss_allowed(self.runtime, "fused"))
         if loss in ("fused-linear", "chunked"):
             m = self.model
             if not m.has_vocab_head:
@@ -525,6 +585,19 @@ class Scenario:
             raise CapoptError("asynchronous tensor parallelism is a torch.compile pass",
                               file=self.path, field="training.async_tp",
                               allowed="false, or true with training.compile = true")
+        # what the runtime has no way to run (`RUNTIME_KNOB_RULES`): narrowed where
+        # searched, refused where named
+        for knob, keep, ok, coeff, on, allowed, why in RUNTIME_KNOB_RULES:
+            if (self.runtime.coeff(coeff) >= 0.5) != bool(on):
+                continue
+            dom = self.knob(knob)
+            left = keep if dom.values is None else tuple(v for v in dom.values if ok(v))
+            if not left:
+                raise CapoptError(f"the {self.runtime.name} runtime {why}", file=self.path,
+                                  field=f"config.{knob}", allowed=allowed + " (or auto)")
+            if dom.values != left:
+                object.__setattr__(self, "knobs", tuple(k for k in self.knobs if k.name != knob)
+                                   + (KnobDomain(knob, left),))
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")

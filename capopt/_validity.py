@@ -191,6 +191,13 @@ RULES: tuple[Rule, ...] = (
               " (stage 1 at dp 1: " + runtimes_running("zero1_single_rank") + ")"
               if cfg.zero_stage == 1 else ""),
           lambda d: 0),
+    # a runtime that shards every data-parallel group (torchtune's FSDP2): no replicas
+    _rule("config.zero_stage", "zero_stage dp",
+          lambda c, sc: ((c["zero_stage"] == 0) & (c["dp"] > 1)
+                         & (sc.runtime.coeff("sharded_data_parallel_only") >= 0.5)),
+          lambda cfg, sc: f"the {sc.runtime.name} runtime shards data parallelism with FSDP: "
+                          f"dp {cfg.dp} needs zero_stage 2 or 3",
+          lambda d: 3),
     _rule("config.zero_stage", "zero_stage pp",
           lambda c, sc: (c["pp"] > 1) & (c["zero_stage"] >= 2)
           & (sc.runtime.coeff("zero_pp_nosync") == 0),

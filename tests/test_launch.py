@@ -305,10 +305,51 @@ def read_llm_foundry(text: str) -> dict:
             "precision": {"amp_bf16": "bf16-mixed"}.get(d["precision"], "?")}
 
 
+def torchtune_command(text: str) -> tuple[list[str], dict[str, str]]:
+    """The `tune run` line's arguments before the config, and its key=value overrides (as a
+    shell splits them: quotes removed, backslash-newlines joined)."""
+    import shlex
+    body = text.replace("\\\n", " ")
+    line = next(ln for ln in body.splitlines() if ln.startswith("tune run"))
+    words = shlex.split(line)
+    at = words.index("--config")
+    assert words[at + 1] == "$CONFIG"
+    overrides = {}
+    for w in words[at + 2:]:
+        key, value = w.split("=", 1)
+        assert key not in overrides, key
+        overrides[key] = value
+    return words[:at], overrides
+
+
+def read_torchtune(text: str) -> dict:
+    head, d = torchtune_command(text)
+    devices = 1
+    if "--nproc_per_node" in head:
+        devices = (int(head[head.index("--nproc_per_node") + 1])
+                   * int(head[head.index("--nnodes") + 1]))
+    tp = int(d.get("tensor_parallel_dim", 1))
+    cp = int(d.get("context_parallel_dim", 1))
+    dp = devices // tp
+    if "data_parallel_shard_dim" in d:
+        assert (int(d["data_parallel_shard_dim"]) * int(d["data_parallel_replicate_dim"])
+                * cp == dp)
+    remat = ("full" if d["enable_activation_checkpointing"] == "True" else
+             ("blocks", LAYERS // int(d["ac_option"])) if d.get("ac_mode") == "selective"
+             else "none")
+    return {"micro_batch": int(d["batch_size"]), "grad_accum": int(d["gradient_accumulation_steps"]),
+            "dp": dp, "tp": tp, "pp": 1,
+            "zero_stage": 0 if dp == 1 else 3 if d["fsdp_reshard_after_forward"] == "True" else 2,
+            "sequence_parallel": tp > 1, "remat": remat, "offload_optimizer": False,
+            "grad_clip": d["clip_grad_norm"] == "1.0",
+            "precision": {"bf16": "bf16", "fp32": "fp32"}[d["dtype"]], "cp": cp,
+            "dp_replicate": int(d.get("data_parallel_replicate_dim", 1))}
+
+
 READERS = {"deepspeed": read_deepspeed, "megatron": read_megatron,
            "torchtitan": read_torchtitan, "accelerate": read_accelerate,
            "hf-trainer": read_hf_trainer, "trl-sft": read_trl_sft, "maxtext": read_maxtext,
-           "llm-foundry": read_llm_foundry}
+           "llm-foundry": read_llm_foundry, "torchtune": read_torchtune}
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,6 +377,30 @@ def test_each_knob_reads_back(fmt, name):
     assert got == expected(cfg)
     assert text == emit(fmt, cfg, SC)                        # deterministic
     assert text.endswith("\n")
+
+
+# torchtune trains in one dtype with its chunked loss: the configs on the scenario in pure bf16
+SC_TUNE = load_scenario("llama3-8b-8xh100", values={"training.precision": ("bf16", "t"),
+                                                     "training.runtime": ("torchtune", "t")})
+TUNE_CONFIGS = {**CONFIGS, "tp-sp-zero3-full": CONFIGS["tp-sp-zero3"].replace(remat="full")}
+TUNE_EXPRESSES = {"zero3-full", "fraction", "hsdp-zero3"}
+
+
+@pytest.mark.parametrize("name", sorted(TUNE_CONFIGS))
+def test_torchtune_reads_back(name):
+    """What torchtune's recipes run as capopt prices them (FSDP2 at ZeRO-2/3, HSDP, every n-th
+    block checkpointed) comes back from the `tune run` line; DDP, ZeRO-1, pipelines,
+    optimizer offload, selective recomputation, tensor parallelism (its plan is the model's)
+    and context parallelism (refused with packed sequences) are refused naming the knob."""
+    cfg = TUNE_CONFIGS[name]
+    if name not in TUNE_EXPRESSES:
+        with pytest.raises(CapoptError) as err:
+            emit("torchtune", cfg, SC_TUNE)
+        assert err.value.field == "--emit" and "\n" not in str(err.value)
+        return
+    got = read_torchtune(emit("torchtune", cfg, SC_TUNE))
+    got.setdefault("vpp", 1)
+    assert got == {**expected(cfg), "precision": "bf16"}
 
 
 def test_a_recomputed_fraction_is_whole_blocks_per_stage():
@@ -511,17 +576,22 @@ def test_a_fused_loss_is_torchtitans_compiled_loss_or_mpts_and_refused_elsewhere
             assert err.value.allowed == "torchtitan, llm-foundry"
 
 
-def test_a_chunked_loss_is_refused_by_every_format():
-    """``loss = "chunked"`` is torchtune's, a config none of the formats is: each refuses it
-    by name and none is offered instead."""
+def test_a_chunked_loss_is_torchtunes_and_refused_by_every_other_format():
+    """``loss = "chunked"`` is torchtune's LinearCrossEntropyLoss: every other format refuses
+    it by name and offers torchtune, which writes it (in one dtype: a bf16 scenario)."""
     sc = _with(load_scenario("llama3-8b-8xh100",
-                             values={"training.runtime": ("pytorch-eager", "t")}),
+                             values={"training.runtime": ("pytorch-eager", "t"),
+                                     "training.precision": ("bf16", "t")}),
                loss="chunked")
     for fmt in FORMATS:
+        if fmt == "torchtune":
+            continue
         with pytest.raises(CapoptError) as err:
             emit(fmt, CONFIGS["zero3-full"], sc)
         assert "training.loss" in str(err.value) and "torchtune" in str(err.value)
-        assert err.value.allowed is None
+        assert err.value.allowed == "torchtune"
+    assert torchtune_command(emit("torchtune", CONFIGS["zero3-full"], sc))[1][
+        "loss._component_"] == "torchtune.modules.loss.LinearCrossEntropyLoss"
 
 
 def test_llm_foundry_files_say_what_composer_cannot_do():
@@ -550,7 +620,9 @@ def test_a_torchtitan_file_priced_by_another_profile_says_so():
     assert "--runtime" not in emit("torchtitan", cfg, own)
 
 
-@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "trl-sft"])
+# (torchtune writes LoRA too: its test is in tests/test_torchtune.py; this scenario is in
+# mixed precision, which it refuses first)
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f not in ("trl-sft", "torchtune")])
 def test_lora_is_refused_naming_the_knob(fmt):
     sc = load_scenario("qlora-llama2-7b-24gb")
     assert sc.workload.lora == LoRA(rank=64, targets=("attn", "mlp"), base_bits=4)

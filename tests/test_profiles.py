@@ -12,7 +12,8 @@ from capopt._runtime import NF4_BYTES_PER_WEIGHT, SCHEMA, get_profile, list_prof
 
 def test_every_builtin_profile_sets_only_schema_keys_and_gets_every_key():
     assert set(list_profiles()) == {"deepspeed", "hf", "llm-foundry", "megatron", "pytorch",
-                                    "pytorch-eager", "torchtitan", "xla-cpu", "xla-gpu"}
+                                    "pytorch-eager", "torchtitan", "torchtune", "xla-cpu",
+                                    "xla-gpu"}
     for name in list_profiles():
         d = get_profile(name).coeff_dict()
         assert set(d) == set(SCHEMA), name

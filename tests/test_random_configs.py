@@ -131,6 +131,12 @@ def test_memory_random_results_come_from_the_current_model():
     ("torch_random_chunked_seed2", dict(n=120, seed=2, loss="chunked")),
     ("torch_random_hf", dict(n=120, seed=0, runtime="hf")),
     ("torch_random_seed1_hf", dict(n=60, seed=1, runtime="hf")),
+    # (torchtune: its precisions, the chunked loss, no selective recomputation: 44 and 49)
+    ("torch_random_chunked_torchtune",
+     dict(n=120, seed=0, loss="chunked", runtime="torchtune", min_points=40)),
+    ("torch_random_chunked_seed1_torchtune",
+     dict(n=120, seed=1, loss="chunked", runtime="torchtune", min_points=40)),
+    ("torch_random_torchtune", dict(n=120, seed=0, runtime="torchtune", min_points=40)),
 ])
 def test_torch_results_come_from_the_current_model(name, draw):
     """Each torch-tier results file the README quotes holds, for its measured cases, the
@@ -147,7 +153,12 @@ def test_torch_results_come_from_the_current_model(name, draw):
     recs = _recorded(RESULTS / f"{name}.jsonl")
     workload = {k: draw[k] for k in ("loss", "activation_offload") if k in draw}
     cases = draw_torch_cases(draw["n"], **{k: v for k, v in draw.items()
-                                            if k not in ("n", "runtime") and k not in workload})
+                                            if k not in ("n", "runtime", "min_points")
+                                            and k not in workload})
+    if workload:                        # (the same draw, --loss / --activation-offload)
+        import dataclasses
+        cases = [dataclasses.replace(c, scenario=c.scenario.replace(workload=dataclasses.replace(
+            c.scenario.workload, **workload))) for c in cases]
     if "runtime" in draw:               # (the same draw, --runtime: its precisions only)
         import dataclasses
 
@@ -156,12 +167,10 @@ def test_torch_results_come_from_the_current_model(name, draw):
         names = {name for name, _ in rt.precisions}
         cases = [dataclasses.replace(c, scenario=c.scenario.replace(runtime=rt)) for c in cases
                  if c.scenario.workload.precision in names]
-    if workload:                        # (the same draw, --loss / --activation-offload)
-        import dataclasses
-        cases = [dataclasses.replace(c, scenario=c.scenario.replace(workload=dataclasses.replace(
-            c.scenario.workload, **workload))) for c in cases]
+        if rt.coeff("selective_remat") < 0.5:
+            cases = [c for c in cases if c.config.remat != "selective"]
     points = doc["points"]
-    assert len(points) >= 50
+    assert len(points) >= draw.get("min_points", 50)
     for q, case, rec in _sampled(points, cases, recs, bench.measurement_key, 12):
         p = predicted_torch_terms(case.config, case.scenario)
         # float32 cost model, the same program: equal to float32 rounding

@@ -55,7 +55,10 @@ def test_every_rule_is_broken_by_some_config_and_only_reads_what_it_says():
                  # (an optimizer stepped in the backward pass breaks its own rules)
                  make_scenario(llama_like(layers=6, kv=2), runtime="torchtitan", count=16,
                                seq_len=96, global_batch=64, grad_clip=False,
-                               optimizer_in_backward=True))
+                               optimizer_in_backward=True),
+                 # (a runtime that shards every data-parallel group breaks ZeRO-0 at dp > 1)
+                 make_scenario(llama_like(layers=6, kv=2), runtime="torchtune", count=16,
+                               global_batch=64, precision="bf16", loss="chunked"))
     for rule in RULES:
         hit = [np.asarray(rule.broken({k: cols[k] for k in rule.reads}, sc)).any()
                for sc in scenarios]

@@ -29,10 +29,10 @@ from .._errors import CapoptError
 from .._specs import Config, Scenario, remat_weights
 
 FORMATS: tuple[str, ...] = ("deepspeed", "megatron", "torchtitan", "accelerate", "hf-trainer",
-                            "trl-sft", "maxtext", "llm-foundry")
+                            "trl-sft", "maxtext", "llm-foundry", "torchtune")
 SUFFIX: dict[str, str] = {"deepspeed": ".json", "megatron": ".sh", "torchtitan": ".toml",
                           "accelerate": ".yaml", "hf-trainer": ".json", "trl-sft": ".yaml",
-                          "maxtext": ".txt", "llm-foundry": ".yaml"}
+                          "maxtext": ".txt", "llm-foundry": ".yaml", "torchtune": ".sh"}
 
 
 class _Unexpressible(Exception):
@@ -91,7 +91,8 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
     if scenario.workload.compile and fmt not in _COMPILE:
         raise _Unexpressible("training.compile", True, "capopt writes torch.compile into "
                              "torchtitan's file ([compile] enable), Accelerate's "
-                             "(dynamo_config) and the Trainer's (torch_compile) only")
+                             "(dynamo_config) and the Trainer's (torch_compile) only "
+                             "(torchtune's compiles the loss too, which capopt prices eager)")
     if scenario.workload.loss == "fused" and fmt not in _FUSED_LOSS:
         raise _Unexpressible("training.loss", "fused", f"capopt writes its fused loss (a "
                              "cross-entropy on the compute-dtype logits) into torchtitan's "
@@ -102,21 +103,24 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
         raise _Unexpressible("training.loss", "fused-linear", "capopt writes Liger's fused "
                              "linear cross-entropy into the Trainer's file (use_liger_kernel) "
                              f"and TRL's only; {fmt} has no such loss")
-    if scenario.workload.loss == "chunked":
+    if scenario.workload.loss == "chunked" and fmt != "torchtune":
         raise _Unexpressible("training.loss", "chunked", "the chunked loss is torchtune's "
                              "(loss: torchtune.modules.loss.LinearCrossEntropyLoss in a "
-                             "recipe's config), a format capopt does not write")
+                             "recipe's config): --emit torchtune writes it")
     if scenario.workload.activation_offload and fmt != "trl-sft":
         raise _Unexpressible("training.activation_offload", True, "capopt writes activation "
-                             "offloading into TRL's file (activation_offloading) only")
-    if scenario.workload.paged_optimizer and fmt not in ("hf-trainer", "trl-sft"):
+                             "offloading into TRL's file (activation_offloading) only (not "
+                             "torchtune's: its offload context covers the forward pass, not "
+                             "the chunked loss, which capopt does not price)")
+    if scenario.workload.paged_optimizer and fmt not in ("hf-trainer", "trl-sft", "torchtune"):
         raise _Unexpressible("training.paged_optimizer", True, "capopt writes bitsandbytes' "
-                             "paged optimizers into the Trainer's file and TRL's "
-                             "(optim = \"paged_adamw_8bit\" ...) only")
-    if scenario.workload.optimizer_in_backward and fmt != "torchtitan":
+                             "paged optimizers into the Trainer's file, TRL's "
+                             "(optim = \"paged_adamw_8bit\" ...) and torchtune's only")
+    if scenario.workload.optimizer_in_backward and fmt not in ("torchtitan", "torchtune"):
         raise _Unexpressible("training.optimizer_in_backward", True, "capopt writes the "
                              "optimizer step in the backward pass into torchtitan's file "
-                             "([optimizer] early_step_in_backward) only")
+                             "([optimizer] early_step_in_backward) and torchtune's "
+                             "(optimizer_in_bwd) only")
     if scenario.workload.async_tp and config.tp > 1 and fmt != "torchtitan":
         raise _Unexpressible("training.async_tp", True, "capopt writes asynchronous tensor "
                              "parallelism into torchtitan's file ([parallelism] "
@@ -125,12 +129,14 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
         raise _Unexpressible("config.cp", config.cp, "context parallelism as capopt prices "
                              "it (ring attention, the state sharded over dp x cp) is "
                              "torchtitan's context_parallel_degree and Megatron's "
-                             "--context-parallel-size")
+                             "--context-parallel-size (torchtune's refuses the packed "
+                             "sequences capopt prices: flex attention)")
     if config.dp_replicate > 1 and fmt not in _HYBRID_SHARD:
         raise _Unexpressible("config.dp_replicate", config.dp_replicate, "hybrid sharding "
                              "(the state sharded over dp / dp_replicate ranks, replicated "
                              "across dp_replicate groups) is torchtitan's "
-                             "data_parallel_replicate_degree and Megatron's "
+                             "data_parallel_replicate_degree, torchtune's "
+                             "data_parallel_replicate_dim and Megatron's "
                              "--num-distributed-optimizer-instances")
     if config.vpp > 1 and fmt not in _CONTEXT_PARALLEL:
         raise _Unexpressible("config.vpp", config.vpp, "interleaved pipeline stages are "
@@ -143,7 +149,7 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
 # stages (``config.vpp``)
 _CONTEXT_PARALLEL = ("torchtitan", "megatron")
 # the formats that write hybrid sharding (``config.dp_replicate``)
-_HYBRID_SHARD = ("torchtitan", "megatron")
+_HYBRID_SHARD = ("torchtitan", "megatron", "torchtune")
 
 
 def _show(value) -> str:
@@ -215,7 +221,8 @@ def _flash_by_default(c: Config) -> None:
 
 # the runtime profile that prices a format's own rules, where capopt has one
 _OWN_PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron",
-                "llm-foundry": "llm-foundry", "hf-trainer": "hf", "trl-sft": "hf"}
+                "llm-foundry": "llm-foundry", "hf-trainer": "hf", "trl-sft": "hf",
+                "torchtune": "torchtune"}
 
 
 def _header(fmt: str, c: Config, sc: Scenario, mark: str = "#") -> list[str]:
@@ -949,11 +956,177 @@ def _emit_llm_foundry(c: Config, sc: Scenario) -> str:
     return "\n".join(lines + _yaml(doc)) + "\n"
 
 
+# --------------------------------------------------------------------------------------------
+# torchtune: a `tune run` command, the recipe and key=value overrides of its config
+# source: recipes/full_finetune_single_device.py, full_finetune_distributed.py,
+#   lora_finetune_single_device.py, lora_finetune_distributed.py, recipes/configs/ and
+#   torchtune/training/activations.py (selective layer checkpointing) at pytorch/torchtune
+#   bd2a0fc
+# --------------------------------------------------------------------------------------------
+# (capopt optimizer, paged) -> the optimizer component and its keyword arguments
+_TUNE_OPTIMIZERS = {
+    ("adamw", False): ("torch.optim.AdamW", {"fused": True}),
+    ("adam", False): ("torch.optim.Adam", {"fused": True}),
+    ("sgd", False): ("torch.optim.SGD", {}),
+    ("sgd-momentum", False): ("torch.optim.SGD", {"momentum": 0.9}),
+    ("adamw-8bit", False): ("bitsandbytes.optim.AdamW8bit", {}),
+    ("adamw", True): ("bitsandbytes.optim.PagedAdamW", {}),
+    ("adam", True): ("bitsandbytes.optim.PagedAdamW", {"weight_decay": 0.0}),
+    ("lion", True): ("bitsandbytes.optim.PagedLion", {}),
+    ("adamw-8bit", True): ("bitsandbytes.optim.PagedAdamW8bit", {}),
+}
+# capopt's loss -> the loss component (the float32 loss: torch's cross-entropy on the logits
+# TransformerDecoder.unembed returns as float32)
+_TUNE_LOSSES = {"chunked": "torchtune.modules.loss.LinearCrossEntropyLoss",
+                "float32": "torch.nn.CrossEntropyLoss"}
+# capopt's attention matrices -> torchtune's lora_attn_modules names (the MLP's three are one
+# switch, apply_lora_to_mlp)
+_TUNE_ATTN = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj"}
+
+
+def _tune_value(v) -> str:
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if v is None:
+        return "null"
+    if isinstance(v, list):
+        return "[" + ",".join(_tune_value(x) for x in v) + "]"
+    return str(v)
+
+
+def _emit_torchtune(c: Config, sc: Scenario) -> str:
+    from .._inventory import inventory, lora_wrapped
+    w, m = sc.workload, sc.model
+    if m.family != "decoder":
+        raise _Unexpressible("model.family", m.family, "torchtune's recipes fine-tune decoders")
+    _flash_by_default(c)
+    if w.precision not in ("bf16", "fp32"):
+        raise _Unexpressible("training.precision", w.precision, "torchtune trains the whole "
+                             "model in one dtype (dtype: bf16 or fp32), without autocast")
+    if w.loss not in _TUNE_LOSSES:
+        raise _Unexpressible("training.loss", w.loss, "torchtune's recipes take "
+                             "LinearCrossEntropyLoss (loss = chunked) or "
+                             "torch.nn.CrossEntropyLoss on the float32 logits the model returns "
+                             "(loss = float32)")
+    if c.tp > 1:
+        raise _Unexpressible("config.tp", c.tp, "torchtune's tensor parallelism needs the "
+                             "model's tensor_parallel_plan, which capopt does not write")
+    if c.ep > 1:
+        raise _Unexpressible("config.ep", c.ep, "torchtune's mesh has no expert dimension")
+    if c.pp > 1:
+        raise _Unexpressible("config.pp", c.pp, "torchtune's recipes have no pipeline "
+                             "parallelism")
+    if c.offload_optimizer:
+        raise _Unexpressible("config.offload_optimizer", True, "fsdp_cpu_offload offloads "
+                             "parameters and gradients too")
+    if c.dp > 1 and c.zero_stage not in (2, 3):
+        raise _Unexpressible("config.zero_stage", c.zero_stage, "torchtune shards every "
+                             "data-parallel group with FSDP2 (ZeRO-3, or ZeRO-2 with "
+                             "fsdp_reshard_after_forward = False)")
+    optimizer = _TUNE_OPTIMIZERS.get((w.optimizer, bool(w.paged_optimizer)))
+    if optimizer is None:
+        raise _Unexpressible("training.optimizer", w.optimizer, "capopt writes torch.optim's "
+                             "AdamW, Adam and SGD and bitsandbytes' AdamW8bit and paged "
+                             "optimizers into torchtune's config")
+    kind, k = _remat(c, sc)
+    if kind == "selective":
+        raise _Unexpressible("config.remat", "selective", "torchtune checkpoints whole "
+                             "layers (all, or every n-th: ac_mode = selective)")
+    lora = w.lora
+    recipe = (f"{'lora' if lora is not None else 'full'}_finetune_"
+              f"{'distributed' if c.devices > 1 else 'single_device'}")
+    if lora is not None and w.optimizer_in_backward:
+        raise _Unexpressible("training.optimizer_in_backward", True, "torchtune's LoRA "
+                             "recipes step after the backward pass (optimizer_in_bwd is the "
+                             "full fine-tuning recipes')")
+    if kind == "blocks" and recipe != "full_finetune_distributed":
+        raise _Unexpressible("config.remat", c.remat, "checkpointing every n-th layer "
+                             "(ac_mode = selective) is full_finetune_distributed's; "
+                             f"{recipe} checkpoints all layers or none")
+    kv: list[tuple[str, object]] = [
+        ("batch_size", c.micro_batch), ("gradient_accumulation_steps", c.grad_accum),
+        ("dtype", w.precision),
+        # every sequence seq_len tokens, as capopt prices it
+        ("dataset.packed", True), ("tokenizer.max_seq_len", w.seq_len),
+        ("loss._component_", _TUNE_LOSSES[w.loss]),
+        ("compile", False),
+        ("optimizer._component_", optimizer[0]),
+        *((f"optimizer.{key}", v) for key, v in optimizer[1].items()),
+        *((("optimizer_in_bwd", bool(w.optimizer_in_backward)),) if lora is None else ()),
+        ("clip_grad_norm", 1.0 if w.grad_clip and not w.optimizer_in_backward else "None"),
+        ("enable_activation_checkpointing", kind == "full"),
+        ("enable_activation_offloading", False),
+    ]
+    if kind == "blocks":
+        # selective layer checkpointing wraps every n-th block: L // n of them
+        layers = m.num_hidden_layers
+        every = next((n for n in range(2, layers + 1) if layers // n == k), None)
+        if every is None:
+            raise _Unexpressible("config.remat", c.remat, f"{k} of {layers} blocks is not "
+                                 "every n-th block")
+        kv += [("ac_mode", "selective"), ("ac_option", every)]
+    if c.devices > 1:
+        # FSDP2 over dp_replicate x dp_shard x cp x tp (training.ParallelDims, as torchtitan's)
+        shard = c.shard_group if c.zero_stage in (2, 3) else 1
+        kv += [("data_parallel_replicate_dim", c.dp // shard),
+               ("data_parallel_shard_dim", shard),
+               ("fsdp_reshard_after_forward", c.zero_stage != 2),
+               ("fsdp_cpu_offload", False),
+               # the embeddings and head in the root FSDP group, as capopt prices them
+               ("custom_sharded_layers", [])]
+    notes = []
+    if lora is not None:
+        if m.is_moe or m.is_mla:
+            raise _Unexpressible("training.lora", f"rank {lora.rank} on "
+                                 f"{'+'.join(lora.targets)}", "capopt names torchtune's LoRA "
+                                 "modules for dense attention and MLPs only")
+        if lora.base_bits == 8:
+            raise _Unexpressible("training.lora.base_bits", 8, "torchtune's QLoRA base is "
+                                 "NF4 (4-bit)")
+        present = {t.matmul for t in inventory(m) if t.where == "block" and t.matmul}
+        wrapped = lora_wrapped(lora.targets) & present
+        mlp = wrapped & {"gate", "up", "down"}
+        if mlp and mlp != present & {"gate", "up", "down"}:
+            raise _Unexpressible("training.lora.targets", "+".join(lora.targets),
+                                 "torchtune wraps the MLP's matrices all or none "
+                                 "(apply_lora_to_mlp)")
+        attn = [_TUNE_ATTN[x] for x in _TUNE_ATTN if x in wrapped]
+        if not attn:
+            raise _Unexpressible("training.lora.targets", "+".join(lora.targets),
+                                 "torchtune's LoRA builders need one attention projection "
+                                 "or more (lora_attn_modules)")
+        # quantize_base: every block matrix in NF4 (the builders' FrozenNF4Linear beside the
+        # LoRA layers), as capopt prices a 4-bit base
+        kv += [("model.lora_attn_modules", attn), ("model.apply_lora_to_mlp", bool(mlp)),
+               ("model.apply_lora_to_output", False), ("model.lora_rank", lora.rank),
+               ("model.lora_dropout", float(lora.dropout)),
+               ("model.quantize_base", lora.base_bits == 4)]
+    if optimizer[0].startswith("bitsandbytes"):
+        notes.append("# bitsandbytes' optimizers take no fused argument: add ~optimizer.fused "
+                     "if the config's optimizer has one")
+    launch = "tune run"
+    if c.devices > 1:
+        nodes = _nodes(c, sc)
+        launch += f" --nnodes {nodes} --nproc_per_node {min(c.devices, sc.per_node)}"
+        if nodes > 1:
+            notes.append("# on each node, with torchrun's rendezvous: --rdzv_backend c10d "
+                         "--rdzv_endpoint <host>:<port> after --nproc_per_node")
+    lines = _header("torchtune", c, sc)
+    lines += notes
+    # the recipe's config for the model (tune ls lists them); the keys below override its own
+    lines.append(f'CONFIG="${{CONFIG:?set CONFIG to torchtune\'s {recipe} config for '
+                 f'{m.name} (tune ls lists them)}}"')
+    body = " \\\n  ".join(f"'{key}={_tune_value(v)}'" if isinstance(v, list) else
+                         f"{key}={_tune_value(v)}" for key, v in kv)
+    lines.append(f'{launch} {recipe} --config "$CONFIG" \\\n  {body}')
+    return "\n".join(lines) + "\n"
+
+
 _EMITTERS: dict[str, Callable[[Config, Scenario], str]] = {
     "deepspeed": _emit_deepspeed, "megatron": _emit_megatron, "torchtitan": _emit_torchtitan,
     "accelerate": _emit_accelerate, "hf-trainer": _emit_hf_trainer, "trl-sft": _emit_trl_sft,
     "maxtext": _emit_maxtext,
-    "llm-foundry": _emit_llm_foundry,
+    "llm-foundry": _emit_llm_foundry, "torchtune": _emit_torchtune,
 }
 
 __all__ = ["FORMATS", "SUFFIX", "emit"]

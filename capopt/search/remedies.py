@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .._errors import CapoptError
-from .._specs import Config, KnobDomain, LoRA, Scenario, training_choices
+from .._specs import Config, KnobDomain, LoRA, Scenario, runtime_runs, training_choices
 
 
 def with_knob(sc: Scenario, name: str, values) -> Scenario:
@@ -15,8 +15,13 @@ def with_knob(sc: Scenario, name: str, values) -> Scenario:
     return sc.replace(knobs=knobs)
 
 
-def _workload(sc: Scenario, **changes) -> Scenario:
-    return sc.replace(workload=dataclasses.replace(sc.workload, **changes))
+def _workload(sc: Scenario, **changes) -> Scenario | None:
+    """The scenario with ``changes`` to its workload, or None where its runtime refuses them
+    (torchtune has no mixed precision: that remedy is not offered there)."""
+    try:
+        return sc.replace(workload=dataclasses.replace(sc.workload, **changes))
+    except CapoptError:
+        return None
 
 
 FUSED_LOSS = "fused cross-entropy (loss = \"fused\": torch.compile'd loss, Liger, Apex)"
@@ -64,7 +69,8 @@ def _head_loss(sc: Scenario) -> bool:
     """A loss over a vocabulary in a PyTorch runtime not yet fused with its head (the fused
     linear cross-entropy runs with the head whole: tp 1, which the changed scenario pins)."""
     return (sc.workload.loss != "fused-linear" and not sc.runtime.name.startswith("xla")
-            and sc.model.has_vocab_head and sc.knob("tp").allows(1))
+            and sc.model.has_vocab_head and sc.knob("tp").allows(1)
+            and sc.runtime.coeff("fused_linear_loss") >= 0.5)
 
 
 def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
@@ -80,9 +86,10 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
     if sc.knob("remat").values is not None and "full" not in sc.knob("remat").values:
         out.append(("allow activation checkpointing", with_knob(sc, "remat", None)))
     for name in ("micro_batch", "grad_accum", "tp", "pp"):
-        if sc.knob(name).values is not None:
+        if sc.knob(name).values is not None and runtime_runs(sc.runtime, name, 2):
             out.append((f"let the optimiser choose {name}", with_knob(sc, name, None)))
-    if sc.knob("offload_optimizer").values != (False, True):
+    if (sc.knob("offload_optimizer").values != (False, True)
+            and runtime_runs(sc.runtime, "offload_optimizer", True)):
         out.append(("offload optimizer state to host", with_knob(sc, "offload_optimizer",
                                                                  (False, True))))
     if w.precision == "fp32":
@@ -113,7 +120,7 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
     if w.global_batch % 2 == 0 and w.global_batch >= 2:
         out.append((f"halve the global batch ({w.global_batch // 2})",
                     _workload(sc, global_batch=w.global_batch // 2)))
-    return out
+    return [(desc, changed) for desc, changed in out if changed is not None]
 
 
 @dataclass(frozen=True)
@@ -230,7 +237,11 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
               if cfg.micro_batch % 2 == 0 else
               cfg.replace(dp=cfg.dp * 2, grad_accum=cfg.grad_accum // 2))
         out.append((f"2x the GPUs ({sc.count * 2}), dp {cfg.dp} -> {cfg.dp * 2}", more, c2))
-    return out
+    # (not the changes the runtime refuses: torchtune's ZeRO-1, optimizer offload, selective
+    # recomputation, mixed precision)
+    return [(desc, s, c) for desc, s, c in out if s is not None
+            and all(runtime_runs(s.runtime, k, getattr(c, k))
+                    for k in ("pp", "ep", "offload_optimizer", "zero_stage", "remat"))]
 
 
 def _real(cfg: Config, sc: Scenario) -> bool:

@@ -8,7 +8,7 @@ fp32: none), a float32 cross-entropy and ``loss.backward()`` accumulating into `
 then ``clip_grad_norm_`` when the workload clips, ``optimizer.step()`` and
 ``zero_grad(set_to_none=True)``. The optimizer is torch's (AdamW, Adam, SGD with or without
 momentum) on its multi-tensor (``foreach``) path, which is PyTorch's default for CUDA
-tensors. Its state is created by a first update before the metered step, so the step is a
+tensors, or Adam's fused kernel where the runtime's profile prices one (torchtune). Its state is created by a first update before the metered step, so the step is a
 steady-state one.
 
 Everything runs under `FakeTensorMode` on CPU tensors: shapes, dtypes and the autograd graph
@@ -24,7 +24,8 @@ Data parallelism (``dp > 1``) is FSDP2 (``fully_shard``, each block and the root
 over PyTorch's fake process group: this process is rank 0 of ``dp``, the collectives return
 buffers of the right shape, and the meter sees rank 0's shards, its all-gather and
 reduce-scatter buffers and the unsharded parameters FSDP2 resizes in place. ZeRO-3 reshards
-after the forward pass, ZeRO-2 does not; ZeRO-1 and plain DDP are not run.
+after the forward pass, ZeRO-2 does not (nor, under torchtune's rules, does the root group);
+ZeRO-1 and plain DDP are not run.
 
 Tensor parallelism (``tp > 1``) is DTensor's Megatron-LM layout over the same fake group
 (`capopt.validation.torch_tp`): rank 0's shards of every split matrix, replicated DTensors
@@ -329,12 +330,16 @@ def _dtypes(precision: str):
             "bf16": (torch.bfloat16, None)}[precision]
 
 
-def _optimizer(name: str, params):
+def _optimizer(name: str, params, fused: bool = False):
+    """torch's optimizer on its foreach path, or Adam's and AdamW's fused kernel (``fused``:
+    a runtime whose profile has no update temporaries, ``adam_update_copies`` = 0, as
+    torchtune's configs name ``fused: True``)."""
     import torch
+    path = {"fused": True} if fused else {"foreach": True}
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=LEARNING_RATE, foreach=True)
+        return torch.optim.AdamW(params, lr=LEARNING_RATE, **path)
     if name == "adam":
-        return torch.optim.Adam(params, lr=LEARNING_RATE, foreach=True)
+        return torch.optim.Adam(params, lr=LEARNING_RATE, **path)
     if name == "sgd":
         return torch.optim.SGD(params, lr=LEARNING_RATE, foreach=True)
     return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9, foreach=True)
@@ -355,8 +360,8 @@ class _InBackward:
     ``training.optimizer_in_backward``); `step` and `zero_grad` after the backward pass do
     nothing."""
 
-    def __init__(self, name: str, params):
-        self.optimizers = [_optimizer(name, [p]) for p in params]
+    def __init__(self, name: str, params, fused: bool = False):
+        self.optimizers = [_optimizer(name, [p], fused) for p in params]
         self._by_param = {id(p): o for p, o in zip(params, self.optimizers)}
         self._params = list(params)
         self._hooks = []
@@ -521,13 +526,19 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                 # apply_fsdp): bf16 gathers and compute, float32 reductions, no autocast
                 kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=autocast,
                                                        reduce_dtype=torch.float32)
+            # (the root keeps its parameters gathered after the forward pass where the
+            # runtime's root group is not gathered again, ``zero3_root_regather`` = 0:
+            # torchtune's shard_model passes reshard_after_forward=False to the root)
+            root_reshard = reshard and scenario.runtime.coeff("zero3_root_regather") >= 0.5
             with _RealMeshes():
                 for blk in model.blocks:
                     fully_shard(blk, mesh=mesh["dp"], reshard_after_forward=reshard, **kw)
-                fully_shard(model, mesh=mesh["dp"], reshard_after_forward=reshard, **kw)
+                fully_shard(model, mesh=mesh["dp"], reshard_after_forward=root_reshard, **kw)
         params = [p for p in model.parameters() if p.requires_grad]
         in_bwd = w.optimizer_in_backward
-        opt = _InBackward(w.optimizer, params) if in_bwd else _optimizer(w.optimizer, params)
+        fused = scenario.runtime.coeff("adam_update_copies") < 0.5
+        opt = (_InBackward(w.optimizer, params, fused) if in_bwd
+               else _optimizer(w.optimizer, params, fused))
         # fp16-mixed: dynamic loss scaling as torch.amp.GradScaler does it (the loss times the
         # scale, then _amp_foreach_non_finite_check_and_unscale_ on every gradient), with the
         # step taken unconditionally: GradScaler's skip reads found_inf on the host, which
