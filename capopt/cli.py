@@ -444,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="bitsandbytes' paged optimizer (the Trainer's optim=\"paged_...\"): "
                             "its state in CUDA managed memory, moved to the host when the "
                             "device is short (adamw, adam, lion, adamw-8bit; ZeRO 0, tp 1; "
-                            "runtimes pytorch-eager and hf)")
+                            "runtimes pytorch-eager, hf and torchtune)")
         q.add_argument("--choose", type=_choose, metavar="FIELD[,FIELD]",
                        help="leave [training] fields to the optimiser, each \"auto\": loss, "
                             "compile, optimizer_in_backward, activation_offload, "
