@@ -191,6 +191,8 @@ SCHEMA: dict[str, Coeff] = {
                                "it has none, pp is 1"),
     "selective_remat": _c(1, "1: remat = selective (the profile's selective checkpointing "
                              "rules) runs in this runtime; 0: refused, whole blocks only"),
+    "tensor_parallel": _c(1, "1: tensor parallelism (tp > 1) runs as priced in this runtime; 0: "
+                             "tp is 1"),
     "expert_parallel": _c(1, "1: expert parallelism (ep > 1) runs in this runtime; 0: it "
                              "has none, ep is 1"),
     "torch_compile": _c(1, "1: training.compile runs as priced (the model's element-wise ops "

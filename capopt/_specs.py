@@ -399,7 +399,8 @@ class KnobDomain:
         return self.values is None or value in self.values
 
 
-# Knob values a runtime has no way to run (torchtune: no pipeline or expert parallelism, no
+# Knob values a runtime has no way to run (torchtune: no pipeline or expert parallelism, tensor
+# parallelism only with the model's own plan, which capopt does not write; no
 # optimizer-only offload, FSDP over every data-parallel rank so never ZeRO-1, whole blocks
 # checkpointed; ZeRO-0 at dp > 1 is `capopt._validity`'s rule). Each: the knob, the values kept
 # when it is searched, the test of a named value, the profile coefficient and the value of it
@@ -407,6 +408,8 @@ class KnobDomain:
 RUNTIME_KNOB_RULES = (
     ("pp", (1,), lambda v: v == 1, "pipeline_parallel", 0, "1",
      "has no pipeline parallelism"),
+    ("tp", (1,), lambda v: v == 1, "tensor_parallel", 0, "1",
+     "runs no tensor parallelism capopt can launch"),
     ("ep", (1,), lambda v: v == 1, "expert_parallel", 0, "1",
      "has no expert parallelism"),
     ("offload_optimizer", (False,), lambda v: v is False, "optimizer_offload", 0, "false",

@@ -82,10 +82,12 @@ def test_auto_loss_searches_the_two_it_runs(tmp_path):
 @pytest.mark.parametrize("knob, value, field", [
     ("pp", "2", "config.pp"), ("zero_stage", "1", "config.zero_stage"),
     ("offload_optimizer", "true", "config.offload_optimizer"),
-    ("remat", '"selective"', "config.remat"), ("ep", "2", "config.ep")])
+    ("remat", '"selective"', "config.remat"), ("ep", "2", "config.ep"),
+    ("tp", "2", "config.tp")])
 def test_what_the_recipes_cannot_run_is_refused_when_named(tmp_path, capsys, knob, value,
                                                            field):
-    """No pipeline dimension in torchtune's mesh, FSDP2 (never ZeRO-1) over every
+    """No pipeline or expert dimension in torchtune's mesh, tensor parallelism only with the
+    model's own plan (which capopt does not write), FSDP2 (never ZeRO-1) over every
     data-parallel rank, no host offload of the optimizer state alone, whole blocks
     checkpointed (no selective activation checkpointing): named, each exits 2 naming the
     field."""
@@ -102,6 +104,7 @@ def test_searched_knobs_are_narrowed_to_what_torchtune_runs():
     assert sc.knob("pp").values == (1,) and sc.knob("offload_optimizer").values == (False,)
     assert sc.knob("zero_stage").values == (0, 2, 3)
     assert sc.knob("remat").values == ("none", "full") and sc.knob("ep").values == (1,)
+    assert sc.knob("tp").values == (1,)
     half = _sc(knobs={"remat": (0.5, "selective")})          # (a named fraction stays)
     assert half.knob("remat").values == (0.5,)
     eager = _sc("pytorch-eager")

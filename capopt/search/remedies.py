@@ -237,11 +237,11 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
               if cfg.micro_batch % 2 == 0 else
               cfg.replace(dp=cfg.dp * 2, grad_accum=cfg.grad_accum // 2))
         out.append((f"2x the GPUs ({sc.count * 2}), dp {cfg.dp} -> {cfg.dp * 2}", more, c2))
-    # (not the changes the runtime refuses: torchtune's ZeRO-1, optimizer offload, selective
-    # recomputation, mixed precision)
+    # (not the changes the runtime refuses: torchtune's ZeRO-1, tensor parallelism, optimizer
+    # offload, selective recomputation, mixed precision)
     return [(desc, s, c) for desc, s, c in out if s is not None
             and all(runtime_runs(s.runtime, k, getattr(c, k))
-                    for k in ("pp", "ep", "offload_optimizer", "zero_stage", "remat"))]
+                    for k in ("tp", "pp", "ep", "offload_optimizer", "zero_stage", "remat"))]
 
 
 def _real(cfg: Config, sc: Scenario) -> bool:
