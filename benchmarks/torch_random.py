@@ -215,20 +215,21 @@ def main(argv=None) -> int:
                  for c in cases]
     if args.runtime != "pytorch-eager":
         from capopt._runtime import get_profile
+        from capopt._specs import runtime_runs_config
         rt = get_profile(args.runtime)
-        names = {name for name, _ in rt.precisions}
+        names = set(rt.precision_names)
         # (the same draw; the precisions the runtime trains in: torchtitan has no fp16-mixed)
         skipped = sum(c.scenario.workload.precision not in names for c in cases)
         cases = [dataclasses.replace(c, scenario=c.scenario.replace(runtime=rt)) for c in cases
                  if c.scenario.workload.precision in names]
         print(f"{len(cases)} of {len(cases) + skipped} drawn configs in precisions the "
               f"{args.runtime} profile prices ({', '.join(sorted(names))})")
-        if rt.coeff("selective_remat") < 0.5:
-            # (torchtune checkpoints whole blocks: the draw's selective configs are left out)
-            kept = [c for c in cases if c.config.remat != "selective"]
-            print(f"{len(kept)} of {len(cases)} without selective recomputation, which the "
-                  f"{args.runtime} runtime does not run")
-            cases = kept
+        # (torchtune checkpoints whole blocks: the draw's selective configs are left out)
+        kept = [c for c in cases if runtime_runs_config(rt, c.config)]
+        if len(kept) < len(cases):
+            print(f"{len(kept)} of {len(cases)} in layouts the {args.runtime} runtime runs "
+                  "(no selective recomputation)")
+        cases = kept
     timing = [] if (args.lora or args.tp or args.runtime != "pytorch-eager"
                     or args.optimizer_in_backward or args.loss != "float32"
                     or args.activation_offload) else timing_cases()

@@ -510,6 +510,11 @@ class RuntimeProfile:
     def coeff_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.coeffs}
 
+    @property
+    def precision_names(self) -> tuple[str, ...]:
+        """The precisions the profile has tables for, in its file's order."""
+        return tuple(name for name, _ in self.precisions)
+
     def precision(self, name: str) -> dict:
         d = dict(self.precisions)
         if name not in d:

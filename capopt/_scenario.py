@@ -343,8 +343,8 @@ def _from_dict(data: Mapping, file, overrides) -> Scenario:
     runtime = _nested(get_profile, _get(tr_t, "runtime", str, "training", file, "xla-gpu"),
                       file, "training.runtime")
     # (a runtime without mixed precision, torchtune, trains in its first dtype by default)
-    precisions = [name for name, _ in runtime.precisions]
-    precision_default = "bf16-mixed" if "bf16-mixed" in precisions else precisions[0]
+    names = runtime.precision_names
+    precision_default = "bf16-mixed" if "bf16-mixed" in names else names[0]
     choice_values = {name: _choice(tr_t, name, file) for name in WORKLOAD_CHOICES}
     workload = Workload(
         seq_len=_get(tr_t, "seq_len", int, "training", file, seq_default),

@@ -422,10 +422,24 @@ RUNTIME_KNOB_RULES = (
 )
 
 
+def runtime_refusal(rt, knob: str, value) -> str | None:
+    """Why the runtime profile ``rt`` does not run ``knob`` at ``value`` (``the torchtune
+    runtime has no pipeline parallelism``), or None where it does (`RUNTIME_KNOB_RULES`)."""
+    for name, _, ok, coeff, on, _, why in RUNTIME_KNOB_RULES:
+        if name == knob and (rt.coeff(coeff) >= 0.5) == bool(on) and not ok(value):
+            return f"the {rt.name} runtime {why}"
+    return None
+
+
 def runtime_runs(rt, knob: str, value) -> bool:
-    """Whether the runtime profile ``rt`` runs ``knob`` at ``value`` (`RUNTIME_KNOB_RULES`)."""
-    return all(ok(value) for name, _, ok, coeff, on, _, _ in RUNTIME_KNOB_RULES
-               if name == knob and (rt.coeff(coeff) >= 0.5) == bool(on))
+    """Whether the runtime profile ``rt`` runs ``knob`` at ``value`` (`runtime_refusal`)."""
+    return runtime_refusal(rt, knob, value) is None
+
+
+def runtime_runs_config(rt, cfg) -> bool:
+    """Whether the runtime profile ``rt`` runs every knob of ``cfg`` (`runtime_runs`)."""
+    return all(runtime_runs(rt, name, getattr(cfg, name))
+               for name in dict.fromkeys(rule[0] for rule in RUNTIME_KNOB_RULES))
 
 
 @dataclass(frozen=True)
@@ -472,11 +486,11 @@ class Scenario:
             if getattr(self, name) not in allowed:
                 raise CapoptError(f"got {getattr(self, name)!r}", file=self.path,
                                   field=f"config.{name}", allowed=", ".join(allowed))
-        precisions = [name for name, _ in self.runtime.precisions]
-        if self.workload.precision not in precisions:
+        if self.workload.precision not in self.runtime.precision_names:
             raise CapoptError(f"the {self.runtime.name} runtime has no precision "
                               f"{self.workload.precision!r}", file=self.path,
-                              field="training.precision", allowed=", ".join(precisions))
+                              field="training.precision",
+                              allowed=", ".join(self.runtime.precision_names))
         lora = self.workload.lora
         if lora is not None and lora.dropout > 0 and self.runtime.name.startswith("xla"):
             raise CapoptError(f"the {self.runtime.name} step runs no adapter dropout",
@@ -541,15 +555,9 @@ class Scenario:
             # both run on the whole head (Liger's kernel takes plain tensors; the chunked
             # loss is priced without loss_parallel's vocabulary split): tensor parallelism is
             # 1, chosen or not
-            tp = self.knob("tp")
-            if not tp.allows(1):
-                raise CapoptError(f"the {loss} loss runs on the whole head, not a "
-                                  "vocabulary-parallel one", file=self.path,
-                                  field="config.tp", allowed="1 (or auto) with "
-                                  f"training.loss = \"{loss}\"")
-            if tp.values != (1,):               # (auto, or a list holding 1)
-                object.__setattr__(self, "knobs", tuple(k for k in self.knobs if k.name != "tp")
-                                   + (KnobDomain("tp", (1,)),))
+            self._narrow("tp", (1,), lambda v: v == 1,
+                         f"the {loss} loss runs on the whole head, not a vocabulary-parallel "
+                         "one", f"1 (or auto) with training.loss = \"{loss}\"")
         if (self.workload.activation_offload
                 and self.runtime.coeff("activation_offload") < 0.5):
             raise CapoptError(f"the {self.runtime.name} runtime does not offload activations",
@@ -566,17 +574,10 @@ class Scenario:
             # (bitsandbytes steps plain device tensors: not FSDP's or DTensor's shards, so
             # no ZeRO sharding and no tensor parallelism, chosen or not)
             for knob, one in (("zero_stage", 0), ("tp", 1)):
-                dom = self.knob(knob)
-                if not dom.allows(one):
-                    raise CapoptError("a paged optimizer (bitsandbytes) steps whole device "
-                                      "tensors, not ZeRO or tensor-parallel shards",
-                                      file=self.path, field=f"config.{knob}",
-                                      allowed=f"{one} (or auto) with "
-                                              "training.paged_optimizer = true")
-                if dom.values != (one,):
-                    object.__setattr__(self, "knobs",
-                                       tuple(k for k in self.knobs if k.name != knob)
-                                       + (KnobDomain(knob, (one,)),))
+                self._narrow(knob, (one,), lambda v, one=one: v == one,
+                             "a paged optimizer (bitsandbytes) steps whole device tensors, "
+                             "not ZeRO or tensor-parallel shards",
+                             f"{one} (or auto) with training.paged_optimizer = true")
         if self.workload.async_tp and self.runtime.coeff("async_tp") < 0.5:
             raise CapoptError(f"the {self.runtime.name} runtime has no asynchronous tensor "
                               "parallelism", file=self.path, field="training.async_tp",
@@ -591,16 +592,9 @@ class Scenario:
         # what the runtime has no way to run (`RUNTIME_KNOB_RULES`): narrowed where
         # searched, refused where named
         for knob, keep, ok, coeff, on, allowed, why in RUNTIME_KNOB_RULES:
-            if (self.runtime.coeff(coeff) >= 0.5) != bool(on):
-                continue
-            dom = self.knob(knob)
-            left = keep if dom.values is None else tuple(v for v in dom.values if ok(v))
-            if not left:
-                raise CapoptError(f"the {self.runtime.name} runtime {why}", file=self.path,
-                                  field=f"config.{knob}", allowed=allowed + " (or auto)")
-            if dom.values != left:
-                object.__setattr__(self, "knobs", tuple(k for k in self.knobs if k.name != knob)
-                                   + (KnobDomain(knob, left),))
+            if (self.runtime.coeff(coeff) >= 0.5) == bool(on):
+                self._narrow(knob, keep, ok, f"the {self.runtime.name} runtime {why}",
+                             allowed + " (or auto)")
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")
@@ -614,6 +608,18 @@ class Scenario:
         if self.price_per_gpu_hour is not None:
             return self.price_per_gpu_hour
         return self.hardware.price_per_hour
+
+    def _narrow(self, knob: str, keep: tuple, ok, why: str, allowed: str) -> None:
+        """Restrict ``knob`` to what the workload or the runtime runs: searched ("auto"), to
+        ``keep``; a list, to its values that pass ``ok``; none left (a value named that
+        fails), a `CapoptError` naming the knob. (Called from ``__post_init__``.)"""
+        dom = self.knob(knob)
+        left = keep if dom.values is None else tuple(v for v in dom.values if ok(v))
+        if not left:
+            raise CapoptError(why, file=self.path, field=f"config.{knob}", allowed=allowed)
+        if dom.values != left:
+            object.__setattr__(self, "knobs", tuple(k for k in self.knobs if k.name != knob)
+                               + (KnobDomain(knob, left),))
 
     def knob(self, name: str) -> KnobDomain:
         for k in self.knobs:

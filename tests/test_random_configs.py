@@ -163,12 +163,12 @@ def test_torch_results_come_from_the_current_model(name, draw):
         import dataclasses
 
         from capopt._runtime import get_profile
+        from capopt._specs import runtime_runs_config
         rt = get_profile(draw["runtime"])
-        names = {name for name, _ in rt.precisions}
+        names = set(rt.precision_names)
         cases = [dataclasses.replace(c, scenario=c.scenario.replace(runtime=rt)) for c in cases
                  if c.scenario.workload.precision in names]
-        if rt.coeff("selective_remat") < 0.5:
-            cases = [c for c in cases if c.config.remat != "selective"]
+        cases = [c for c in cases if runtime_runs_config(rt, c.config)]
     points = doc["points"]
     assert len(points) >= draw.get("min_points", 50)
     for q, case, rec in _sampled(points, cases, recs, bench.measurement_key, 12):

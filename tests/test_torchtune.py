@@ -50,7 +50,7 @@ def test_the_profile_trains_in_one_dtype_and_names_what_it_allows(tmp_path, caps
     scenario in mixed precision exits 2 naming the field and the two it allows; one that names
     no precision takes bf16."""
     prof = get_profile("torchtune")
-    assert [name for name, _ in prof.precisions] == ["bf16", "fp32"]
+    assert prof.precision_names == ("bf16", "fp32")
     assert main(["plan", _scenario_file(tmp_path, 'precision = "bf16-mixed"'),
                  "--set", "micro_batch=2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -315,15 +315,16 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     zero_any = 1.0 - k.zero[..., 0]
     master = jnp.maximum(n["master_bytes"], n["rt_zero_fp32_partition"] * zero_any * 4.0)
     opt_per_param = master + n["opt_bytes"]
-    opt_device = zero_shard(f_opt, trainable, trainable_expert, k) * opt_per_param
+    # (the device's share of the trainable elements, as its optimizer state splits them)
+    state_elems = zero_shard(f_opt, trainable, trainable_expert, k)
+    opt_device = state_elems * opt_per_param
     optimizer_bytes = opt_device * (1.0 - k.offload)
     # A paged optimizer (bitsandbytes, ``opt_paged``: the share of the state in CUDA managed
     # memory) holds that state outside the caching allocator: the driver moves its pages to
     # host memory when an allocation needs the room and back for each parameter's update, so
     # it is in no phase's live set (what could run out) and priced in time where it does not
     # fit beside them (`capopt.cost.time`)
-    paged_bytes = (zero_shard(f_opt, trainable, trainable_expert, k) * n["opt_bytes"]
-                   * (1.0 - k.offload) * n["opt_paged"])
+    paged_bytes = state_elems * n["opt_bytes"] * (1.0 - k.offload) * n["opt_paged"]
     optimizer_bytes = optimizer_bytes - paged_bytes
 
     # --- gradients ---
@@ -702,7 +703,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (ZeRO-3 steps one sub-group of at most ``zero3_sub_group_elements`` at a time, where set)
     mixed = jnp.clip(n["master_bytes"], 0.0, 1.0)
     z0 = k.zero[..., 0]
-    grad_share = zero_shard(f_opt, trainable, trainable_expert, k)
+    grad_share = state_elems
     sub = n["rt_zero3_sub_group_elements"]
     capped = jnp.where(sub > 0, jnp.minimum(grad_share, sub), grad_share)
     copied = grad_share + k.zero[..., 3] * (capped - grad_share)
@@ -723,7 +724,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         first * (1 - lora) * n["P_embed_tp"] * vocab_share,
         logits_mb * (1 - lora) * n["P_head_tp"] * vocab_share),
         lora * lora_tp + (1 - lora) * largest_module(k, n)) * shard(f_opt, dp)
-    update_temps = ((1.0 - oib) * zero_shard(f_opt, trainable, trainable_expert, k)
+    update_temps = ((1.0 - oib) * state_elems
                     + oib * one_tensor)
     # (the fused linear cross-entropy's weight gradient: the head's matrix whole, a tied
     # table too, in its parameter's dtype, from the loss's forward pass on: at the loss and
@@ -827,25 +828,26 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     regather = n["rt_zero3_root_regather"]
     # (the fused linear cross-entropy runs inside the forward pass, before the root's
     # post-forward: what the forward pass's end holds)
-    comm_fwd = comm_bytes - fsdp * gathered + z2_shards + acc_bucket + fwd_flat + loop_copies
+    # (buffers held in every phase but the update: ZeRO-2's kept shards, XLA's hoisted
+    # transposed shards)
+    held = z2_shards + loop_copies
+    comm_fwd = comm_bytes - fsdp * gathered + held + acc_bucket + fwd_flat
     comm = {
         # (a loss inside the forward pass, the chunked one or ``loss_in_forward``'s, is
         # differentiated after the root's pre-backward, which its output, the loss, sets
         # off: the root gathered again by then)
         "loss": (1.0 - fl) * (comm_bytes - fsdp * (gathered + (1.0 - ch - in_fwd) * regather
                                                    * root_gathered)
-                              + z2_shards + acc_bucket + loop_copies) + fl * comm_fwd,
-        "top": comm_bytes + z2_shards + bwd_bucket + loop_copies,
-        "rebuild": (gather_window + buckets + p2p + root_gathered + z2_shards + bwd_bucket
-                    + loop_copies),
-        "bottom": (gather_bottom + buckets + p2p + root_gathered + z2_shards + bwd_bucket
-                   + loop_copies),
+                              + held + acc_bucket) + fl * comm_fwd,
+        "top": comm_bytes + held + bwd_bucket,
+        "rebuild": gather_window + buckets + p2p + root_gathered + held + bwd_bucket,
+        "bottom": gather_bottom + buckets + p2p + root_gathered + held + bwd_bucket,
         "update": buckets + 0.0 * comm_bytes,
         "forward": comm_fwd,
         # (the collective's flat output is the whole group, world size x shard, a buffer of
         # its own; the parameters copied out of it are counted as the gathered root is in
         # every phase)
-        "regather": buckets + bwd_bucket + p2p + z2_shards + loop_copies + regather * fsdp * (
+        "regather": buckets + bwd_bucket + p2p + held + regather * fsdp * (
             root_gathered + f_param * extra_params * gather_param),
     }
     # (the rebuild phase exists only where a block is recomputed: weight 0 otherwise)

@@ -197,6 +197,24 @@ def _remat(c: Config, sc: Scenario) -> tuple[str, int]:
     return "blocks", k
 
 
+def _every_nth(c: Config, layers: int, k: int) -> int:
+    """The n whose every-n-th-block checkpointing (``count % n == 0``: torchtitan's and
+    torchtune's selective layer option) recomputes ``k`` of ``layers`` blocks, ``layers // n``;
+    refused where no n does."""
+    every = next((n for n in range(2, layers + 1) if layers // n == k), None)
+    if every is None:
+        raise _Unexpressible("config.remat", c.remat, f"{k} of {layers} blocks is not every "
+                             "n-th block")
+    return every
+
+
+def _lora_matrices(sc: Scenario) -> tuple[set, set]:
+    """(the block's matrices, those of them LoRA wraps) of the scenario's card and adapters."""
+    from .._inventory import inventory, lora_wrapped
+    present = {t.matmul for t in inventory(sc.model) if t.where == "block" and t.matmul}
+    return present, lora_wrapped(sc.workload.lora.targets) & present
+
+
 def _nodes(c: Config, sc: Scenario) -> int:
     if c.devices <= sc.per_node:
         return 1
@@ -537,12 +555,8 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
     }
     kind, k = _remat(c, sc)
     if kind == "blocks":
-        per_stage = _stage_layers(c, sc)
         # selective_ac_option n checkpoints every n-th block: per_stage // n blocks
-        every = next((n for n in range(2, per_stage + 1) if per_stage // n == k), None)
-        if every is None:
-            raise _Unexpressible("config.remat", c.remat, f"{k} of {per_stage} blocks is not "
-                                 "every n-th block of a stage")
+        every = _every_nth(c, _stage_layers(c, sc), k)
         ac = {"mode": "selective", "selective_ac_option": str(every)}
     elif kind == "selective":
         ac = {"mode": "selective", "selective_ac_option": "op"}     # per-op selective AC
@@ -755,7 +769,6 @@ _TRL_DTYPE = {"fp32": "float32", "bf16-mixed": "bfloat16", "fp16-mixed": "float1
 
 
 def _emit_trl_sft(c: Config, sc: Scenario) -> str:
-    from .._inventory import inventory, lora_wrapped
     w, m = sc.workload, sc.model
     if m.family != "decoder":
         raise _Unexpressible("model.family", m.family, "trl sft trains causal language models")
@@ -778,8 +791,7 @@ def _emit_trl_sft(c: Config, sc: Scenario) -> str:
             raise _Unexpressible("training.lora", f"rank {lora.rank} on "
                                  f"{'+'.join(lora.targets)}", "capopt names LoRA's modules "
                                  "for dense Llama-family attention and MLPs only")
-        present = {t.matmul for t in inventory(m) if t.where == "block" and t.matmul}
-        wrapped = lora_wrapped(lora.targets) & present
+        present, wrapped = _lora_matrices(sc)
         if wrapped == present & set(_PEFT_MODULES):
             modules: str | list = "all-linear"
         else:
@@ -987,15 +999,14 @@ _TUNE_ATTN = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "output_proj"}
 def _tune_value(v) -> str:
     if isinstance(v, bool):
         return "True" if v else "False"
-    if v is None:
-        return "null"
     if isinstance(v, list):
         return "[" + ",".join(_tune_value(x) for x in v) + "]"
     return str(v)
 
 
 def _emit_torchtune(c: Config, sc: Scenario) -> str:
-    from .._inventory import inventory, lora_wrapped
+    from .._runtime import get_profile
+    from .._specs import RUNTIME_KNOB_RULES, runtime_refusal
     w, m = sc.workload, sc.model
     if m.family != "decoder":
         raise _Unexpressible("model.family", m.family, "torchtune's recipes fine-tune decoders")
@@ -1008,17 +1019,12 @@ def _emit_torchtune(c: Config, sc: Scenario) -> str:
                              "LinearCrossEntropyLoss (loss = chunked) or "
                              "torch.nn.CrossEntropyLoss on the float32 logits the model returns "
                              "(loss = float32)")
-    if c.tp > 1:
-        raise _Unexpressible("config.tp", c.tp, "torchtune's tensor parallelism needs the "
-                             "model's tensor_parallel_plan, which capopt does not write")
-    if c.ep > 1:
-        raise _Unexpressible("config.ep", c.ep, "torchtune's mesh has no expert dimension")
-    if c.pp > 1:
-        raise _Unexpressible("config.pp", c.pp, "torchtune's recipes have no pipeline "
-                             "parallelism")
-    if c.offload_optimizer:
-        raise _Unexpressible("config.offload_optimizer", True, "fsdp_cpu_offload offloads "
-                             "parameters and gradients too")
+    # (what the torchtune runtime does not run: its profile's rules, sourced there)
+    tune = get_profile("torchtune")
+    for knob in dict.fromkeys(rule[0] for rule in RUNTIME_KNOB_RULES):
+        why = runtime_refusal(tune, knob, getattr(c, knob))
+        if why is not None:
+            raise _Unexpressible(f"config.{knob}", getattr(c, knob), why)
     if c.dp > 1 and c.zero_stage not in (2, 3):
         raise _Unexpressible("config.zero_stage", c.zero_stage, "torchtune shards every "
                              "data-parallel group with FSDP2 (ZeRO-3, or ZeRO-2 with "
@@ -1029,9 +1035,6 @@ def _emit_torchtune(c: Config, sc: Scenario) -> str:
                              "AdamW, Adam and SGD and bitsandbytes' AdamW8bit and paged "
                              "optimizers into torchtune's config")
     kind, k = _remat(c, sc)
-    if kind == "selective":
-        raise _Unexpressible("config.remat", "selective", "torchtune checkpoints whole "
-                             "layers (all, or every n-th: ac_mode = selective)")
     lora = w.lora
     recipe = (f"{'lora' if lora is not None else 'full'}_finetune_"
               f"{'distributed' if c.devices > 1 else 'single_device'}")
@@ -1059,12 +1062,7 @@ def _emit_torchtune(c: Config, sc: Scenario) -> str:
     ]
     if kind == "blocks":
         # selective layer checkpointing wraps every n-th block: L // n of them
-        layers = m.num_hidden_layers
-        every = next((n for n in range(2, layers + 1) if layers // n == k), None)
-        if every is None:
-            raise _Unexpressible("config.remat", c.remat, f"{k} of {layers} blocks is not "
-                                 "every n-th block")
-        kv += [("ac_mode", "selective"), ("ac_option", every)]
+        kv += [("ac_mode", "selective"), ("ac_option", _every_nth(c, m.num_hidden_layers, k))]
     if c.devices > 1:
         # FSDP2 over dp_replicate x dp_shard x cp x tp (training.ParallelDims, as torchtitan's)
         shard = c.shard_group if c.zero_stage in (2, 3) else 1
@@ -1083,8 +1081,7 @@ def _emit_torchtune(c: Config, sc: Scenario) -> str:
         if lora.base_bits == 8:
             raise _Unexpressible("training.lora.base_bits", 8, "torchtune's QLoRA base is "
                                  "NF4 (4-bit)")
-        present = {t.matmul for t in inventory(m) if t.where == "block" and t.matmul}
-        wrapped = lora_wrapped(lora.targets) & present
+        present, wrapped = _lora_matrices(sc)
         mlp = wrapped & {"gate", "up", "down"}
         if mlp and mlp != present & {"gate", "up", "down"}:
             raise _Unexpressible("training.lora.targets", "+".join(lora.targets),

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .._errors import CapoptError
-from .._specs import Config, KnobDomain, LoRA, Scenario, runtime_runs, training_choices
+from .._specs import (Config, KnobDomain, LoRA, Scenario, runtime_runs, runtime_runs_config,
+                      training_choices)
 
 
 def with_knob(sc: Scenario, name: str, values) -> Scenario:
@@ -239,9 +240,8 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
         out.append((f"2x the GPUs ({sc.count * 2}), dp {cfg.dp} -> {cfg.dp * 2}", more, c2))
     # (not the changes the runtime refuses: torchtune's ZeRO-1, tensor parallelism, optimizer
     # offload, selective recomputation, mixed precision)
-    return [(desc, s, c) for desc, s, c in out if s is not None
-            and all(runtime_runs(s.runtime, k, getattr(c, k))
-                    for k in ("tp", "pp", "ep", "offload_optimizer", "zero_stage", "remat"))]
+    return [(desc, s, c) for desc, s, c in out
+            if s is not None and runtime_runs_config(s.runtime, c)]
 
 
 def _real(cfg: Config, sc: Scenario) -> bool:

@@ -8,8 +8,9 @@ fp32: none), a float32 cross-entropy and ``loss.backward()`` accumulating into `
 then ``clip_grad_norm_`` when the workload clips, ``optimizer.step()`` and
 ``zero_grad(set_to_none=True)``. The optimizer is torch's (AdamW, Adam, SGD with or without
 momentum) on its multi-tensor (``foreach``) path, which is PyTorch's default for CUDA
-tensors, or Adam's fused kernel where the runtime's profile prices one (torchtune). Its state is created by a first update before the metered step, so the step is a
-steady-state one.
+tensors, or Adam's fused kernel where the runtime's profile prices one (torchtune). Its
+state is created by a first update before the metered step, so the step is a steady-state
+one.
 
 Everything runs under `FakeTensorMode` on CPU tensors: shapes, dtypes and the autograd graph
 are real, no memory is allocated, and an 8B-parameter model fits this machine. What the step
