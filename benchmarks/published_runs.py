@@ -11,12 +11,14 @@ and the setup the document states):
 - ``torchtitan.json``: PyTorch torchtitan, ``benchmarks/*.md`` (Llama 3 / 3.1 with FSDP2, TP,
   PP on H100 and H200; tokens/s per GPU, memory);
 - ``megatron.json``: NVIDIA Megatron-LM, the README's GPT weak-scaling table (H100) and PR
-  #482's theoretical against measured memory.
+  #482's theoretical against measured memory;
+- ``maxtext.json``: MaxText, the A3 table of Llama2-7B (FSDP inside a VM, data parallelism
+  across 1-16 VMs of 8 H100s; TFLOP/s per chip by MaxText's own count).
 
 Every row becomes a scenario and a pinned config in capopt's terms (the card rebuilt from the
 document's sizes and checked against its parameter count where it gives one; the GPU; the
-parallel layout; precision; activation checkpointing) and is predicted with the ``pytorch``
-runtime profile as it ships. The rows check the model; nothing is fitted to them. A row whose
+parallel layout; precision; activation checkpointing) and is predicted with its framework's
+runtime profile as it ships (``llm-foundry``, ``torchtitan``, ``megatron``, ``maxtext``). The rows check the model; nothing is fitted to them. A row whose
 setup capopt cannot express (HSDP, a framework knob it has no word for) is
 listed with the reason instead of a prediction, and a row predicted not to fit its GPU is
 counted as such. Prints a table per source and writes ``benchmarks/results/published_runs.json``.
@@ -280,6 +282,64 @@ def megatron_runs(doc: dict) -> list[Run]:
     return out
 
 
+# ---- MaxText ----------------------------------------------------------------------------------
+# GCP's a3-highgpu-8g ("A3 High"): at most 1,000 Gbps of network a VM, GPUDirect-TCPX
+# (cloud.google.com/compute/docs/gpus/gpu-network-bandwidth), 1000 / 8 Gb/s a GPU: the scale-out
+# bandwidth of the A3 rows (capopt's h100-sxm-80gb assumes a DGX's 400 Gb/s InfiniBand a GPU)
+A3_HIGH_INTER_NODE_BW = 1000e9 / 8 / 8          # bytes/s per GPU, one direction
+
+
+def maxtext_tflops_per_token(doc: dict) -> float:
+    """MaxText's FLOPs per token of a training step (calculate_tflops_training_per_device,
+    MaxText/maxtext_utils.py:94-108 at efb6d9e4a): 6 x its parameter count (every leaf of the
+    parameter tree, embedding and head included) + 12 x heads x layers x head_dim x seq / 2
+    (causal attention)."""
+    m, seq = doc["model"], doc["setup"]["seq_len"]
+    return (6.0 * m["num_model_parameters"]
+            + 12.0 * m["heads"] * m["layers"] * m["head_dim"] * seq / 2.0)
+
+
+def maxtext_runs(doc: dict) -> list[Run]:
+    import dataclasses
+    from capopt._cards import load_card
+    st = doc["setup"]
+    card = load_card(doc["model"]["card"])
+    per_token = maxtext_tflops_per_token(doc)
+    # remat_policy minimal_flash (2024: the dots with no batch dimensions and the attention's
+    # output, `context`) is priced as the runtime's selective, "minimal" (the dots): the
+    # context's bytes are not counted (the rows publish no memory)
+    remat = {"minimal_flash": "selective", "minimal": "selective", "full": "full"}[
+        st["remat_policy"]]
+    if (st["dtype"], st["weight_dtype"]) != ("bfloat16", "float32"):
+        raise KeyError(f"{doc['file']}: dtype {st['dtype']} / weight_dtype "
+                       f"{st['weight_dtype']} has no capopt precision here")
+    out = []
+    for r in doc["rows"]:
+        vms, gpus = r["vms"], 8 * r["vms"]
+        where = f"{doc['repo']}@{doc['commit'][:12]}:{doc['file']}:{r['line']}"
+        label = (f"Llama2-7B s{st['seq_len']} {gpus}xh100-sxm-80gb mb{st['per_device_batch_size']} "
+                 f"fsdp{st['ici_fsdp']}{f' data{vms}' if vms > 1 else ''}")
+        run = Run("maxtext", "MaxText (JAX, 2024)", label, where, "h100-sxm-80gb",
+                  tokens_per_gpu=r["tflops_per_chip"] * 1e12 / per_token)
+        run.notes.append(f"published {r['tflops_per_chip']} TFLOP/s per chip, as tokens/s by "
+                         f"MaxText's count ({per_token / 1e9:.2f} GFLOP a token)")
+        run.notes.append(f"remat_policy {st['remat_policy']} priced as remat {remat}")
+        if vms > 1:
+            run.notes.append(f"dcn_data_parallelism {vms}: {vms} replicas of the 8-GPU FSDP "
+                             "group (dp_replicate); A3 High's network, 15.6 GB/s a GPU")
+        out.append(run)
+        cfg = Config(micro_batch=st["per_device_batch_size"], grad_accum=1, dp=gpus,
+                     zero_stage=3, dp_replicate=vms, remat=remat, flash_attention=True)
+        wl = Workload(seq_len=st["seq_len"], global_batch=st["per_device_batch_size"] * gpus,
+                      precision="bf16-mixed", optimizer=st["optimizer"],
+                      grad_clip=st["gradient_clipping_threshold"] > 0)
+        sc = _scenario(label, card, "h100-sxm-80gb", gpus, wl, runtime="maxtext")
+        run.scenario = sc.replace(hardware=dataclasses.replace(
+            sc.hardware, inter_node_bw=A3_HIGH_INTER_NODE_BW))
+        run.config = cfg
+    return out
+
+
 # ---- shared -----------------------------------------------------------------------------------
 def _scenario(label: str, card: ModelSpec, gpu: str, count: int, wl: Workload,
               per_node: int = 8, runtime: str = "pytorch") -> Scenario:
@@ -296,7 +356,7 @@ TIME_TERMS = ("compute_s", "memory_bound_s", "comm_dp_s", "comm_zero_s", "comm_t
               "comm_pp_s", "comm_moe_s", "comm_hidden_s", "bubble_s", "optimizer_s")
 
 CONVERTERS = {"llmfoundry": llmfoundry_runs, "torchtitan": torchtitan_runs,
-              "megatron": megatron_runs}
+              "megatron": megatron_runs, "maxtext": maxtext_runs}
 
 
 def predict(run: Run) -> dict:

@@ -200,6 +200,17 @@ SCHEMA: dict[str, Coeff] = {
     "sharded_data_parallel_only": _c(0, "1: data parallelism over more than one rank is "
                                         "always FSDP's (ZeRO-2 or ZeRO-3): no replicas (DDP), "
                                         "no ZeRO-1; 0: every stage the rules allow"),
+    "fsdp_or_replicated_only": _c(0, "1: data parallelism is replicated (ZeRO-0) or fully "
+                                     "sharded (ZeRO-3) only: ZeRO-1 and ZeRO-2 are refused; "
+                                     "0: every stage the rules allow"),
+    "remat_policy_every_block": _c(0, "1: every block is rematerialised under one policy "
+                                      "(remat selective or full): no recomputation (none) "
+                                      "and a fraction of the blocks are refused; 0: any"),
+    "megatron_sequence_parallel": _c(1, "1: config.sequence_parallel (Megatron's split of "
+                                        "the tensor-parallel residual stream) runs in this "
+                                        "runtime; 0: refused"),
+    "lora_training": _c(1, "1: training.lora (LoRA / QLoRA adapters) runs in this runtime; "
+                           "0: refused"),
     "optimizer_offload": _c(1, "1: config.offload_optimizer (the optimizer state and its "
                                "step on the host, parameters and gradients on the device) "
                                "runs in this runtime; 0: refused"),
@@ -499,6 +510,15 @@ class RuntimeProfile:
     coeffs: tuple[tuple[str, float], ...]                 # flat name -> value
     precisions: tuple[tuple[str, tuple[tuple[str, object], ...]], ...]
     notes: tuple[tuple[str, str], ...] = ()               # coefficient -> where it came from
+    lineage: tuple[str, ...] = ()                         # its base profile, that one's, ...
+    optimizers: tuple[str, ...] = ()                      # the ones it runs; () every one
+
+    @property
+    def xla_step(self) -> bool:
+        """Whether the runtime is a JAX program compiled by XLA (``xla-gpu``, ``xla-cpu`` or a
+        profile built on one, such as ``maxtext``): optax's cross-entropy on whole float32
+        logits, no adapter dropout, XLA's buffer rules."""
+        return any(n.startswith("xla") for n in (self.name,) + self.lineage)
 
     def coeff(self, key: str) -> float:
         d = dict(self.coeffs)
@@ -527,12 +547,16 @@ class RuntimeProfile:
         d.update({k: _check_coeff(k, v, None) for k, v in updates.items()})
         _check_policy(d, None)
         return RuntimeProfile(self.name, self.source, tuple(sorted(d.items())),
-                              self.precisions, self.notes)
+                              self.precisions, self.notes, self.lineage, self.optimizers)
 
     def to_toml(self) -> str:
         """Serialise to the same TOML the loader reads."""
-        lines = [f"name = {json.dumps(self.name)}", f"source = {json.dumps(self.source)}", "",
-                 "[coeffs]"]
+        lines = [f"name = {json.dumps(self.name)}", f"source = {json.dumps(self.source)}"]
+        if self.lineage:      # (every coefficient and precision is written: the base adds none)
+            lines.append(f"base = {json.dumps(self.lineage[0])}")
+        if self.optimizers:
+            lines.append(f"optimizers = {json.dumps(list(self.optimizers))}")
+        lines += ["", "[coeffs]"]
         notes = dict(self.notes)
         for k, v in self.coeffs:
             note = notes.get(k)
@@ -564,7 +588,7 @@ def _precision_rows(tables: dict, file: str) -> tuple:
 
 
 def _parse(data: dict, file: str) -> RuntimeProfile:
-    allowed = {"name", "source", "base", "coeffs", "precision", "notes"}
+    allowed = {"name", "source", "base", "coeffs", "precision", "notes", "optimizers"}
     unknown = set(data) - allowed
     if unknown:
         raise CapoptError(f"unknown key {sorted(unknown)[0]!r}", file=file, field="profile",
@@ -574,13 +598,18 @@ def _parse(data: dict, file: str) -> RuntimeProfile:
             raise CapoptError("must be a table of numbers", file=file, field="coeffs")
         given = dict(data["coeffs"])
         base = data.get("base")
+        lineage = ()
         if base is not None:
             if base not in list_profiles():
                 raise CapoptError(f"unknown base profile {base!r}", file=file, field="base",
                                   allowed=", ".join(list_profiles()))
+            lineage = (base,) + _load_builtin(base).lineage
             inherited = _load_builtin(base).coeff_dict()
             given = {**inherited, **given}
         coeffs = _check_policy(complete_coeffs(given, file), file)
+        optimizers = _optimizer_list(data.get("optimizers"), file)
+        if base is not None and "optimizers" not in data:
+            optimizers = _load_builtin(base).optimizers
         if base is not None and "precision" not in data:
             precisions = _load_builtin(base).precisions     # none of its own: the base's
         else:
@@ -592,7 +621,20 @@ def _parse(data: dict, file: str) -> RuntimeProfile:
     return RuntimeProfile(
         name=str(data.get("name", Path(file).stem)), source=str(data.get("source", "")),
         coeffs=tuple(sorted(coeffs.items())), precisions=precisions,
-        notes=tuple(sorted((k, str(v)) for k, v in data.get("notes", {}).items())))
+        notes=tuple(sorted((k, str(v)) for k, v in data.get("notes", {}).items())),
+        lineage=lineage, optimizers=optimizers)
+
+
+def _optimizer_list(value, file: str) -> tuple[str, ...]:
+    """A profile's ``optimizers``: the training.optimizer values it runs (absent: all)."""
+    from ._specs import OPTIMIZERS
+    if value is None:
+        return ()
+    if (not isinstance(value, list) or not value
+            or any(not isinstance(v, str) or v not in OPTIMIZERS for v in value)):
+        raise CapoptError(f"got {value!r}", file=file, field="optimizers",
+                          allowed="a non-empty list of " + ", ".join(OPTIMIZERS))
+    return tuple(value)
 
 
 def list_profiles() -> list[str]:

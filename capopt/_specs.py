@@ -63,7 +63,7 @@ def runtimes_where(test) -> list[str]:
 def losses_run_by(rt) -> list[str]:
     """The `LOSSES` the runtime ``rt`` runs as capopt prices them (an XLA step takes optax's
     cross-entropy on float32 logits; a PyTorch runtime each loss its profile switches on)."""
-    xla = rt.name.startswith("xla")
+    xla = rt.xla_step
     gates = {"fused": "fused_loss", "fused-linear": "fused_linear_loss",
              "chunked": "chunked_loss"}
     return ["float32"] + [loss for loss, gate in gates.items()
@@ -419,6 +419,14 @@ RUNTIME_KNOB_RULES = (
     ("remat", ("none", "full"), lambda v: v != "selective", "selective_remat", 0,
      "none, full or a fraction of the blocks",
      "checkpoints whole blocks (every one, or every n-th), not selected activations"),
+    ("zero_stage", (0, 3), lambda v: v in (0, 3), "fsdp_or_replicated_only", 1, "0 or 3",
+     "replicates (ZeRO-0) or fully shards (ZeRO-3) data parallelism; its other layouts are "
+     "not priced"),
+    ("remat", ("selective", "full"), lambda v: v in ("selective", "full"),
+     "remat_policy_every_block", 1, "selective or full",
+     "rematerialises every block under one policy (none recomputes it whole)"),
+    ("sequence_parallel", (False,), lambda v: v is False, "megatron_sequence_parallel", 0,
+     "false", "has no Megatron sequence parallelism"),
 )
 
 
@@ -491,8 +499,18 @@ class Scenario:
                               f"{self.workload.precision!r}", file=self.path,
                               field="training.precision",
                               allowed=", ".join(self.runtime.precision_names))
+        if self.runtime.optimizers and self.workload.optimizer not in self.runtime.optimizers:
+            raise CapoptError(f"the {self.runtime.name} runtime has no optimizer "
+                              f"{self.workload.optimizer!r}", file=self.path,
+                              field="training.optimizer",
+                              allowed=", ".join(self.runtime.optimizers))
         lora = self.workload.lora
-        if lora is not None and lora.dropout > 0 and self.runtime.name.startswith("xla"):
+        if lora is not None and self.runtime.coeff("lora_training") < 0.5:
+            raise CapoptError(f"the {self.runtime.name} runtime trains no LoRA adapters",
+                              file=self.path, field="training.lora",
+                              allowed="none, or a runtime that does ("
+                                      + runtimes_running("lora_training") + ")")
+        if lora is not None and lora.dropout > 0 and self.runtime.xla_step:
             raise CapoptError(f"the {self.runtime.name} step runs no adapter dropout",
                               file=self.path, field="training.lora.dropout",
                               allowed="0, or a PyTorch runtime (PEFT's lora_dropout)")
@@ -520,7 +538,7 @@ class Scenario:
             raise CapoptError(f"the {self.runtime.name} runtime does not run Liger's fused "
                               "linear cross-entropy", file=self.path, field="training.loss",
                               allowed=_loss_allowed(self.runtime, "fused-linear"))
-        if loss == "fused" and self.runtime.name.startswith("xla"):
+        if loss == "fused" and self.runtime.xla_step:
             raise CapoptError(f"the {self.runtime.name} step takes optax's cross-entropy on "
                               "the float32 logits (its rules are the profile's)",
                               file=self.path, field="training.loss",
@@ -537,7 +555,7 @@ class Scenario:
                                      "chunk the loss over"), file=self.path,
                                   field="training.loss",
                                   allowed="float32, fused (or a decoder / masked-LM card)")
-            if self.runtime.name.startswith("xla"):
+            if self.runtime.xla_step:
                 raise CapoptError(f"the {self.runtime.name} step takes optax's cross-entropy "
                                   "on whole logits", file=self.path, field="training.loss",
                                   allowed=f"float32, or {loss} under a PyTorch runtime")

@@ -64,7 +64,7 @@ EXPRESSES = {
     "cp-zero3": {"megatron", "torchtitan"},
     "pp-vpp": {"megatron"},
     "pp-vpp-fsdp": {"torchtitan"},
-    "hsdp-zero3": {"megatron", "torchtitan"},
+    "hsdp-zero3": {"megatron", "torchtitan", "maxtext"},
 }
 
 
@@ -280,8 +280,11 @@ def read_maxtext(text: str) -> dict:
     accum = int(d["gradient_accumulation_steps"])
     stage = 3 if axis["fsdp"] > 1 else 1 if d["shard_optimizer_over_data"] == "true" else 0
     remat = {"minimal_with_context": "none", "minimal": "selective", "full": "full"}
+    # the data axis beside a sharding fsdp axis: replicas of the FSDP group (hybrid sharding)
+    replicate = axis["data"] if stage == 3 and axis["data"] > 1 else 1
     return {"micro_batch": round(per_device * tp), "grad_accum": accum, "dp": dp, "tp": tp,
             "pp": pp, "zero_stage": stage, "sequence_parallel": False,
+            "dp_replicate": replicate,
             "remat": remat[d["remat_policy"]],
             "offload_optimizer": d["optimizer_memory_host_offload"] == "true",
             "grad_clip": float(d["gradient_clipping_threshold"]) == 1.0,

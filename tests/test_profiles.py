@@ -11,9 +11,9 @@ from capopt._runtime import NF4_BYTES_PER_WEIGHT, SCHEMA, get_profile, list_prof
 
 
 def test_every_builtin_profile_sets_only_schema_keys_and_gets_every_key():
-    assert set(list_profiles()) == {"deepspeed", "hf", "llm-foundry", "megatron", "pytorch",
-                                    "pytorch-eager", "torchtitan", "torchtune", "xla-cpu",
-                                    "xla-gpu"}
+    assert set(list_profiles()) == {"deepspeed", "hf", "llm-foundry", "maxtext", "megatron",
+                                    "pytorch", "pytorch-eager", "torchtitan", "torchtune",
+                                    "xla-cpu", "xla-gpu"}
     for name in list_profiles():
         d = get_profile(name).coeff_dict()
         assert set(d) == set(SCHEMA), name
@@ -24,6 +24,17 @@ def test_a_profile_takes_its_base_profiles_coefficients_and_overrides_its_own():
     eager, base = get_profile("pytorch-eager"), get_profile("pytorch")
     assert eager.coeff("gemm_eff_max") == base.coeff("gemm_eff_max")
     assert eager.coeff("autocast_casts") == 1.0 != base.coeff("autocast_casts")
+
+
+@pytest.mark.parametrize("value", ['["adamw", "rmsprop"]', "[]", '"adamw"'])
+def test_a_profile_optimizer_list_names_known_optimizers(tmp_path, value):
+    """``optimizers``: the training.optimizer values the runtime runs, a non-empty list of
+    capopt's; anything else is an error naming the file and the key."""
+    p = tmp_path / "prof.toml"
+    p.write_text(f'name = "p"\nbase = "xla-gpu"\noptimizers = {value}\n\n[coeffs]\n')
+    with pytest.raises(CapoptError) as e:
+        get_profile(str(p))
+    assert e.value.field == "optimizers" and str(p) in str(e.value)
 
 
 def test_an_unknown_base_profile_is_named(tmp_path):

@@ -136,8 +136,8 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
                              "(the state sharded over dp / dp_replicate ranks, replicated "
                              "across dp_replicate groups) is torchtitan's "
                              "data_parallel_replicate_degree, torchtune's "
-                             "data_parallel_replicate_dim and Megatron's "
-                             "--num-distributed-optimizer-instances")
+                             "data_parallel_replicate_dim, MaxText's data axis beside its "
+                             "fsdp axis and Megatron's --num-distributed-optimizer-instances")
     if config.vpp > 1 and fmt not in _CONTEXT_PARALLEL:
         raise _Unexpressible("config.vpp", config.vpp, "interleaved pipeline stages are "
                              "torchtitan's Interleaved1F1B schedule and Megatron's "
@@ -149,7 +149,7 @@ def _run(fmt: str, config: Config, scenario: Scenario) -> str:
 # stages (``config.vpp``)
 _CONTEXT_PARALLEL = ("torchtitan", "megatron")
 # the formats that write hybrid sharding (``config.dp_replicate``)
-_HYBRID_SHARD = ("torchtitan", "megatron", "torchtune")
+_HYBRID_SHARD = ("torchtitan", "megatron", "torchtune", "maxtext")
 
 
 def _show(value) -> str:
@@ -240,7 +240,7 @@ def _flash_by_default(c: Config) -> None:
 # the runtime profile that prices a format's own rules, where capopt has one
 _OWN_PROFILE = {"torchtitan": "torchtitan", "megatron": "megatron",
                 "llm-foundry": "llm-foundry", "hf-trainer": "hf", "trl-sft": "hf",
-                "torchtune": "torchtune"}
+                "torchtune": "torchtune", "maxtext": "maxtext"}
 
 
 def _header(fmt: str, c: Config, sc: Scenario, mark: str = "#") -> list[str]:
@@ -821,10 +821,14 @@ def _emit_trl_sft(c: Config, sc: Scenario) -> str:
 #   (maxtext 0.2.4)
 # --------------------------------------------------------------------------------------------
 _MAXTEXT_REMAT = {
-    # MaxText wraps every block in jax.checkpoint ("none" recomputes all, as "full" does);
-    # minimal_with_context saves every named tensor, recomputing element-wise ops only
+    # MaxText wraps every block in jax.checkpoint under remat_policy (decoders.py:541-566;
+    # its "none" is policy None, the block recomputed whole, decoders.py:348-350) and no
+    # policy saves everything: the nearest to none is minimal_with_context, every named
+    # tensor saved (the projections and the attention's output), the element-wise ops
+    # recomputed (the maxtext runtime refuses remat none: it prices what MaxText runs)
     "none": "minimal_with_context",
-    # minimal saves the projections and recomputes the attention core: Megatron's selective
+    # minimal saves the named projections (q, k, v, out_proj, mlpwi_0/1, mlpwo) and
+    # recomputes the rest: the maxtext runtime's selective
     "selective": "minimal",
     "full": "full",
 }
@@ -853,6 +857,7 @@ def _emit_maxtext(c: Config, sc: Scenario) -> str:
     if kind == "blocks":
         raise _Unexpressible("config.remat", c.remat, "MaxText applies one remat_policy to "
                              "every block")
+
     if c.pp > 1 and c.grad_accum % c.pp:
         raise _Unexpressible("config.grad_accum", c.grad_accum, "num_pipeline_microbatches "
                              "must be a multiple of the pipeline stages")
@@ -861,9 +866,16 @@ def _emit_maxtext(c: Config, sc: Scenario) -> str:
     replicas = c.dp // c.ep          # the expert axis also splits the batch in MaxText
     axes = {"data": 1, "fsdp": 1, "tensor": c.tp, "pipeline": c.pp, "expert": c.ep}
     axes[data_axis] = replicas
+    if c.dp_replicate > 1:
+        # hybrid sharding: the state over the fsdp axis, replicated over the data axis
+        # (configs/base.yml logical_axis_rules: the weights' 'embed' over fsdp only)
+        axes["fsdp"], axes["data"] = replicas // c.dp_replicate, c.dp_replicate
     dcn = {k: 1 for k in axes}
-    # across nodes: the data-parallel axis first, else the pipeline
-    split = data_axis if replicas % nodes == 0 else "pipeline" if c.pp % nodes == 0 else None
+    # across nodes: the data-parallel axis first (the replicas' one under hybrid sharding),
+    # else the pipeline
+    outer = "data" if c.dp_replicate > 1 else data_axis
+    split = (outer if axes[outer] % nodes == 0 else "pipeline" if c.pp % nodes == 0
+             else None)
     if split is None:
         raise _Unexpressible("hardware.per_node", sc.per_node, "no data or pipeline axis "
                              f"splits over {nodes} nodes")

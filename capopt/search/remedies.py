@@ -35,7 +35,7 @@ def _vocab_loss(sc: Scenario) -> bool:
     runtime, where a fused kernel would keep its logits in the compute dtype (the JAX
     validation step and the XLA profiles take optax's float32 loss)."""
     return (sc.workload.loss == "float32" and sc.workload.precision != "fp32"
-            and not sc.runtime.name.startswith("xla") and sc.model.has_vocab_head
+            and not sc.runtime.xla_step and sc.model.has_vocab_head
             and sc.runtime.coeff("fused_loss") >= 0.5)
 
 
@@ -69,7 +69,7 @@ def _can_page(sc: Scenario, cfg=None) -> bool:
 def _head_loss(sc: Scenario) -> bool:
     """A loss over a vocabulary in a PyTorch runtime not yet fused with its head (the fused
     linear cross-entropy runs with the head whole: tp 1, which the changed scenario pins)."""
-    return (sc.workload.loss != "fused-linear" and not sc.runtime.name.startswith("xla")
+    return (sc.workload.loss != "fused-linear" and not sc.runtime.xla_step
             and sc.model.has_vocab_head and sc.knob("tp").allows(1)
             and sc.runtime.coeff("fused_linear_loss") >= 0.5)
 

@@ -1,0 +1,174 @@
+"""The ``maxtext`` runtime: MaxText's pre-training step (AI-Hypercomputer/maxtext e591f30c) as
+capopt prices it and ``--emit maxtext`` launches it. The xla-gpu profile's rules (MaxText's
+step is a JAX program compiled by the same XLA) with what MaxText runs differently: remat
+selective is its ``minimal`` policy (the MLP's down projection saved too), every block under
+one policy (no remat none, no fraction), hybrid sharding over its data and fsdp axes; and
+what it does not run refused: ZeRO-1/2, Megatron sequence parallelism, fp16-mixed, LoRA, and
+optimizers other than adamw, adam and sgd."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import capopt
+from capopt._runtime import _parse, get_profile
+from capopt._specs import Config
+from capopt._validity import config_problems
+from capopt.cli import main
+from capopt.cost import estimate
+from capopt.report.launch import emit
+from conftest import llama_like, make_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sc(runtime="maxtext", **kw):
+    kw = {"precision": "bf16-mixed", "count": 8, "global_batch": 16, "seq_len": 1024, **kw}
+    return make_scenario(kw.pop("model", llama_like(hidden=1024, heads=8, kv=2)),
+                         runtime=runtime, **kw)
+
+
+def _scenario_file(tmp_path, training: str, config: str = "") -> str:
+    p = tmp_path / "mt.toml"
+    p.write_text('name = "m"\n[model]\ncard = "llama-3.2-1b"\n[hardware]\ngpu = "h100-sxm-80gb"\n'
+                 f'count = 8\n[training]\nseq_len = 2048\nglobal_batch = 16\n'
+                 f'runtime = "maxtext"\n{training}\n[config]\n{config}\n')
+    return str(p)
+
+
+def test_the_profile_is_an_xla_step_built_on_xla_gpu():
+    prof = get_profile("maxtext")
+    assert prof.lineage == ("xla-gpu",) and prof.xla_step
+    assert not get_profile("torchtune").xla_step and get_profile("xla-gpu").xla_step
+    assert prof.precision_names == ("fp32", "bf16-mixed", "bf16", "fp8-mixed")
+    assert prof.optimizers == ("adamw", "adam", "sgd")
+    # what differs from the base: the coefficients the profile names, nothing else
+    base, own = get_profile("xla-gpu").coeff_dict(), prof.coeff_dict()
+    changed = {k for k in own if own[k] != base[k]}
+    assert changed == {"selective_saves_down", "remat_policy_every_block", "hybrid_shard",
+                       "fsdp_or_replicated_only", "megatron_sequence_parallel",
+                       "lora_training"}
+    # written back and read again, a profile keeps its base and its optimizers
+    again = _parse(tomllib.loads(prof.to_toml()), "x.toml")
+    assert again.lineage == ("xla-gpu",) and again.optimizers == prof.optimizers
+
+
+@pytest.mark.parametrize("training, field, allowed", [
+    ('precision = "fp16-mixed"', "training.precision", "fp32, bf16-mixed, bf16, fp8-mixed"),
+    ('optimizer = "lion"', "training.optimizer", "adamw, adam, sgd"),
+    ('optimizer = "adamw-8bit"', "training.optimizer", "adamw, adam, sgd"),
+    ("lora = { rank = 16 }", "training.lora", "none"),
+    ('loss = "fused"', "training.loss", "float32"),
+])
+def test_what_its_step_does_not_run_exits_2_naming_the_field(tmp_path, capsys, training, field,
+                                                             allowed):
+    """No loss scaling (fp16-mixed), opt_type adamw / adam_pax / sgd / muon only, no LoRA in
+    the pre-training step, optax's cross-entropy on whole float32 logits: one line each,
+    naming the field and what is allowed."""
+    assert main(["plan", _scenario_file(tmp_path, training), "--set", "micro_batch=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0] and allowed in err[0], err
+
+
+@pytest.mark.parametrize("knob, value", [
+    ("zero_stage", "1"), ("zero_stage", "2"), ("remat", '"none"'), ("remat", "0.5"),
+    ("sequence_parallel", "true")])
+def test_layouts_it_does_not_run_are_refused_when_named(tmp_path, capsys, knob, value):
+    """ZeRO-1 (shard_optimizer_over_data's bfloat16 copies are not priced) and ZeRO-2 (no
+    gradient-only sharding), remat none (its none recomputes the whole block) or a fraction
+    (one policy for every block), Megatron's sequence parallelism: exit 2 naming the knob."""
+    assert main(["plan", _scenario_file(tmp_path, "", f"{knob} = {value}"),
+                 "--set", "micro_batch=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"config.{knob}" in err[0] and "maxtext" in err[0], err
+
+
+def test_searched_knobs_are_narrowed_to_what_maxtext_runs():
+    sc = _sc()
+    assert sc.knob("zero_stage").values == (0, 3)
+    assert sc.knob("remat").values == ("selective", "full")
+    assert sc.knob("sequence_parallel").values == (False,)
+    res = capopt.optimize(sc, method="exhaustive", top_k=5, remedies=False)
+    assert res.status == "ok"
+    for c in res.candidates:
+        assert c.config.zero_stage in (0, 3) and c.config.remat in ("selective", "full")
+        assert not c.config.sequence_parallel
+
+
+def test_selective_keeps_the_down_projection_and_nothing_else_changes():
+    """Against xla-gpu on the same config: remat selective (MaxText's minimal) keeps one more
+    h-wide tensor a token a block, the MLP's down projection output, in the compute dtype;
+    remat full, and every byte that is not an activation, are the xla-gpu profile's."""
+    mt, xla = _sc(), _sc("xla-gpu")
+    cfg = Config(micro_batch=2, grad_accum=1, dp=8, zero_stage=3, remat="selective")
+    a, b = estimate(cfg, mt).memory, estimate(cfg, xla).memory
+    m = mt.model
+    tokens = cfg.micro_batch * mt.workload.seq_len
+    down = tokens * m.hidden_size * 2.0 * m.num_hidden_layers          # bf16, every block
+    got = float(a["activations_bytes"]) - float(b["activations_bytes"])
+    # (at the peak, a block's backward, that block's saved set has given way to its rebuild,
+    # which may hold it again: between L - 1 and L + 1 blocks' worth)
+    L = m.num_hidden_layers
+    assert down * (L - 1) / L * (1 - 1e-6) <= got <= down * (L + 1) / L * (1 + 1e-6)
+    for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        assert float(a[key]) == float(b[key])
+    full = cfg.replace(remat="full")
+    assert float(estimate(full, mt).memory["total_bytes"]) == pytest.approx(
+        float(estimate(full, xla).memory["total_bytes"]), rel=1e-6)
+
+
+def test_hybrid_sharding_runs_where_xla_gpu_refuses_it():
+    """dcn_data x ici_fsdp: the state over the FSDP group only, its gradient all-reduced
+    across the replicas. xla-gpu (a plain step over one mesh axis) refuses dp_replicate."""
+    mt, xla = _sc(count=16), _sc("xla-gpu", count=16)
+    hsdp = Config(micro_batch=1, grad_accum=1, dp=16, zero_stage=3, dp_replicate=2,
+                  remat="full")
+    assert config_problems(hsdp, mt) == []
+    assert any(f == "config.dp_replicate" for f, _ in config_problems(hsdp, xla))
+    flat = estimate(hsdp.replace(dp_replicate=1), mt)
+    two = estimate(hsdp, mt)
+    # the state split over 8 ranks, not 16: twice the optimizer bytes a device
+    assert float(two.memory["optimizer_bytes"]) == pytest.approx(
+        2 * float(flat.memory["optimizer_bytes"]), rel=1e-6)
+
+
+def test_emit_writes_hybrid_sharding_as_its_data_and_fsdp_axes():
+    sc = _sc(count=16)
+    cfg = Config(micro_batch=1, grad_accum=1, dp=16, zero_stage=3, dp_replicate=2,
+                 remat="selective")
+    lines = [ln for ln in emit("maxtext", cfg, sc).splitlines() if not ln.startswith("#")]
+    d = dict(ln.split("=", 1) for ln in lines)
+    # two nodes of eight: the replicas across them, the FSDP group inside one
+    assert (d["ici_fsdp_parallelism"], d["dcn_fsdp_parallelism"]) == ("8", "1")
+    assert (d["ici_data_parallelism"], d["dcn_data_parallelism"]) == ("1", "2")
+    assert d["remat_policy"] == "minimal" and d["shard_optimizer_over_data"] == "false"
+    # priced with its own profile: the header names no other; priced with xla-gpu, it says
+    # which profile prices MaxText's rules
+    assert "priced with the" not in emit("maxtext", cfg, sc)
+    plain = cfg.replace(dp_replicate=1)
+    assert "--runtime maxtext" in emit("maxtext", plain, _sc("xla-gpu", count=16))
+
+
+def test_published_rows_are_its_a3_table_in_its_own_flop_count():
+    """MaxText's A3 table (5 rows of TFLOP/s per chip) becomes tokens/s by MaxText's count of
+    the same commit: 6 x 6,738,415,616 + 6 x 32 x 32 x 128 x 4096 = 43.65 GFLOP a token, so
+    492 TFLOP/s a chip is 11,271 tokens/s; each row is predicted (none refused) with the
+    maxtext runtime, hybrid sharding across the VMs."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from published_runs import maxtext_runs, maxtext_tflops_per_token, predict
+    doc = json.loads((ROOT / "benchmarks" / "published" / "maxtext.json").read_text())
+    assert maxtext_tflops_per_token(doc) == pytest.approx(43.65e9, rel=1e-3)
+    runs = maxtext_runs(doc)
+    assert [r.config.dp_replicate for r in runs] == [1, 2, 4, 8, 16]
+    assert runs[0].tokens_per_gpu == pytest.approx(11271, abs=1)
+    for r in runs:
+        p = predict(r)
+        assert p["status"] == "ok" and p["fits"], (r.label, p)
+        assert r.scenario.runtime.name == "maxtext"
+        assert np.isfinite(p["throughput_error"])
