@@ -293,6 +293,20 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_setup(args) -> int:
+    if args.what == "maxtext":
+        from .validation import maxtext_tier
+        if args.target:
+            raise CapoptError("the MaxText environment is built beside capopt's "
+                              f"({maxtext_tier.venv_dir()})", field="--target",
+                              allowed=f"none with maxtext (set {maxtext_tier.PYTHON_ENV} to "
+                                      "use one elsewhere)")
+        if not args.quiet:
+            print(f"building {maxtext_tier.venv_dir()} (Python 3.12+, maxtext 0.2.5, JAX 0.12 "
+                  "and its CUDA compiler plugin: about 2 GB) for the maxtext tier ...",
+                  file=sys.stderr)
+        folder = maxtext_tier.install(quiet=args.quiet)
+        print(f"maxtext tier ready: MaxText is in {folder}")
+        return 0
     from .validation.plugin import PACKAGES, install, jax_version
     if not args.quiet:
         print(f"installing {' and '.join(PACKAGES)} {jax_version()} for the xla-gpu tier ...",
@@ -533,8 +547,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("setup", help="install optional parts: the CUDA plugin (xla-gpu tier)")
-    p.add_argument("what", choices=["xla-gpu"])
+    p = sub.add_parser("setup", help="install optional parts: the CUDA plugin (xla-gpu tier), "
+                                     "MaxText's environment (maxtext tier)")
+    p.add_argument("what", choices=["xla-gpu", "maxtext"])
     p.add_argument("--target", metavar="DIR", help="install here instead of beside Python")
     p.add_argument("-q", "--quiet", action="store_true", help="no pip output")
     p.set_defaults(func=cmd_setup)

@@ -172,3 +172,99 @@ def test_published_rows_are_its_a3_table_in_its_own_flop_count():
         assert p["status"] == "ok" and p["fits"], (r.label, p)
         assert r.scenario.runtime.name == "maxtext"
         assert np.isfinite(p["throughput_error"])
+
+
+# --------------------------------------------------------------------------------------------
+# The maxtext tier: MaxText's own step, compiled in its own environment
+# --------------------------------------------------------------------------------------------
+def _tier_sc(count=16, **kw):
+    from capopt._hardware import get_hardware
+    kw = {"precision": "bf16-mixed", "global_batch": 32, "seq_len": 512, **kw}
+    return _sc(count=count, hardware=get_hardware("h100-sxm-80gb"), **kw)
+
+
+def test_the_tier_compiles_what_the_emitter_writes_on_one_slice():
+    """The candidate's MaxText arguments are `--emit maxtext`'s with each axis spread across
+    nodes folded into the one inside the slice (the same mesh shape), the card's sizes, and
+    the compile's own device count."""
+    from capopt.validation.maxtext_tier import overrides
+    sc = _tier_sc()
+    cfg = Config(micro_batch=2, grad_accum=1, dp=16, zero_stage=3, dp_replicate=2,
+                 remat="full", flash_attention=False)
+    d = dict(a.split("=", 1) for a in overrides(sc, cfg))
+    assert (d["ici_fsdp_parallelism"], d["ici_data_parallelism"]) == ("8", "2")
+    assert all(d[f"dcn_{k}_parallelism"] == "1" for k in ("data", "fsdp", "tensor"))
+    assert d["internal_compile_num_devices"] == "16" and d["attention"] == "dot_product"
+    m = sc.model
+    assert (d["base_emb_dim"], d["base_num_query_heads"], d["base_num_kv_heads"],
+            d["base_mlp_dim"], d["base_num_decoder_layers"], d["vocab_size"]) == tuple(
+        str(v) for v in (m.hidden_size, m.num_attention_heads, m.num_key_value_heads,
+                         m.intermediate_size, m.num_hidden_layers, m.vocab_size))
+    assert d["remat_policy"] == "full" and d["logits_via_embedding"] == "false"
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"flash_attention": True}, "dot_product"),
+    ({"model": "gelu"}, "llama2 block"),
+    ({"precision": "fp8-mixed"}, "fp8"),
+])
+def test_the_tier_refuses_what_it_does_not_compile(change, words):
+    from capopt.validation.maxtext_tier import check
+    from capopt.validation.step import Unsupported
+    cfg = Config(micro_batch=2, grad_accum=1, dp=16, zero_stage=3, remat="full",
+                 flash_attention=change.get("flash_attention", False))
+    kw = {}
+    if change.get("model") == "gelu":
+        kw["model"] = llama_like(hidden=1024, heads=8, kv=2, mlp_type="gelu", hidden_act="gelu")
+    if "precision" in change:
+        kw["precision"] = change["precision"]
+    with pytest.raises(Unsupported, match=words):
+        check(_tier_sc(**kw), cfg)
+
+
+def test_without_its_environment_the_tier_says_how_to_build_it(monkeypatch, tmp_path):
+    from capopt.validation import maxtext_tier
+    monkeypatch.delenv(maxtext_tier.PYTHON_ENV, raising=False)
+    monkeypatch.setattr(maxtext_tier, "venv_dir", lambda: tmp_path / "none")
+    ok, why = maxtext_tier.maxtext_available()
+    assert not ok and "capopt setup maxtext" in why and maxtext_tier.PYTHON_ENV in why
+
+
+def test_setup_finds_a_python_312_where_pyenv_keeps_it(monkeypatch, tmp_path):
+    from capopt.validation import maxtext_tier
+    for v in ("3.11.7", "3.12.1"):
+        py = tmp_path / "versions" / v / "bin" / "python"
+        py.parent.mkdir(parents=True)
+        py.write_text("")
+    monkeypatch.setattr(maxtext_tier.shutil, "which", lambda name: None)
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    assert maxtext_tier.find_python() == str(tmp_path / "versions" / "3.12.1" / "bin" / "python")
+    (tmp_path / "versions" / "3.12.1" / "bin" / "python").unlink()
+    assert maxtext_tier.find_python() is None
+
+
+def test_setup_maxtext_takes_no_target(capsys):
+    assert main(["setup", "maxtext", "--target", "/tmp/x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--target" in err[0]
+
+
+@pytest.mark.maxtext
+def test_one_maxtext_step_compiles_and_its_state_is_the_profiles():
+    """Where the tier is set up: MaxText's step of a small llama compiles for 8 H100s, and
+    the donated state (float32 parameters, AdamW's two moments, the step count) is the
+    profile's parameters and optimizer state per device to 0.1% (MaxText's counters are a
+    few bytes)."""
+    from capopt.validation.maxtext_tier import maxtext_available, run_maxtext
+    from capopt.validation.predict import predicted_terms
+    ok, why = maxtext_available()
+    if not ok:
+        pytest.skip(why)
+    sc = _tier_sc(count=8, global_batch=16)
+    cfg = Config(micro_batch=2, grad_accum=1, dp=8, zero_stage=3, remat="full",
+                 flash_attention=False)
+    r = run_maxtext(sc, cfg)
+    m = r["measured"]
+    p = predicted_terms(cfg, sc, input_bytes=m["input_bytes"])
+    assert p["alias_bytes"] == pytest.approx(m["alias_bytes"], rel=1e-3)
+    assert m["temp_bytes"] > 0 and m["peak_bytes"] > m["alias_bytes"]
