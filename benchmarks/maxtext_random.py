@@ -1,7 +1,8 @@
 """Peak memory of MaxText's own training step on configs drawn at random, against the
 ``maxtext`` runtime profile.
 
-    python benchmarks/maxtext_random.py [--cases 60] [--seed 0] [--jobs 2] [--no-measure]
+    python benchmarks/maxtext_random.py [--cases 60] [--seed 0] [--jobs 2] [--full-size]
+                                        [--no-measure]
 
 Needs the maxtext tier (``capopt setup maxtext``: MaxText 0.2.5 in a Python 3.12 environment of
 its own). Draws ``--cases`` configs of MaxText's llama2 decoder block (sizes, MHA / GQA,
@@ -103,6 +104,31 @@ def draw(n_cases: int, seed: int) -> list[Case]:
     return out
 
 
+def full_size_cases() -> list[Case]:
+    """Shipped cards of MaxText's llama2 block on one node of 8 H100s (FSDP, tensor)."""
+    from capopt._cards import load_card
+    hw, rt = get_hardware(GPU), get_profile("maxtext")
+    rows = [("llama-2-7b", 1024, Config(micro_batch=1, dp=8, zero_stage=3, remat="full")),
+            ("llama-2-7b", 2048, Config(micro_batch=2, dp=8, zero_stage=3, remat="selective")),
+            ("llama-2-7b", 1024, Config(micro_batch=2, dp=4, tp=2, zero_stage=3,
+                                        remat="full")),
+            ("llama-3-8b", 2048, Config(micro_batch=1, dp=8, zero_stage=3, remat="full"))]
+    out = []
+    for i, (name, seq, cfg) in enumerate(rows):
+        cfg = cfg.replace(flash_attention=False)
+        wl = Workload(seq_len=seq, global_batch=cfg.micro_batch * cfg.dp,
+                      precision="bf16-mixed", optimizer="adamw", grad_clip=True)
+        sc = Scenario(name=f"full-{i}-{name}", model=load_card(name), hardware=hw, count=8,
+                      per_node=8, workload=wl, budget=Budget(vram_bytes=hw.memory_bytes),
+                      runtime=rt)
+        feats = {"layout": "fsdp + tensor" if cfg.tp > 1 else "fsdp", "remat": cfg.remat,
+                 "precision": wl.precision, "optimizer": wl.optimizer, "clipping": "clip",
+                 "grad_accum": "accum 1"}
+        out.append(Case(name=sc.name, shape=name, split="full-size", scenario=sc, config=cfg,
+                        features=feats))
+    return out
+
+
 def describe(c: Case) -> str:
     m, w, k = c.scenario.model, c.scenario.workload, c.config
     return (f"h{m.hidden_size} L{m.num_hidden_layers} a{m.num_attention_heads}/"
@@ -159,6 +185,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--full-size", action="store_true",
+                    help="add shipped cards (Llama-2-7B, Llama-3-8B) on 8 H100s")
     ap.add_argument("--no-measure", action="store_true",
                     help="only recompute the predictions for what is already measured")
     ap.add_argument("--measurements", default=None)
@@ -176,6 +204,8 @@ def main(argv=None) -> int:
     from capopt.validation.predict import predicted_terms
     t0 = time.perf_counter()
     cases = draw(args.cases, args.seed)
+    if args.full_size:
+        cases += full_size_cases()
     path.parent.mkdir(parents=True, exist_ok=True)
     if args.no_measure:
         done = {}
@@ -202,7 +232,7 @@ def main(argv=None) -> int:
                        "predicted_peak_bytes": p["peak_bytes"],
                        "predicted_temp_bytes": p["temp_bytes"], "error": err})
     splits = {s: summary([q["error"] for q in points if q["split"] == s])
-              for s in ("heldout", "fit") if any(q["split"] == s for q in points)}
+              for s in ("heldout", "fit", "full-size") if any(q["split"] == s for q in points)}
     groups = {}
     for g in GROUPS:
         vals = sorted({q["features"][g] for q in points if q["split"] == "heldout"})

@@ -265,6 +265,12 @@ SCHEMA: dict[str, Coeff] = {
     "grads_fused": _c(0, "1: each update is applied as its gradient is produced, unless "
                          "clipping or accumulation needs every gradient"),
     "accum_buffer": _c(1, "gradient accumulation keeps one accumulator of every gradient"),
+    "scan_grad_stacks": _c(0, "blocks' gradients held as whole stacks through the blocks' "
+                              "backward pass (a scan over the layers carries every block's "
+                              "gradient): that many stacks at least, beside the accumulator "
+                              "and the block's own; 0: the phase walk's block by block"),
+    "scan_grad_zero3_copies": _c(0, "more stacks of the blocks' gradients under ZeRO-3 "
+                                    "(a layer's shard written in the stack's other layout)"),
     "zero3_loop_layout_copies": _c(0, "1: under ZeRO-3 and gradient accumulation, every "
                                       "weight shard split on its minor dimension has a "
                                       "transposed copy live through the micro-batch loop"),

@@ -505,12 +505,14 @@ def build_parser() -> argparse.ArgumentParser:
     scenario_args(p, optional=True)
     p.add_argument("--top", type=_positive_int, default=3,
                    help="optimiser candidates to validate")
-    p.add_argument("--tier", choices=["exact", "xla-gpu", "torch", "deepspeed", "device"],
+    p.add_argument("--tier", choices=["exact", "xla-gpu", "torch", "deepspeed", "maxtext",
+                                      "device"],
                    default="exact",
                    help="exact: compile for CPU devices; xla-gpu: XLA's GPU buffer assignment "
                         "(no GPU); torch: the step in PyTorch on fake tensors (no GPU); "
                         "deepspeed: DeepSpeed's own step on CPU tensors (small models; no "
-                        "GPU); device: run on this machine's accelerator")
+                        "GPU); maxtext: MaxText's own step compiled for the GPU (no GPU; "
+                        "capopt setup maxtext); device: run on this machine's accelerator")
     p.add_argument("--pinned", action="store_true", help="validate the pinned config only")
     p.add_argument("--out", metavar="FILE.jsonl", help="stream results here (resumable)")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds per candidate")

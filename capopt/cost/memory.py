@@ -731,6 +731,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # when the backward pass regathers an FSDP root)
     fl_head_grad = (logits_mb * (1 - lora) * (n["P_head_tp"] + n["tied"] * n["P_embed_tp"])
                     * vocab_share * ugb)
+    # (a scan over the layers, ``scan_grad_stacks``: every block's gradient slice held in
+    # stacks from the blocks' backward pass's start to its end, whatever is clipped; under
+    # ZeRO-3, ``scan_grad_zero3_copies`` more)
+    stacks = (n["rt_scan_grad_stacks"] + n["rt_scan_grad_zero3_copies"] * f_param
+              * step_at_least(dp, 2.0)) * layers * grad_layer
+    scanned = accum + stacks + grad_own + dp_bwd
     grads = {
         # (the head's gradient where it is produced, at the loss's backward or at the top
         # block's: kept, or, stepped in the backward pass, the tensor being stepped)
@@ -752,6 +758,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "forward": accum + in_grad,
         "regather": accum + jnp.maximum(embed_grad, in_grad) + fl * fl_head_grad,
     }
+    for p in ("top", "rebuild", "bottom"):
+        grads[p] = jnp.where(n["rt_scan_grad_stacks"] > 0, jnp.maximum(grads[p], scanned),
+                             grads[p])
     # every block's saved activations and the head's input: from the forward pass's end to
     # the loss's backward (the head's backward gathers an FSDP root again in between)
     at_head = stored + edge_kept + head_acts

@@ -40,8 +40,8 @@ def tier_scenario(scenario: Scenario, tier: str, profile: str | None = None) -> 
     """The scenario with the runtime profile of what the tier runs: ``xla-cpu`` for exact,
     ``xla-gpu`` (or the scenario's own ``xla-gpu*`` profile, e.g. a calibrated one) for the
     GPU tiers, ``pytorch-eager`` for the torch tier, ``deepspeed`` (or the scenario's own
-    ``deepspeed*``) for the deepspeed tier; ``profile`` (a name or a path)
-    overrides."""
+    ``deepspeed*``) for the deepspeed tier, ``maxtext`` (or the scenario's own ``maxtext*``)
+    for the maxtext tier; ``profile`` (a name or a path) overrides."""
     from .._runtime import get_profile
     if profile is not None:
         return scenario.replace(runtime=get_profile(profile))
@@ -54,6 +54,9 @@ def tier_scenario(scenario: Scenario, tier: str, profile: str | None = None) -> 
                 else scenario.replace(runtime=get_profile("deepspeed")))
     if tier == "exact":
         return scenario if own == "xla-cpu" else scenario.replace(runtime=get_profile("xla-cpu"))
+    if tier == "maxtext":
+        return (scenario if own.startswith("maxtext")
+                else scenario.replace(runtime=get_profile("maxtext")))
     if own.startswith("xla-gpu"):
         return scenario
     return scenario.replace(runtime=get_profile("xla-gpu"))
@@ -250,7 +253,10 @@ def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int
             if tier == "deepspeed":      # its meter marks no gradients: they are in the rest
                 predicted["rest_bytes"] += predicted["grads_bytes"]
         else:
-            predicted = predicted_terms(config, sc, input_bytes=input_bytes(sc, config),
+            # (MaxText's batch is its own: the tier measures it)
+            batch = (measured.get("input_bytes", 0) if tier == "maxtext"
+                     else input_bytes(sc, config))
+            predicted = predicted_terms(config, sc, input_bytes=batch,
                                         output_leaves=int(details.get("output_leaves", 0)))
     except Exception as e:   # a prediction that fails is itself a finding; keep going
         predicted = {}
@@ -394,9 +400,10 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
         scenarios = [sc] * len(cands)
     tscs = [tier_scenario(s, tier, profile) for s in scenarios]
     tier_scenario(sc, tier, profile)     # (the tier and profile checked, candidates or not)
-    if tier in ("xla-gpu", "torch", "deepspeed"):
+    if tier in ("xla-gpu", "torch", "deepspeed", "maxtext"):
+        from .maxtext_tier import maxtext_available
         ok, why = {"xla-gpu": xla_gpu_available, "torch": torch_available,
-                   "deepspeed": deepspeed_available}[tier]()
+                   "deepspeed": deepspeed_available, "maxtext": maxtext_available}[tier]()
         if not ok:
             raise CapoptError(why, field="--tier")
     path = Path(out) if out is not None else None

@@ -30,7 +30,7 @@ from typing import Any
 from .plugin import PLUGIN_PATH_ENV, has_plugin, plugin_path
 from .targets import xla_gpu_device_info
 
-TIERS = ("exact", "xla-gpu", "torch", "deepspeed", "device")
+TIERS = ("exact", "xla-gpu", "torch", "deepspeed", "maxtext", "device")
 # LLVM optimisation level 0 for the exact tier: it halves compile time on CPU and changes no
 # buffer (HLO passes and buffer assignment run as usual; measured identical on tiny-gpt).
 EXACT_XLA_FLAGS = ("--xla_backend_optimization_level=0",)
@@ -106,6 +106,9 @@ def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
         # across processes that do not exist: one process stands for the dp ranks here)
         for var in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "CROSS_RANK", "CROSS_SIZE"):
             env.pop(var, None)
+    elif tier == "maxtext":
+        env["JAX_PLATFORMS"] = "cpu"                     # the worker imports capopt; MaxText
+        # compiles in its own environment (`maxtext_tier`)
     elif tier != "device":
         raise ValueError(f"unknown tier {tier!r}")
     env["XLA_FLAGS"] = " ".join(dict.fromkeys(flags))
@@ -285,6 +288,9 @@ def run_tier(tier: str, scenario, config, **options) -> dict[str, Any]:
         from .deepspeed_step import check_supported, measure_here
         check_supported(scenario, config)
         return measure_here(scenario, config, explain=bool(options.get("explain")))
+    if tier == "maxtext":
+        from .maxtext_tier import run_maxtext
+        return run_maxtext(scenario, config)
     if tier == "device":
         return run_device(scenario, config, **options)
     raise ValueError(f"unknown tier {tier!r} (allowed: {', '.join(TIERS)})")
