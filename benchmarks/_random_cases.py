@@ -16,7 +16,8 @@ from capopt.validation.random_configs import Case, describe
 
 
 def measure(cases: list[Case], path: Path, *, tier: str, key: Callable[[Case], str],
-            jobs: int, timeout_s: float) -> dict[str, dict]:
+            jobs: int, timeout_s: float,
+            describe_case: Callable[[Case], str] = describe) -> dict[str, dict]:
     """Measure every case not already in ``path`` on ``tier`` (one worker process per case,
     ``jobs`` at once; each record appended as it finishes); returns the ok records by key."""
     from capopt.validation.runner import _append, _run_one, load_results
@@ -33,7 +34,7 @@ def measure(cases: list[Case], path: Path, *, tier: str, key: Callable[[Case], s
                "options": {}}
         res = _run_one(job, timeout_s)
         rec = {"key": key(case), "case": case.name, "split": case.split,
-               "describe": describe(case), "status": res.get("status", "error"),
+               "describe": describe_case(case), "status": res.get("status", "error"),
                "measured": res.get("measured"), "details": res.get("details", {}),
                "error": res.get("error"), "wall_s": res.get("wall_s")}
         _append(path, rec)

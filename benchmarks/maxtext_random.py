@@ -26,7 +26,6 @@ import json
 import random
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +37,7 @@ from capopt._model import ModelSpec  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
 from capopt._specs import Budget, Config, Scenario, Workload, stable_text  # noqa: E402
 from capopt.validation.random_configs import Case  # noqa: E402
-from _random_cases import pct, summary  # noqa: E402
+from _random_cases import measure, pct, summary  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 GPU = "h100-sxm-80gb"
@@ -146,45 +145,12 @@ def key_of(c: Case) -> str:
     return hashlib.sha1(stable_text(parts).encode()).hexdigest()[:16]
 
 
-def measure(cases: list[Case], path: Path, jobs: int) -> dict[str, dict]:
-    from capopt.validation.maxtext_tier import run_maxtext
-    done = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("status") == "ok":
-                done[rec["key"]] = rec
-    todo = [c for c in cases if key_of(c) not in done]
-    if todo:
-        print(f"compiling {len(todo)} MaxText step(s) ({len(done)} already in {path.name})",
-              file=sys.stderr)
-    t0 = time.perf_counter()
-
-    def one(c: Case) -> dict:
-        rec = {"key": key_of(c), "case": c.name, "split": c.split, "describe": describe(c)}
-        try:
-            res = run_maxtext(c.scenario, c.config)
-            rec.update(status="ok", **res)
-        except Exception as e:                # kept: one failed compile is not the run's end
-            rec.update(status="error", error=f"{type(e).__name__}: {e}")
-        with open(path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        print(f"  [{time.perf_counter() - t0:6.0f} s] {rec['status']:<5} {rec['describe']}"
-              + ("" if rec["status"] == "ok" else f": {rec['error'][:160]}"), file=sys.stderr)
-        return rec
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for rec in pool.map(one, todo):
-            if rec["status"] == "ok":
-                done[rec["key"]] = rec
-    return done
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per compile")
     ap.add_argument("--full-size", action="store_true",
                     help="add shipped cards (Llama-2-7B, Llama-3-8B) on 8 H100s")
     ap.add_argument("--no-measure", action="store_true",
@@ -207,15 +173,11 @@ def main(argv=None) -> int:
     if args.full_size:
         cases += full_size_cases()
     path.parent.mkdir(parents=True, exist_ok=True)
-    if args.no_measure:
-        done = {}
-        if path.exists():
-            for line in path.read_text().splitlines():
-                rec = json.loads(line)
-                if rec.get("status") == "ok":
-                    done[rec["key"]] = rec
-    else:
-        done = measure(cases, path, args.jobs)
+    from capopt.validation.runner import load_results
+    done = ({r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
+            if args.no_measure else
+            measure(cases, path, tier="maxtext", key=key_of, jobs=args.jobs,
+                    timeout_s=args.timeout, describe_case=describe))
     points, state_errors = [], []
     for c in cases:
         rec = done.get(key_of(c))
