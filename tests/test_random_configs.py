@@ -117,6 +117,29 @@ def test_memory_random_results_come_from_the_current_model():
         assert rec["measured"]["peak_bytes"] == q["measured_peak_bytes"]
 
 
+@pytest.mark.parametrize("name", ["maxtext_random", "maxtext_random_seed1"])
+def test_maxtext_random_results_come_from_the_current_model(name):
+    """benchmarks/results/maxtext_random*.json hold, for every MaxText step measured, the peak
+    the current maxtext profile predicts: recomputed here from the recorded measurements."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        pytest.skip(f"no {name}.json (run benchmarks/maxtext_random.py)")
+    doc = json.loads(path.read_text())
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import maxtext_random as bench
+    from capopt.validation.predict import predicted_terms
+    cases = bench.draw(doc["cases"], doc["seed"]) + bench.full_size_cases()
+    recs = _recorded(RESULTS / f"{name}.jsonl")
+    points = doc["points"]
+    assert len(points) >= 40
+    for q, case, rec in _sampled(points, cases, recs, bench.key_of, 20):
+        m = rec["measured"]
+        p = predicted_terms(case.config, case.scenario, input_bytes=m["input_bytes"])
+        # float32 cost model, the same program: equal to float32 rounding
+        assert p["peak_bytes"] == pytest.approx(q["predicted_peak_bytes"], rel=1e-6), q["case"]
+        assert m["peak_bytes"] == q["measured"]["peak_bytes"]
+
+
 @pytest.mark.parametrize("name, draw", [
     ("torch_random_seed12", dict(n=120, seed=12)),
     ("torch_random_seed2", dict(n=120, seed=2)),
