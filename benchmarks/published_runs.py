@@ -324,6 +324,8 @@ def maxtext_runs(doc: dict) -> list[Run]:
         run.notes.append(f"published {r['tflops_per_chip']} TFLOP/s per chip, as tokens/s by "
                          f"MaxText's count ({per_token / 1e9:.2f} GFLOP a token)")
         run.notes.append(f"remat_policy {st['remat_policy']} priced as remat {remat}")
+        run.notes.append("scan_layers=false: priced with the runtime's scan over the layers "
+                         "(its gradient stacks), so the memory is an upper bound here")
         if vms > 1:
             run.notes.append(f"dcn_data_parallelism {vms}: {vms} replicas of the 8-GPU FSDP "
                              "group (dp_replicate); A3 High's network, 15.6 GB/s a GPU")

@@ -522,8 +522,8 @@ class RuntimeProfile:
     @property
     def xla_step(self) -> bool:
         """Whether the runtime is a JAX program compiled by XLA (``xla-gpu``, ``xla-cpu`` or a
-        profile built on one, such as ``maxtext``): optax's cross-entropy on whole float32
-        logits, no adapter dropout, XLA's buffer rules."""
+        profile built on one, such as ``maxtext``): a cross-entropy over whole logits as the
+        profile's logits rules say, no adapter dropout, XLA's buffer rules."""
         return any(n.startswith("xla") for n in (self.name,) + self.lineage)
 
     def coeff(self, key: str) -> float:

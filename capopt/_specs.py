@@ -61,8 +61,9 @@ def runtimes_where(test) -> list[str]:
 
 
 def losses_run_by(rt) -> list[str]:
-    """The `LOSSES` the runtime ``rt`` runs as capopt prices them (an XLA step takes optax's
-    cross-entropy on float32 logits; a PyTorch runtime each loss its profile switches on)."""
+    """The `LOSSES` the runtime ``rt`` runs as capopt prices them (an XLA step takes its
+    cross-entropy over whole logits, as its profile's logits rules price it; a PyTorch
+    runtime each loss its profile switches on)."""
     xla = rt.xla_step
     gates = {"fused": "fused_loss", "fused-linear": "fused_linear_loss",
              "chunked": "chunked_loss"}
@@ -494,6 +495,12 @@ class Scenario:
             if getattr(self, name) not in allowed:
                 raise CapoptError(f"got {getattr(self, name)!r}", file=self.path,
                                   field=f"config.{name}", allowed=", ".join(allowed))
+        if (self.stage_recompute == "auto"
+                and self.runtime.coeff("remat_policy_every_block") >= 0.5):
+            raise CapoptError(f"the {self.runtime.name} runtime rematerialises every block "
+                              "under one policy: no per-stage recompute counts",
+                              file=self.path, field="config.stage_recompute",
+                              allowed="uniform")
         if self.workload.precision not in self.runtime.precision_names:
             raise CapoptError(f"the {self.runtime.name} runtime has no precision "
                               f"{self.workload.precision!r}", file=self.path,
@@ -539,8 +546,8 @@ class Scenario:
                               "linear cross-entropy", file=self.path, field="training.loss",
                               allowed=_loss_allowed(self.runtime, "fused-linear"))
         if loss == "fused" and self.runtime.xla_step:
-            raise CapoptError(f"the {self.runtime.name} step takes optax's cross-entropy on "
-                              "the float32 logits (its rules are the profile's)",
+            raise CapoptError(f"the {self.runtime.name} step takes its cross-entropy over "
+                              "whole logits (its rules are the profile's)",
                               file=self.path, field="training.loss",
                               allowed="float32, or fused under a PyTorch runtime")
         if loss == "fused" and self.runtime.coeff("fused_loss") < 0.5:
@@ -556,8 +563,8 @@ class Scenario:
                                   field="training.loss",
                                   allowed="float32, fused (or a decoder / masked-LM card)")
             if self.runtime.xla_step:
-                raise CapoptError(f"the {self.runtime.name} step takes optax's cross-entropy "
-                                  "on whole logits", file=self.path, field="training.loss",
+                raise CapoptError(f"the {self.runtime.name} step takes its cross-entropy over "
+                                  "whole logits", file=self.path, field="training.loss",
                                   allowed=f"float32, or {loss} under a PyTorch runtime")
             if loss == "chunked" and self.runtime.coeff("chunked_loss") < 0.5:
                 raise CapoptError(f"the {self.runtime.name} runtime does not run the chunked "

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import capopt
+from capopt._errors import CapoptError
 from capopt._runtime import _parse, get_profile
 from capopt._specs import Config
 from capopt._validity import config_problems
@@ -71,17 +72,18 @@ def test_the_profile_is_an_xla_step_built_on_xla_gpu():
 def test_what_its_step_does_not_run_exits_2_naming_the_field(tmp_path, capsys, training, field,
                                                              allowed):
     """No loss scaling (fp16-mixed), opt_type adamw / adam_pax / sgd / muon only, no LoRA in
-    the pre-training step, optax's cross-entropy on whole float32 logits: one line each,
+    the pre-training step, its cross-entropy over whole logits: one line each,
     naming the field and what is allowed."""
     assert main(["plan", _scenario_file(tmp_path, training), "--set", "micro_batch=2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and field in err[0] and allowed in err[0], err
 
 
-@pytest.mark.parametrize("knob, value", [
-    ("zero_stage", "1"), ("zero_stage", "2"), ("remat", '"none"'), ("remat", "0.5"),
-    ("sequence_parallel", "true")])
-def test_layouts_it_does_not_run_are_refused_when_named(tmp_path, capsys, knob, value):
+@pytest.mark.parametrize("knob, value, words", [
+    ("zero_stage", "1", "fully shards (ZeRO-3)"), ("zero_stage", "2", "fully shards (ZeRO-3)"),
+    ("remat", '"none"', "one policy"), ("remat", "0.5", "one policy"),
+    ("sequence_parallel", "true", "Megatron sequence parallelism")])
+def test_layouts_it_does_not_run_are_refused_when_named(tmp_path, capsys, knob, value, words):
     """ZeRO-1 (shard_optimizer_over_data's bfloat16 copies are not priced) and ZeRO-2 (no
     gradient-only sharding), remat none (its none recomputes the whole block) or a fraction
     (one policy for every block), Megatron's sequence parallelism: exit 2 naming the knob."""
@@ -89,6 +91,7 @@ def test_layouts_it_does_not_run_are_refused_when_named(tmp_path, capsys, knob, 
                  "--set", "micro_batch=2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"config.{knob}" in err[0] and "maxtext" in err[0], err
+    assert words in err[0], err
 
 
 def test_searched_knobs_are_narrowed_to_what_maxtext_runs():
@@ -260,6 +263,33 @@ def test_the_tier_refuses_what_it_does_not_compile(change, words):
         kw["precision"] = change["precision"]
     with pytest.raises(Unsupported, match=words):
         check(_tier_sc(**kw), cfg)
+
+
+def test_a_candidate_searched_under_another_runtime_is_judged_only_where_maxtext_runs_it():
+    """Swapped to the maxtext profile by the tier, a candidate the maxtext runtime does not
+    price (ZeRO-1: MaxText's optimizer-over-data layout; remat none) is not compiled."""
+    from capopt.validation.maxtext_tier import check
+    from capopt.validation.step import Unsupported
+    sc = _tier_sc(runtime="xla-gpu")
+    for cfg, words in ((Config(micro_batch=2, dp=16, zero_stage=1, remat="full",
+                               flash_attention=False), "config.zero_stage"),
+                       (Config(micro_batch=2, dp=16, zero_stage=3, remat="none",
+                               flash_attention=False), "config.remat")):
+        with pytest.raises(Unsupported, match=words):
+            check(sc, cfg)
+
+
+def test_per_stage_recompute_counts_are_refused():
+    with pytest.raises(CapoptError) as err:
+        _sc().replace(stage_recompute="auto")
+    assert err.value.field == "config.stage_recompute"
+
+
+def test_an_interpreter_without_maxtext_is_not_the_tier(monkeypatch):
+    from capopt.validation import maxtext_tier
+    monkeypatch.setenv(maxtext_tier.PYTHON_ENV, sys.executable)     # capopt's: no maxtext
+    ok, why = maxtext_tier.maxtext_available()
+    assert not ok and "has no maxtext" in why and "capopt setup maxtext" in why
 
 
 def test_without_its_environment_the_tier_says_how_to_build_it(monkeypatch, tmp_path):

@@ -818,7 +818,7 @@ def _emit_trl_sft(c: Config, sc: Scenario) -> str:
 # MaxText: key=value overrides for `python3 -m maxtext.train <base.yml> key=value ...`
 # source: src/maxtext/configs/base.yml, src/maxtext/configs/types.py and
 #   src/maxtext/layers/decoders.py (get_remat_policy) at AI-Hypercomputer/maxtext e591f30c
-#   (maxtext 0.2.4)
+#   (maxtext 0.2.5)
 # --------------------------------------------------------------------------------------------
 _MAXTEXT_REMAT = {
     # MaxText wraps every block in jax.checkpoint under remat_policy (decoders.py:541-566;

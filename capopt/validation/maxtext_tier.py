@@ -65,12 +65,20 @@ def interpreter() -> str | None:
 
 
 def maxtext_available() -> tuple[bool, str]:
-    """Whether the maxtext tier can run here, and why not."""
+    """Whether the maxtext tier can run here (an interpreter that imports maxtext), and why
+    not."""
     py = interpreter()
+    why = ("the maxtext tier needs MaxText in an environment of its own: run `capopt setup "
+           f"maxtext` (or set {PYTHON_ENV} to a Python that has it)")
     if py is None:
-        return False, ("the maxtext tier needs MaxText in an environment of its own: run "
-                       f"`capopt setup maxtext` (or set {PYTHON_ENV} to a Python that has it)")
-    return True, ""
+        return False, why
+    try:
+        found = subprocess.run([py, "-c", "import importlib.util as u, sys; "
+                                "sys.exit(u.find_spec('maxtext') is None)"],
+                               capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        found = False
+    return (True, "") if found else (False, f"{py} has no maxtext: " + why)
 
 
 def find_python() -> str | None:
@@ -136,6 +144,17 @@ def check(scenario, config) -> None:
         raise Unsupported("the maxtext tier compiles no host offload")
     if m.hidden_dropout or m.attention_dropout:
         raise Unsupported("the maxtext tier compiles no dropout")
+    # (a candidate searched under another runtime: what the maxtext runtime does not price,
+    # ZeRO-1 and -2, remat none or a fraction, Megatron's sequence parallelism, is not
+    # compiled to be judged by it)
+    from .._runtime import get_profile
+    from .._specs import RUNTIME_KNOB_RULES, runtime_refusal
+    own = scenario.runtime if scenario.runtime.name.startswith("maxtext") else \
+        get_profile("maxtext")
+    for knob in dict.fromkeys(rule[0] for rule in RUNTIME_KNOB_RULES):
+        why = runtime_refusal(own, knob, getattr(config, knob))
+        if why:
+            raise Unsupported(f"{why} (config.{knob} = {getattr(config, knob)!r})")
 
 
 def overrides(scenario, config) -> list[str]:
