@@ -30,6 +30,8 @@ ADAM8BIT_ABSMAX_BYTES = 4      # one float32 absmax per block
 # Optimizer8bit.get_state_buffer: ``p.numel() < 1e5``)
 PAGED_STATE_MIN_SIZE = 100_000
 ADAFACTOR_MIN_DIM = 128        # optax.adafactor's min_dim_size_to_factor (its default)
+# the optimizers capopt prices (training.optimizer); a profile may name the ones it runs
+OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adamw-8bit")
 INT8_SCALE_BYTES = 4           # 8-bit frozen base: one float32 scale per output column
 # QLoRA's NF4 base (Dettmers et al. 2023): two 4-bit codes per byte, one 8-bit absmax per
 # block of NF4_BLOCK weights, one float32 second-level scale per NF4_BLOCK2 absmax codes
@@ -633,7 +635,6 @@ def _parse(data: dict, file: str) -> RuntimeProfile:
 
 def _optimizer_list(value, file: str) -> tuple[str, ...]:
     """A profile's ``optimizers``: the training.optimizer values it runs (absent: all)."""
-    from ._specs import OPTIMIZERS
     if value is None:
         return ()
     if (not isinstance(value, list) or not value

@@ -14,10 +14,9 @@ from ._errors import CapoptError
 from ._hardware import Hardware
 from ._inventory import LORA_MATRICES, LORA_SINGLE
 from ._model import ModelSpec
-from ._runtime import RuntimeProfile
+from ._runtime import OPTIMIZERS, RuntimeProfile
 
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp8-mixed")
-OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adamw-8bit")
 # the optimizers bitsandbytes pages (bitsandbytes/optim: PagedAdamW, PagedAdamW8bit,
 # PagedLion; Adam as PagedAdamW without weight decay)
 PAGED_OPTIMIZERS = ("adamw", "adam", "lion", "adamw-8bit")

@@ -192,20 +192,19 @@ def overrides(scenario, config) -> list[str]:
 
 def run_maxtext(scenario, config, *, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     """Compile the candidate's MaxText step; the measured terms per device (bytes)."""
-    from .targets import xla_gpu_device_info
-    from .tiers import REQUIRED_DEVICE_INFO, _device_info_text, devices_needed
+    from .targets import REQUIRED_DEVICE_INFO, device_info_text, xla_gpu_device_info
     ok, why = maxtext_available()
     if not ok:
         raise Unsupported(why)
     args = overrides(scenario, config)
-    n = devices_needed(config)
+    n = config.dp * config.tp                  # (no pipeline: `check`)
     info = xla_gpu_device_info(scenario.hardware)
     missing = [k for k in REQUIRED_DEVICE_INFO if not info.get(k)]
     if missing or "cuda_compute_capability" not in info:
         # (XLA's GPU cost model divides by zero without them: SIGFPE, not an error)
         raise Unsupported(f"hardware {scenario.hardware.name!r} lacks what XLA's GPU target "
                           "needs: " + ", ".join(missing or ["an NVIDIA compute capability"]))
-    text = _device_info_text(info)
+    text = device_info_text(info)
     tmp = tempfile.mkdtemp(prefix="capopt-maxtext-")
     try:
         spec, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")

@@ -108,4 +108,29 @@ def xla_gpu_device_info(hardware: Hardware) -> dict[str, Any]:
     return info
 
 
-__all__ = ["xla_gpu_device_info"]
+def device_info_text(info: dict[str, Any]) -> str:
+    """`xla_gpu_device_info` as ``GpuTargetConfigProto`` text."""
+    lines = []
+    for k, v in info.items():
+        if isinstance(v, dict):
+            inner = " ".join(f'{kk}: {_proto_value(vv)}' for kk, vv in v.items())
+            lines.append(f"  {k} {{ {inner} }}")
+        else:
+            lines.append(f"  {k}: {_proto_value(v)}")
+    return "gpu_device_info {\n" + "\n".join(lines) + '\n}\nplatform_name: "cuda"\n'
+
+
+def _proto_value(v) -> str:
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return repr(v)
+
+
+# Without these XLA's GPU cost model divides by zero (SIGFPE) instead of raising.
+REQUIRED_DEVICE_INFO = ("core_count", "clock_rate_ghz", "threads_per_warp", "fpus_per_core",
+                        "memory_bandwidth", "device_memory_size")
+
+
+__all__ = ["REQUIRED_DEVICE_INFO", "device_info_text", "xla_gpu_device_info"]

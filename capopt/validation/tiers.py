@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from .plugin import PLUGIN_PATH_ENV, has_plugin, plugin_path
-from .targets import xla_gpu_device_info
+from .targets import REQUIRED_DEVICE_INFO, xla_gpu_device_info
+from .targets import device_info_text as _device_info_text
 
 TIERS = ("exact", "xla-gpu", "torch", "deepspeed", "maxtext", "device")
 # LLVM optimisation level 0 for the exact tier: it halves compile time on CPU and changes no
@@ -116,31 +117,6 @@ def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------------
-def _device_info_text(info: dict[str, Any]) -> str:
-    """`xla_gpu_device_info` as ``GpuTargetConfigProto`` text."""
-    lines = []
-    for k, v in info.items():
-        if isinstance(v, dict):
-            inner = " ".join(f'{kk}: {_proto_value(vv)}' for kk, vv in v.items())
-            lines.append(f"  {k} {{ {inner} }}")
-        else:
-            lines.append(f"  {k}: {_proto_value(v)}")
-    return "gpu_device_info {\n" + "\n".join(lines) + '\n}\nplatform_name: "cuda"\n'
-
-
-def _proto_value(v) -> str:
-    if isinstance(v, str):
-        return f'"{v}"'
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return repr(v)
-
-
-# Without these XLA's GPU cost model divides by zero (SIGFPE) instead of raising.
-REQUIRED_DEVICE_INFO = ("core_count", "clock_rate_ghz", "threads_per_warp", "fpus_per_core",
-                        "memory_bandwidth", "device_memory_size")
-
-
 def gpu_topology(hardware, n: int):
     """A deviceless topology of ``n`` GPUs of ``hardware`` (one host)."""
     from jax.experimental import topologies
