@@ -444,10 +444,19 @@ def runtime_runs(rt, knob: str, value) -> bool:
     return runtime_refusal(rt, knob, value) is None
 
 
+def config_refusal(rt, cfg) -> str | None:
+    """Why the runtime profile ``rt`` does not run ``cfg`` (its first knob `runtime_refusal`
+    refuses, and the value), or None where it runs every knob."""
+    for name in dict.fromkeys(rule[0] for rule in RUNTIME_KNOB_RULES):
+        why = runtime_refusal(rt, name, getattr(cfg, name))
+        if why:
+            return f"{why} (config.{name} = {getattr(cfg, name)!r})"
+    return None
+
+
 def runtime_runs_config(rt, cfg) -> bool:
-    """Whether the runtime profile ``rt`` runs every knob of ``cfg`` (`runtime_runs`)."""
-    return all(runtime_runs(rt, name, getattr(cfg, name))
-               for name in dict.fromkeys(rule[0] for rule in RUNTIME_KNOB_RULES))
+    """Whether the runtime profile ``rt`` runs every knob of ``cfg`` (`config_refusal`)."""
+    return config_refusal(rt, cfg) is None
 
 
 @dataclass(frozen=True)

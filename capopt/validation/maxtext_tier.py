@@ -148,13 +148,12 @@ def check(scenario, config) -> None:
     # ZeRO-1 and -2, remat none or a fraction, Megatron's sequence parallelism, is not
     # compiled to be judged by it)
     from .._runtime import get_profile
-    from .._specs import RUNTIME_KNOB_RULES, runtime_refusal
+    from .._specs import config_refusal
     own = scenario.runtime if scenario.runtime.name.startswith("maxtext") else \
         get_profile("maxtext")
-    for knob in dict.fromkeys(rule[0] for rule in RUNTIME_KNOB_RULES):
-        why = runtime_refusal(own, knob, getattr(config, knob))
-        if why:
-            raise Unsupported(f"{why} (config.{knob} = {getattr(config, knob)!r})")
+    why = config_refusal(own, config)
+    if why:
+        raise Unsupported(why)
 
 
 def overrides(scenario, config) -> list[str]:
@@ -192,19 +191,16 @@ def overrides(scenario, config) -> list[str]:
 
 def run_maxtext(scenario, config, *, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     """Compile the candidate's MaxText step; the measured terms per device (bytes)."""
-    from .targets import REQUIRED_DEVICE_INFO, device_info_text, xla_gpu_device_info
+    from .targets import gpu_target_text
     ok, why = maxtext_available()
     if not ok:
         raise Unsupported(why)
     args = overrides(scenario, config)
     n = config.dp * config.tp                  # (no pipeline: `check`)
-    info = xla_gpu_device_info(scenario.hardware)
-    missing = [k for k in REQUIRED_DEVICE_INFO if not info.get(k)]
-    if missing or "cuda_compute_capability" not in info:
-        # (XLA's GPU cost model divides by zero without them: SIGFPE, not an error)
-        raise Unsupported(f"hardware {scenario.hardware.name!r} lacks what XLA's GPU target "
-                          "needs: " + ", ".join(missing or ["an NVIDIA compute capability"]))
-    text = device_info_text(info)
+    try:
+        text = gpu_target_text(scenario.hardware)
+    except ValueError as e:          # (XLA's GPU cost model would divide by zero: SIGFPE)
+        raise Unsupported(str(e)) from None
     tmp = tempfile.mkdtemp(prefix="capopt-maxtext-")
     try:
         spec, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")

@@ -133,4 +133,18 @@ REQUIRED_DEVICE_INFO = ("core_count", "clock_rate_ghz", "threads_per_warp", "fpu
                         "memory_bandwidth", "device_memory_size")
 
 
-__all__ = ["REQUIRED_DEVICE_INFO", "device_info_text", "xla_gpu_device_info"]
+def gpu_target_text(hardware: Hardware) -> str:
+    """XLA's ``GpuTargetConfigProto`` text for ``hardware`` (what a deviceless CUDA compile
+    targets); ValueError naming what it lacks where XLA's GPU target needs more."""
+    info = xla_gpu_device_info(hardware)
+    missing = [k for k in REQUIRED_DEVICE_INFO if not info.get(k)]
+    if "cuda_compute_capability" not in info:
+        missing.append("compute_capability (an NVIDIA one: the plugin targets CUDA)")
+    if missing:
+        raise ValueError(f"hardware {hardware.name!r} lacks what XLA's GPU target needs: "
+                         + ", ".join(missing))
+    return device_info_text(info)
+
+
+__all__ = ["REQUIRED_DEVICE_INFO", "device_info_text", "gpu_target_text",
+           "xla_gpu_device_info"]

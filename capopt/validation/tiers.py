@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .plugin import PLUGIN_PATH_ENV, has_plugin, plugin_path
-from .targets import REQUIRED_DEVICE_INFO, xla_gpu_device_info
-from .targets import device_info_text as _device_info_text
+from .targets import gpu_target_text
 
 TIERS = ("exact", "xla-gpu", "torch", "deepspeed", "maxtext", "device")
 # LLVM optimisation level 0 for the exact tier: it halves compile time on CPU and changes no
@@ -122,14 +121,10 @@ def gpu_topology(hardware, n: int):
     from jax.experimental import topologies
 
     from .step import Unsupported
-    info = xla_gpu_device_info(hardware)
-    missing = [k for k in REQUIRED_DEVICE_INFO if not info.get(k)]
-    if "cuda_compute_capability" not in info:
-        missing.append("compute_capability (an NVIDIA one: the plugin targets CUDA)")
-    if missing:
-        raise Unsupported(f"hardware {hardware.name!r} lacks what XLA's GPU target needs: "
-                          + ", ".join(missing))
-    text = _device_info_text(info)
+    try:
+        text = gpu_target_text(hardware)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
     return topologies.get_topology_desc(platform="cuda", target_config=text,
                                         topology=f"1x1x{n}")
 
