@@ -62,5 +62,25 @@ def summary(errors: list[float]) -> dict:
             "under_predicted": int((e < 0).sum())}
 
 
+def by_feature(points: list[dict], groups) -> dict:
+    """The held-out points' `summary` for each value of each feature group (values as text)."""
+    held = [q for q in points if q["split"] == "heldout"]
+    out = {}
+    for g in groups:
+        vals = sorted({str(q["features"][g]) for q in held})
+        out[g] = {v: summary([q["error"] for q in held if str(q["features"][g]) == v])
+                  for v in vals}
+    return out
+
+
+def print_splits(splits: dict) -> None:
+    """The table of each split's `summary`: n, median, p90, worst, mean, how many under."""
+    print(f"{'split':<10} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7} {'mean':>7} {'under':>6}")
+    for split, s in splits.items():
+        print(f"{split:<10} {s['n']:>4} {pct(s['median_abs']):>7} {pct(s['p90_abs']):>7} "
+              f"{100 * s['worst_signed']:+6.1f}% {100 * s['mean_signed']:+6.1f}% "
+              f"{s['under_predicted']:>6}")
+
+
 def pct(x) -> str:
     return "-" if x is None else f"{100 * x:5.1f}%"

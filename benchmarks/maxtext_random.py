@@ -37,7 +37,7 @@ from capopt._model import ModelSpec  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
 from capopt._specs import Budget, Config, Scenario, Workload, stable_text  # noqa: E402
 from capopt.validation.random_configs import Case  # noqa: E402
-from _random_cases import measure, pct, summary  # noqa: E402
+from _random_cases import by_feature, measure, pct, print_splits, summary  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 GPU = "h100-sxm-80gb"
@@ -195,18 +195,10 @@ def main(argv=None) -> int:
                        "predicted_temp_bytes": p["temp_bytes"], "error": err})
     splits = {s: summary([q["error"] for q in points if q["split"] == s])
               for s in ("heldout", "fit", "full-size") if any(q["split"] == s for q in points)}
-    groups = {}
-    for g in GROUPS:
-        vals = sorted({q["features"][g] for q in points if q["split"] == "heldout"})
-        groups[g] = {v: summary([q["error"] for q in points if q["split"] == "heldout"
-                                 and q["features"][g] == v]) for v in vals}
+    groups = by_feature(points, GROUPS)
     print(f"\nPeak bytes per device, predicted (maxtext profile) against XLA's buffer "
           f"assignment of MaxText's own step ({GPU})\n")
-    print(f"{'split':<10} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7} {'mean':>7} {'under':>6}")
-    for s, v in splits.items():
-        print(f"{s:<10} {v['n']:>4} {pct(v['median_abs']):>7} {pct(v['p90_abs']):>7} "
-              f"{100 * v['worst_signed']:+6.1f}% {100 * v['mean_signed']:+6.1f}% "
-              f"{v['under_predicted']:>6}")
+    print_splits(splits)
     print("\nheld-out, by feature:")
     for g, vals in groups.items():
         for v, s in vals.items():

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from capopt._hardware import get_hardware  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
 from capopt._specs import Budget, Config, Scenario, Workload, LoRA, stable_text  # noqa: E402
-from _random_cases import measure, pct, summary  # noqa: E402
+from _random_cases import by_feature, measure, pct, print_splits, summary  # noqa: E402
 from capopt.validation.random_configs import (EXTRA_STYLES, STYLES, Case, describe,  # noqa: E402
                                               draw_cases, features)
 
@@ -168,18 +168,10 @@ def main(argv=None) -> int:
         errs = [q["error"] for q in points if q["split"] == split]
         if errs:
             splits[split] = summary(errs)
-    groups = {}
-    for g in GROUPS:
-        vals = sorted({str(q["features"][g]) for q in points if q["split"] == "heldout"})
-        groups[g] = {v: summary([q["error"] for q in points if q["split"] == "heldout"
-                                 and str(q["features"][g]) == v]) for v in vals}
+    groups = by_feature(points, GROUPS)
     print(f"\nPeak bytes per device, predicted (xla-gpu profile) against XLA's buffer assignment "
           f"(xla-gpu tier, {get_hardware('h100-sxm-80gb').name})\n")
-    print(f"{'split':<10} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7} {'mean':>7} {'under':>6}")
-    for split, s in splits.items():
-        print(f"{split:<10} {s['n']:>4} {pct(s['median_abs']):>7} {pct(s['p90_abs']):>7} "
-              f"{100 * s['worst_signed']:+6.1f}% {100 * s['mean_signed']:+6.1f}% "
-              f"{s['under_predicted']:>6}")
+    print_splits(splits)
     print("\nheld-out, by feature:")
     print(f"{'group':<12} {'value':<16} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7}")
     for g, vals in groups.items():

@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _random_cases import measure, pct, summary  # noqa: E402
+from _random_cases import by_feature, measure, pct, print_splits, summary  # noqa: E402
 from capopt._specs import stable_text  # noqa: E402
 from capopt.validation.random_configs import Case, describe, draw_torch_cases  # noqa: E402
 
@@ -278,11 +278,7 @@ def main(argv=None) -> int:
                        "wall_s": rec.get("wall_s")})
     splits = {s: summary([q["error"] for q in points if q["split"] == s])
               for s in ("heldout", "fit") if any(q["split"] == s for q in points)}
-    groups = {}
-    for g in groups_of:
-        vals = sorted({str(q["features"][g]) for q in points if q["split"] == "heldout"})
-        groups[g] = {v: summary([q["error"] for q in points if q["split"] == "heldout"
-                                 and str(q["features"][g]) == v]) for v in vals}
+    groups = by_feature(points, groups_of)
     parts = {}
     for k in PARTS:
         errs = [(q["predicted"][k] - q["measured"][k]) / q["measured"]["peak_bytes"]
@@ -290,11 +286,7 @@ def main(argv=None) -> int:
         parts[k] = summary(errs)
     print(f"\nLive tensor bytes at the peak of one step, predicted ({args.runtime} profile) "
           "against the torch tier\n")
-    print(f"{'split':<10} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7} {'mean':>7} {'under':>6}")
-    for split, s in splits.items():
-        print(f"{split:<10} {s['n']:>4} {pct(s['median_abs']):>7} {pct(s['p90_abs']):>7} "
-              f"{100 * s['worst_signed']:+6.1f}% {100 * s['mean_signed']:+6.1f}% "
-              f"{s['under_predicted']:>6}")
+    print_splits(splits)
     print("\nheld-out, error of each part as a share of the measured peak:")
     for k, s in parts.items():
         if s["n"]:
