@@ -47,6 +47,17 @@ def llama_like(layers=4, hidden=256, heads=8, kv=2, vocab=1024, **kw) -> ModelSp
     return ModelSpec(**base)
 
 
+def runtime_scenario_file(tmp_path, runtime: str, training: str = "",
+                          config: str = "") -> str:
+    """A scenario file of Llama-3.2-1B on 8 H100s (2048 tokens, 16 sequences a step) under
+    ``runtime``, with more ``[training]`` and ``[config]`` lines."""
+    p = tmp_path / f"{runtime}.toml"
+    p.write_text('name = "s"\n[model]\ncard = "llama-3.2-1b"\n[hardware]\ngpu = "h100-sxm-80gb"\n'
+                 f'count = 8\n[training]\nseq_len = 2048\nglobal_batch = 16\n'
+                 f'runtime = "{runtime}"\n{training}\n[config]\n{config}\n')
+    return str(p)
+
+
 def make_scenario(model=None, *, runtime="xla-gpu", count=8, seq_len=512, global_batch=64,
                   precision="bf16-mixed", optimizer="adamw", grad_clip=True, lora=None,
                   hardware=TEST_GPU, vram_gib=80.0, headroom=0.1, knobs=None, **wl) -> Scenario:

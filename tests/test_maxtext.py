@@ -24,7 +24,7 @@ from capopt._validity import config_problems
 from capopt.cli import main
 from capopt.cost import estimate
 from capopt.report.launch import emit
-from conftest import llama_like, make_scenario
+from conftest import llama_like, make_scenario, runtime_scenario_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
@@ -37,11 +37,7 @@ def _sc(runtime="maxtext", **kw):
 
 
 def _scenario_file(tmp_path, training: str, config: str = "") -> str:
-    p = tmp_path / "mt.toml"
-    p.write_text('name = "m"\n[model]\ncard = "llama-3.2-1b"\n[hardware]\ngpu = "h100-sxm-80gb"\n'
-                 f'count = 8\n[training]\nseq_len = 2048\nglobal_batch = 16\n'
-                 f'runtime = "maxtext"\n{training}\n[config]\n{config}\n')
-    return str(p)
+    return runtime_scenario_file(tmp_path, "maxtext", training, config)
 
 
 def test_the_profile_is_an_xla_step_built_on_xla_gpu():

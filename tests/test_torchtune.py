@@ -24,7 +24,7 @@ from capopt._validity import broken, config_problems
 from capopt.cli import main
 from capopt.cost import estimate, scenario_numbers
 from capopt.report.launch import emit
-from conftest import llama_like, make_scenario
+from conftest import llama_like, make_scenario, runtime_scenario_file
 
 # float32 arithmetic on byte counts up to ~1e11 carries ~1e-7 relative error.
 F32_RTOL = 1e-6
@@ -38,11 +38,7 @@ def _sc(runtime="torchtune", **kw):
 
 
 def _scenario_file(tmp_path, training: str, config: str = "") -> str:
-    p = tmp_path / "tune.toml"
-    p.write_text('name = "t"\n[model]\ncard = "llama-3.2-1b"\n[hardware]\ngpu = "h100-sxm-80gb"\n'
-                 f'count = 8\n[training]\nseq_len = 2048\nglobal_batch = 16\n'
-                 f'runtime = "torchtune"\n{training}\n[config]\n{config}\n')
-    return str(p)
+    return runtime_scenario_file(tmp_path, "torchtune", training, config)
 
 
 def test_the_profile_trains_in_one_dtype_and_names_what_it_allows(tmp_path, capsys):
