@@ -205,6 +205,11 @@ SCHEMA: dict[str, Coeff] = {
     "fsdp_or_replicated_only": _c(0, "1: data parallelism is replicated (ZeRO-0) or fully "
                                      "sharded (ZeRO-3) only: ZeRO-1 and ZeRO-2 are refused; "
                                      "0: every stage the rules allow"),
+    "remat_every_block_or_none": _c(0, "1: recomputation is every block or none (remat none "
+                                       "or full): selective checkpointing and a fraction of "
+                                       "the blocks are refused; 0: any"),
+    "zero1_sharding": _c(1, "1: ZeRO-1 (the optimizer state sharded over the data-parallel "
+                            "ranks, the gradients whole) runs in this runtime; 0: refused"),
     "remat_policy_every_block": _c(0, "1: every block is rematerialised under one policy "
                                       "(remat selective or full): no recomputation (none) "
                                       "and a fraction of the blocks are refused; 0: any"),
@@ -297,6 +302,9 @@ SCHEMA: dict[str, Coeff] = {
     "fsdp_gathers_compute_dtype": _c(0, "1: ZeRO-2/3 (FSDP) gathers the parameters in the "
                                         "compute dtype (FSDP2 MixedPrecisionPolicy "
                                         "param_dtype), 0: in the parameters' own"),
+    "fsdp_reduce_compute_dtype": _c(0, "1: under FSDP's mixed precision the gradients are "
+                                       "reduce-scattered in the compute dtype (FSDP "
+                                       "reduce_dtype = param_dtype); 0: in float32"),
     "fsdp_mixed_precision": _c(0, "1: under ZeRO-2/3 the runtime mixes precision by FSDP's "
                                   "parameter dtype, not autocast (no casts, a compute-dtype "
                                   "stream); below, by autocast as the profile says"),
@@ -468,6 +476,7 @@ SCHEMA: dict[str, Coeff] = {
 # coefficients that are shares (a mixture's weight, or a 0/1 rule): at most 1
 SHARES = frozenset({"expandable_segments", "zero3_regather_for_remat", "selective_saves_dots",
                     "selective_saves_ops", "fsdp_gathers_compute_dtype", "fsdp_mixed_precision",
+                    "fsdp_reduce_compute_dtype",
                     "zero2_per_group", "zero_pp_nosync", "uneven_stages", "context_parallel",
                     "interleaved_pipeline", "lora_dequant", "lora_dequant_in_backward",
                     "update_flat_grad_copies", "zero_fp32_partition",

@@ -427,6 +427,11 @@ RUNTIME_KNOB_RULES = (
      "rematerialises every block under one policy (none recomputes it whole)"),
     ("sequence_parallel", (False,), lambda v: v is False, "megatron_sequence_parallel", 0,
      "false", "has no Megatron sequence parallelism"),
+    ("zero_stage", (0, 2, 3), lambda v: v != 1, "zero1_sharding", 0, "0, 2 or 3",
+     "has no ZeRO-1 (its sharded data parallelism shards the gradients with the optimizer "
+     "state)"),
+    ("remat", ("none", "full"), lambda v: v in ("none", "full"), "remat_every_block_or_none", 1,
+     "none or full", "recomputes every block or none"),
 )
 
 

@@ -152,8 +152,9 @@ def test_maxtext_random_results_come_from_the_current_model(name):
     ("torch_random_fused-linear_seed1", dict(n=120, seed=1, loss="fused-linear")),
     ("torch_random_offload_seed2", dict(n=120, seed=2, activation_offload=True)),
     ("torch_random_chunked_seed2", dict(n=120, seed=2, loss="chunked")),
+    # (hf: no selective recomputation, 93 of 120 and 44 of 60)
     ("torch_random_hf", dict(n=120, seed=0, runtime="hf")),
-    ("torch_random_seed1_hf", dict(n=60, seed=1, runtime="hf")),
+    ("torch_random_seed1_hf", dict(n=60, seed=1, runtime="hf", min_points=40)),
     # (torchtune: its precisions, the chunked loss, no selective recomputation: 44 and 49)
     ("torch_random_chunked_torchtune",
      dict(n=120, seed=0, loss="chunked", runtime="torchtune", min_points=40)),

@@ -33,16 +33,18 @@ def _gemma_lora(loss):
 
 
 def test_auto_offloading_is_taken_where_it_is_faster():
-    """Llama-3-8B under the Trainer on 8 H100s with 28 GiB each: both values are solved,
-    the answer is the better of the two, and here it is the offloaded one (the blocks'
-    activations leave room for a layout the 28 GiB cannot hold otherwise)."""
-    sc = _llama(**{"training.activation_offload": "auto", "budget.vram_gib": 28})
+    """Llama-3-8B under the Trainer on 8 H100s with 48 GiB each: both values are solved,
+    the answer is the better of the two, and here it is the offloaded one (the recomputed
+    blocks' inputs on the host leave room for two sequences a micro-batch, which the 48 GiB
+    cannot hold otherwise)."""
+    sc = _llama(**{"training.activation_offload": "auto", "budget.vram_gib": 48})
     assert sc.choices == ("activation_offload",)
     assert [v.workload.activation_offload for v in sc.variants] == [False, True]
     res = capopt.optimize(sc, method="exhaustive", top_k=3, remedies=False)
     by = {v["training"]["activation_offload"]: v["best_tokens_per_s"]
           for v in res.per_variant}
     assert res.best.scenario.workload.activation_offload is True
+    assert res.best.config.micro_batch == 2
     assert by[True] > by[False]
     assert res.best.throughput["tokens_per_s"] == pytest.approx(max(by.values()))
     # the same as solving the two scenarios apart

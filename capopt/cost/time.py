@@ -64,7 +64,8 @@ from . import comm
 from ._inputs import Knobs, rank_sequences, shard_group
 from .activations import autocast_mixed, mlp_width
 from .flops import compute_times, fused_linear_chunk, model_flops, recompute_flops, step_tokens
-from .memory import (expert_layer_params, gathered_param_bytes, lora_per_device, loss_copies,
+from .memory import (compute_weight_bytes, expert_layer_params, gathered_param_bytes,
+                     lora_per_device, loss_copies,
                      pp_nosync, shard, stage_blocks, stage_params, step_at_least,
                      wrapped_base_per_device, zero_shard, zero_shares)
 
@@ -344,13 +345,17 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     w_layer = (lora * (base_tp * n["base_bytes"] + (per_layer - base_tp) * n["frozen_bytes"]
                        + lora_tp * n["param_bytes"])
                + (1.0 - lora) * per_layer * gathered_param_bytes(n))
-    g_layer = (lora * lora_tp + (1.0 - lora) * per_layer) * n["grad_bytes"]
+    # (the gradients reduce-scattered in their own dtype, or in the compute dtype where FSDP's
+    # mixed precision reduces in it, ``fsdp_reduce_compute_dtype``)
+    rgb = n["grad_bytes"] + (n["rt_fsdp_mixed_precision"] * n["rt_fsdp_reduce_compute_dtype"]
+                             * (compute_weight_bytes(n) - n["grad_bytes"]))
+    g_layer = (lora * lora_tp + (1.0 - lora) * per_layer) * rgb
     gather_once = layers * w_layer + extra_params * _weight_bytes(n)
     # (a fully recomputed block's parameters gathered again for its recomputation, where the
     # runtime does so: ``zero3_regather_for_remat``)
     regathers = w_full * _coeff(n, "zero3_regather_for_remat")
     gather = (2.0 + regathers) * gather_once
-    scatter = (layers * g_layer + (1.0 - lora) * extra_params * n["grad_bytes"])
+    scatter = (layers * g_layer + (1.0 - lora) * extra_params * rgb)
     colls = n["rt_zero3_collectives_per_layer"] * layers
 
     # --- the stage's ring collectives, in one vectorised evaluation: the tensor-parallel

@@ -701,8 +701,9 @@ def _training_args(c: Config, sc: Scenario) -> dict:
     """The TrainingArguments fields of ``c`` (hf-trainer's file; TRL's SFTConfig extends
     them)."""
     w = sc.workload
-    _data_parallel_only(c, "TrainingArguments has no tensor, pipeline or expert degree (its "
-                           "FSDP and DeepSpeed are data parallel)")
+    _data_parallel_only(c, "the Trainer takes a tensor or expert degree from a model sharded "
+                           "when it is loaded (from_pretrained's distributed_config), which "
+                           "this file does not set, and has no pipeline stages")
     _flash_by_default(c)
     if w.precision in ("bf16", "fp8-mixed"):
         raise _Unexpressible("training.precision", w.precision, "TrainingArguments offers "

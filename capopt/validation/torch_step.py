@@ -488,8 +488,9 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
         plan = tuple("selective-op" if m == "selective" else m for m in plan)
     # FSDP's mixed precision in place of autocast under ZeRO-2/3 where the runtime says so
     # (``fsdp_mixed_precision``, as the cost model's runtime_numbers applies it): torchtitan's
-    # step exactly; Composer's (llm-foundry) also keeps autocast on, whose casts of the bf16
-    # gathered weights are no-ops, so the tier runs the same step for it
+    # step exactly; Composer's (llm-foundry) and Accelerate's (hf) also keep autocast on, whose
+    # casts of the bf16 gathered weights are no-ops, so the tier runs the same step for them
+    # (Accelerate's float32 copy of the returned logits kept, below)
     fsdp_mp = (scenario.runtime.coeff("fsdp_mixed_precision") >= 0.5 and config.dp > 1
                and config.zero_stage in (2, 3) and autocast is not None)
     t0 = time.perf_counter()
@@ -524,9 +525,12 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
             kw = {}
             if fsdp_mp:
                 # a runtime that mixes precision by FSDP2's parameter dtype (torchtitan's
-                # apply_fsdp): bf16 gathers and compute, float32 reductions, no autocast
-                kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=autocast,
-                                                       reduce_dtype=torch.float32)
+                # apply_fsdp): bf16 gathers and compute, float32 reductions, no autocast;
+                # reductions in the compute dtype where the runtime's are (Accelerate's
+                # MixedPrecision, ``fsdp_reduce_compute_dtype``)
+                reduce = (autocast if scenario.runtime.coeff("fsdp_reduce_compute_dtype") >= 0.5
+                          else torch.float32)
+                kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=autocast, reduce_dtype=reduce)
             # (the root keeps its parameters gathered after the forward pass where the
             # runtime's root group is not gathered again, ``zero3_root_regather`` = 0:
             # torchtune's shard_model passes reshard_after_forward=False to the root)
@@ -602,9 +606,10 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
                             # (the model's output, loss and logits: Accelerate's
                             # convert_outputs_to_fp32 returns 16-bit logits as a float32
                             # copy once the autocast region is left, held until
-                            # Trainer.compute_loss returns, before the backward pass)
+                            # Trainer.compute_loss returns, before the backward pass; under
+                            # FSDP's mixed precision too, Accelerate's autocast wrapper stays)
                             loss, logits = loss
-                            if autocast is not None and not fsdp_mp:
+                            if autocast is not None:
                                 logits = logits.float()
                             del logits
                         loss = loss / config.grad_accum
