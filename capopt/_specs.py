@@ -411,7 +411,7 @@ RUNTIME_KNOB_RULES = (
     ("tp", (1,), lambda v: v == 1, "tensor_parallel", 0, "1",
      "runs no tensor parallelism capopt can launch"),
     ("ep", (1,), lambda v: v == 1, "expert_parallel", 0, "1",
-     "has no expert parallelism"),
+     "runs no expert parallelism capopt can launch"),
     ("offload_optimizer", (False,), lambda v: v is False, "optimizer_offload", 0, "false",
      "does not offload the optimizer state alone"),
     ("zero_stage", (0, 2, 3), lambda v: v != 1, "sharded_data_parallel_only", 1, "0, 2 or 3",
