@@ -97,6 +97,52 @@ def _emit(args, config, sc) -> bool:
     return False
 
 
+# fitting configs scored for the best one a launch format writes, where it cannot write the
+# optimum (``optimize --emit``)
+EMIT_POOL = 200
+
+
+def _writable(fmt: str, plan) -> bool:
+    from .report.launch import emit
+    try:
+        emit(fmt, plan.config, plan.scenario)
+    except CapoptError:
+        return False
+    return True
+
+
+def _emit_writable(args, res, sc) -> bool:
+    """``optimize --emit FORMAT``: the best config, or where the format cannot write it (a
+    knob its file has no field for: DeepSpeed's JSON and recomputation, say) the best config
+    it can write, among the candidates and then among up to `EMIT_POOL` fitting configs of a
+    second search (scored whole where the space allows), with one line on stderr saying
+    which and how much slower. None writable: the optimum's error. As `_emit`."""
+    best = res.best
+    if not _writable(args.emit, best):
+        from .search import optimize
+        pool = [c for c in res.candidates[1:] if _writable(args.emit, c)]
+        if not pool:
+            more = optimize(sc, top_k=EMIT_POOL, method="auto", seed=args.seed)
+            pool = [c for c in more.candidates if _writable(args.emit, c)][:1]
+        if pool:
+            from .report.launch import emit
+            try:
+                emit(args.emit, best.config, best.scenario)
+            except CapoptError as e:
+                why = str(e).removeprefix("--emit: ")
+            alt = pool[0]
+            rate = (lambda p: p.throughput["tokens_per_s"])  # noqa: E731
+            print(f"capopt: note: the best config ({_describe(best)}) cannot be written: {why}; "
+                  f"writing the best one {args.emit} can: {_describe(alt)}, "
+                  f"{100.0 * (rate(alt) / rate(best) - 1.0):+.1f}% throughput", file=sys.stderr)
+            best = alt
+    return _emit(args, best.config, best.scenario)
+
+
+def _describe(plan) -> str:
+    return f"{config_line(plan.config.to_dict())}, {plan.throughput['tokens_per_s'] / 1e3:.2f} ktok/s"
+
+
 def cmd_plan(args) -> int:
     from ._scenario import pinned_config
     from ._validity import config_problems
@@ -146,7 +192,7 @@ def cmd_optimize(args) -> int:
     from .search import optimize
     res = optimize(sc, top_k=args.top, method=args.method, seed=args.seed)
     d = res.to_dict()
-    if args.emit and res.best and _emit(args, res.best.config, res.best.scenario):
+    if args.emit and res.best and _emit_writable(args, res, sc):
         pass                                # the launch file took the table's place
     elif args.json:
         print(json.dumps(d, indent=2))

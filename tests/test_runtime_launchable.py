@@ -109,3 +109,24 @@ def test_a_config_it_runs_is_priced_as_before(runtime):
     assert float(a.memory["total_bytes"]) == pytest.approx(float(b.memory["total_bytes"]),
                                                            rel=F32_RTOL)
     assert float(a.time["step_s"]) == pytest.approx(float(b.time["step_s"]), rel=F32_RTOL)
+
+
+def test_optimize_writes_the_best_config_the_format_can_write(capsys):
+    """``optimize --emit``: where the format cannot write the optimum (DeepSpeed's JSON has no
+    switch for recomputation, model code's), the best config it can write is written, and one
+    line on stderr names the optimum, why, and the one written; a format that writes the
+    optimum adds no line."""
+    import json
+    import re
+    args = ["--model", "llama-3.2-1b", "--gpu", "rtx-4090-24gb", "--count", "2",
+            "--seq-len", "1024", "--global-batch", "8", "--runtime", "deepspeed"]
+    assert main(["optimize", *args, "--emit", "deepspeed"]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    notes = [line for line in err.splitlines() if line.startswith("capopt: note:")]
+    assert len(notes) == 1 and "remat=selective" in notes[0] and "config.remat" in notes[0]
+    mb, ga = map(int, re.search(r"writing the best one deepspeed can: mb=(\d+) ga=(\d+)",
+                                notes[0]).groups())
+    assert (doc["train_micro_batch_size_per_gpu"], doc["gradient_accumulation_steps"]) == (mb, ga)
+    assert main(["optimize", *args, "--emit", "megatron"]) == 0
+    assert "capopt: note:" not in capsys.readouterr().err
