@@ -37,6 +37,8 @@ CONFIGS = {
                        sequence_parallel=True, remat="selective"),
     "tp-sp-zero3": Config(micro_batch=1, grad_accum=64, dp=4, tp=2, zero_stage=3,
                           sequence_parallel=True, remat="selective"),
+    # tensor parallelism without sequence parallelism (DeepSpeed's AutoTP)
+    "tp-zero1": Config(micro_batch=2, grad_accum=32, dp=4, tp=2, zero_stage=1),
     "fraction": Config(micro_batch=2, grad_accum=16, dp=8, zero_stage=3, remat=0.25),
     "offload": Config(micro_batch=2, grad_accum=16, dp=8, zero_stage=2, offload_optimizer=True),
     # context parallelism: 2 ranks share each sequence, the batch over dp / cp = 4 replicas
@@ -59,6 +61,7 @@ EXPRESSES = {
     "zero1": {"deepspeed", "megatron", "accelerate", "hf-trainer", "trl-sft", "maxtext"},
     "tp-pp-sp": {"megatron"},
     "tp-sp-zero3": {"megatron", "torchtitan"},
+    "tp-zero1": {"deepspeed", "megatron", "maxtext"},
     "fraction": {"megatron", "torchtitan", "hf-trainer", "trl-sft"},
     "offload": {"deepspeed", "megatron", "accelerate", "hf-trainer", "trl-sft"},
     "cp-zero3": {"megatron", "torchtitan"},
@@ -92,7 +95,8 @@ def read_deepspeed(text: str) -> dict:
     zero = d["zero_optimization"]
     micro, accum = d["train_micro_batch_size_per_gpu"], d["gradient_accumulation_steps"]
     return {"micro_batch": micro, "grad_accum": accum, "dp": d["train_batch_size"] // (micro
-            * accum), "tp": 1, "pp": 1, "zero_stage": zero["stage"], "sequence_parallel": False,
+            * accum), "tp": d.get("tensor_parallel", {}).get("autotp_size", 1), "pp": 1,
+            "zero_stage": zero["stage"], "sequence_parallel": False,
             "remat": "none", "offload_optimizer": zero.get("offload_optimizer", {}).get("device")
             == "cpu", "grad_clip": d["gradient_clipping"] == 1.0,
             "precision": "bf16-mixed" if d.get("bf16", {}).get("enabled") else "?"}
@@ -689,7 +693,8 @@ def test_trl_refuses_lora_it_cannot_name_or_shard():
 def test_a_refusal_names_the_formats_that_express_the_config():
     with pytest.raises(CapoptError) as err:
         emit("deepspeed", CONFIGS["tp-pp-sp"], SC)
-    assert "config.tp = 2" in str(err.value) and err.value.allowed == "megatron"
+    assert "config.sequence_parallel = true" in str(err.value)
+    assert err.value.allowed == "megatron"
     with pytest.raises(CapoptError) as err:
         emit("deepspeed", CONFIGS["zero3-full"], SC)
     assert "config.remat = 'full'" in str(err.value)
@@ -801,7 +806,7 @@ def test_accelerate_loads_the_file(name, tmp_path):
 
 
 @pytest.mark.skipif(not _installed("deepspeed"), reason="deepspeed is not installed")
-@pytest.mark.parametrize("name", ["dp-only", "zero1", "offload"])
+@pytest.mark.parametrize("name", ["dp-only", "zero1", "offload", "tp-zero1"])
 def test_deepspeed_config_takes_the_file(name, monkeypatch):
     from deepspeed.runtime.config import DeepSpeedConfig
     cfg = CONFIGS[name]
@@ -819,6 +824,7 @@ def test_deepspeed_config_takes_the_file(name, monkeypatch):
     assert ds.gradient_accumulation_steps == cfg.grad_accum
     assert ds.zero_optimization_stage == cfg.zero_stage
     assert ds.gradient_clipping == 1.0 and ds.bfloat16_config.enabled
+    assert ds.tensor_parallel_config.autotp_size == (cfg.tp if cfg.tp > 1 else 0)
 
 
 # --- the command line ----------------------------------------------------------------------
@@ -850,7 +856,7 @@ def test_emit_refusal_is_one_line_exit_2(capsys):
     code = main(["plan", "llama3-8b-8xh100", *PINS, "--set", "tp=2", "--emit", "deepspeed"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert "--emit" in err and "tp" in err and "megatron" in err
+    assert "--emit" in err and "config.remat" in err and "megatron" in err
 
 
 # torchtitan 0.2.2 is the last release that reads a TOML job file (0.3.0 builds its config in

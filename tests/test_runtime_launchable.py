@@ -130,3 +130,19 @@ def test_optimize_writes_the_best_config_the_format_can_write(capsys):
     assert (doc["train_micro_batch_size_per_gpu"], doc["gradient_accumulation_steps"]) == (mb, ga)
     assert main(["optimize", *args, "--emit", "megatron"]) == 0
     assert "capopt: note:" not in capsys.readouterr().err
+
+
+def test_deepspeed_runs_autotp_without_sequence_parallelism(tmp_path, capsys):
+    """DeepSpeed's tensor parallelism is AutoTP's (``tensor_parallel.autotp_size`` in its JSON,
+    row-parallel outputs all-reduced): sequence parallelism is refused when named and left out
+    when searched; a tensor-parallel config is written with its AutoTP degree."""
+    import json
+    path = runtime_scenario_file(tmp_path, "deepspeed", "",
+                                 "tp = 2\nsequence_parallel = true")
+    assert main(["plan", path, "--set", "micro_batch=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "config.sequence_parallel" in err[0] and "deepspeed" in err[0]
+    sc = _sc("deepspeed")
+    assert sc.knob("sequence_parallel").values == (False,) and sc.knob("tp").auto
+    cfg = Config(micro_batch=2, grad_accum=2, dp=4, tp=2, zero_stage=1)
+    assert json.loads(emit("deepspeed", cfg, sc))["tensor_parallel"] == {"autotp_size": 2}

@@ -309,9 +309,11 @@ def _data_parallel_only(c: Config, why: str) -> None:
 
 
 def _deepspeed_parallel(c: Config) -> None:
-    if c.tp > 1:
-        raise _Unexpressible("config.tp", c.tp, "DeepSpeed's JSON carries no Megatron tensor "
-                             "parallelism (Megatron-DeepSpeed takes it on its command line)")
+    # (tensor parallelism is AutoTP's, tensor_parallel.autotp_size: its row-parallel layers
+    # all-reduce their outputs, deepspeed/module_inject/layers.py LinearAllreduce)
+    if c.sequence_parallel:
+        raise _Unexpressible("config.sequence_parallel", True, "DeepSpeed's AutoTP all-reduces "
+                             "the row-parallel outputs: no Megatron sequence parallelism")
     if c.pp > 1:
         raise _Unexpressible("config.pp", c.pp, "DeepSpeed's pipeline stages are set in code "
                              "(PipelineModule(num_stages=...)), not in its JSON")
@@ -344,6 +346,11 @@ def _emit_deepspeed(c: Config, sc: Scenario) -> str:
     }
     if name not in _DS_OWN and c.zero_stage > 0:
         out["zero_allow_untested_optimizer"] = True
+    if c.tp > 1:
+        # AutoTP training (deepspeed/runtime/tensor_parallel/config.py TPTrainingConfig;
+        # engine.py _apply_autotp_partitioning: a custom partition_config, else the model's
+        # Hugging Face tp_plan, else AutoTP's parser; with ZeRO stages 0-3)
+        out["tensor_parallel"] = {"autotp_size": c.tp}
     out.update(_deepspeed_core(c, sc))
     return json.dumps(out, indent=2, sort_keys=True) + "\n"
 
