@@ -140,7 +140,8 @@ def _emit_writable(args, res, sc) -> bool:
 
 
 def _describe(plan) -> str:
-    return f"{config_line(plan.config.to_dict())}, {plan.throughput['tokens_per_s'] / 1e3:.2f} ktok/s"
+    tok = plan.throughput["tokens_per_s"]
+    return f"{config_line(plan.config.to_dict())}, {tok / 1e3:.2f} ktok/s"
 
 
 def cmd_plan(args) -> int:
