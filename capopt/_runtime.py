@@ -208,6 +208,9 @@ SCHEMA: dict[str, Coeff] = {
     "remat_every_block_or_none": _c(0, "1: recomputation is every block or none (remat none "
                                        "or full): selective checkpointing and a fraction of "
                                        "the blocks are refused; 0: any"),
+    "deepspeed_paths_priced": _c(1, "1: ZeRO-1 and optimizer offload run as this runtime "
+                                    "prices them; 0: they run through DeepSpeed's engine, "
+                                    "which --runtime deepspeed prices: refused here"),
     "zero1_sharding": _c(1, "1: ZeRO-1 (the optimizer state sharded over the data-parallel "
                             "ranks, the gradients whole) runs in this runtime; 0: refused"),
     "remat_policy_every_block": _c(0, "1: every block is rematerialised under one policy "

@@ -427,6 +427,10 @@ RUNTIME_KNOB_RULES = (
      "rematerialises every block under one policy (none recomputes it whole)"),
     ("sequence_parallel", (False,), lambda v: v is False, "megatron_sequence_parallel", 0,
      "false", "has no Megatron sequence parallelism"),
+    ("zero_stage", (0, 2, 3), lambda v: v != 1, "deepspeed_paths_priced", 0, "0, 2 or 3",
+     "runs ZeRO-1 through DeepSpeed's engine, which --runtime deepspeed prices"),
+    ("offload_optimizer", (False,), lambda v: v is False, "deepspeed_paths_priced", 0, "false",
+     "offloads the optimizer through DeepSpeed's engine, which --runtime deepspeed prices"),
     ("zero_stage", (0, 2, 3), lambda v: v != 1, "zero1_sharding", 0, "0, 2 or 3",
      "has no ZeRO-1 (its sharded data parallelism shards the gradients with the optimizer "
      "state)"),

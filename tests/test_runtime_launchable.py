@@ -5,7 +5,8 @@ or expert degree from a model sharded when it is loaded (``from_pretrained``'s
 ``distributed_config``), which neither TrainingArguments (``--emit hf-trainer``) nor TRL's
 SFTConfig / ModelConfig (``--emit trl-sft``) sets; the Trainer has no pipeline stages; context
 parallelism is an Accelerate ``parallelism_config`` object the files leave unset; activation
-checkpointing wraps whole decoder layers.
+checkpointing wraps whole decoder layers; ZeRO-1 and optimizer offload are written as a
+DeepSpeed section, run by DeepSpeed's engine, which ``--runtime deepspeed`` prices.
 
 ``llm-foundry``: Composer v0.17.2 wraps the model in DDP or FSDP only (no tensor, pipeline or
 expert degree), its sharding strategies have no ZeRO-1, its FSDP CPU offload raises, and its
@@ -32,10 +33,11 @@ F32_RTOL = 1e-6
 # runtime -> the formats that write it, the knobs named that it refuses, its new rules
 RUNTIMES = {
     "hf": (("hf-trainer", "trl-sft"),
-           (("tp", "2"), ("pp", "2"), ("ep", "2"), ("cp", "2"), ("remat", '"selective"')),
+           (("tp", "2"), ("pp", "2"), ("ep", "2"), ("cp", "2"), ("remat", '"selective"'),
+            ("zero_stage", "1"), ("offload_optimizer", "true")),
            {"tensor_parallel": 0.0, "expert_parallel": 0.0, "pipeline_parallel": 0.0,
             "uneven_stages": 0.0, "interleaved_pipeline": 0.0, "context_parallel": 0.0,
-            "selective_remat": 0.0}),
+            "selective_remat": 0.0, "deepspeed_paths_priced": 0.0}),
     "llm-foundry": (("llm-foundry",),
                     (("tp", "2"), ("pp", "2"), ("ep", "2"), ("zero_stage", "1"),
                      ("offload_optimizer", "true"), ("remat", '"selective"'), ("remat", "0.5")),
