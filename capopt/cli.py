@@ -102,40 +102,32 @@ def _emit(args, config, sc) -> bool:
 EMIT_POOL = 200
 
 
-def _writable(fmt: str, plan) -> bool:
-    from .report.launch import emit
-    try:
-        emit(fmt, plan.config, plan.scenario)
-    except CapoptError:
-        return False
-    return True
-
-
 def _emit_writable(args, res, sc) -> bool:
     """``optimize --emit FORMAT``: the best config, or where the format cannot write it (a
     knob its file has no field for: DeepSpeed's JSON and recomputation, say) the best config
     it can write, among the candidates and then among up to `EMIT_POOL` fitting configs of a
     second search (scored whole where the space allows), with one line on stderr saying
     which and how much slower. None writable: the optimum's error. As `_emit`."""
+    from .report.launch import emit, expresses
     best = res.best
-    if not _writable(args.emit, best):
-        from .search import optimize
-        pool = [c for c in res.candidates[1:] if _writable(args.emit, c)]
+    try:
+        emit(args.emit, best.config, best.scenario)
+    except CapoptError as err:
+        def writes(plan) -> bool:
+            return expresses(args.emit, plan.config, plan.scenario)
+        pool = [c for c in res.candidates[1:] if writes(c)]
         if not pool:
+            from .search import optimize
             more = optimize(sc, top_k=EMIT_POOL, method="auto", seed=args.seed)
-            pool = [c for c in more.candidates if _writable(args.emit, c)][:1]
-        if pool:
-            from .report.launch import emit
-            try:
-                emit(args.emit, best.config, best.scenario)
-            except CapoptError as e:
-                why = str(e).removeprefix("--emit: ")
-            alt = pool[0]
-            rate = (lambda p: p.throughput["tokens_per_s"])  # noqa: E731
-            print(f"capopt: note: the best config ({_describe(best)}) cannot be written: {why}; "
-                  f"writing the best one {args.emit} can: {_describe(alt)}, "
-                  f"{100.0 * (rate(alt) / rate(best) - 1.0):+.1f}% throughput", file=sys.stderr)
-            best = alt
+            pool = [c for c in more.candidates if writes(c)]
+        if not pool:
+            raise
+        alt = pool[0]
+        change = alt.throughput["tokens_per_s"] / best.throughput["tokens_per_s"] - 1.0
+        print(f"capopt: note: the best config ({_describe(best)}) cannot be written: "
+              f"{str(err).removeprefix('--emit: ')}; writing the best one {args.emit} can: "
+              f"{_describe(alt)}, {100.0 * change:+.1f}% throughput", file=sys.stderr)
+        best = alt
     return _emit(args, best.config, best.scenario)
 
 

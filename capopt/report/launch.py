@@ -55,14 +55,15 @@ def emit(fmt: str, config: Config, scenario: Scenario) -> str:
     try:
         return _run(fmt, config, scenario)
     except _Unexpressible as err:
-        others = [f for f in FORMATS if f != fmt and _expresses(f, config, scenario)]
+        others = [f for f in FORMATS if f != fmt and expresses(f, config, scenario)]
         tail = "" if others else "; no launch format here expresses this config"
         raise CapoptError(f"{fmt} cannot express {err.knob} = {_show(err.value)}: "
                           f"{err.why}{tail}", field="--emit",
                           allowed=", ".join(others) or None) from None
 
 
-def _expresses(fmt: str, config: Config, scenario: Scenario) -> bool:
+def expresses(fmt: str, config: Config, scenario: Scenario) -> bool:
+    """Whether ``fmt`` writes ``config`` whole (`emit` would not refuse it)."""
     try:
         _run(fmt, config, scenario)
     except _Unexpressible:
@@ -1146,4 +1147,4 @@ _EMITTERS: dict[str, Callable[[Config, Scenario], str]] = {
     "llm-foundry": _emit_llm_foundry, "torchtune": _emit_torchtune,
 }
 
-__all__ = ["FORMATS", "SUFFIX", "emit"]
+__all__ = ["FORMATS", "SUFFIX", "emit", "expresses"]
