@@ -70,10 +70,9 @@ def measurement_key(case: Case) -> str:
             and case.config.tp == 1):
         # the float32 loss inside the forward pass, as Hugging Face's models run it
         parts += ("loss inside the forward pass",)
-    c = case.config
-    if (sc.runtime.coeff("fsdp_mixed_precision") >= 0.5 and c.dp > 1 and c.zero_stage in (2, 3)
-            and sc.runtime.coeff("fsdp_reduce_compute_dtype") >= 0.5
-            and sc.workload.precision.endswith("-mixed")):
+    from capopt.validation.torch_step import fsdp_mixed_precision
+    if (fsdp_mixed_precision(sc, case.config)
+            and sc.runtime.coeff("fsdp_reduce_compute_dtype") >= 0.5):
         # FSDP's mixed precision reducing in the compute dtype (Accelerate's, the hf runtime's
         # since its ZeRO-2/3 steps were first measured under autocast alone)
         parts += ("FSDP mixed precision, reductions in the compute dtype",)

@@ -324,6 +324,14 @@ class OffloadActivations:
         return self.hooks.__exit__(*exc)
 
 
+def fsdp_mixed_precision(scenario: Scenario, config: Config) -> bool:
+    """Whether the tier runs this step under FSDP's mixed precision in place of autocast: a
+    runtime that mixes precision so (``fsdp_mixed_precision``), ZeRO-2/3 over more than one
+    rank, a mixed precision (`_dtypes` has an autocast dtype)."""
+    return (scenario.runtime.coeff("fsdp_mixed_precision") >= 0.5 and config.dp > 1
+            and config.zero_stage in (2, 3) and scenario.workload.precision.endswith("-mixed"))
+
+
 def _dtypes(precision: str):
     import torch
     return {"fp32": (torch.float32, None), "bf16-mixed": (torch.float32, torch.bfloat16),
@@ -491,8 +499,7 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     # step exactly; Composer's (llm-foundry) and Accelerate's (hf) also keep autocast on, whose
     # casts of the bf16 gathered weights are no-ops, so the tier runs the same step for them
     # (Accelerate's float32 copy of the returned logits kept, below)
-    fsdp_mp = (scenario.runtime.coeff("fsdp_mixed_precision") >= 0.5 and config.dp > 1
-               and config.zero_stage in (2, 3) and autocast is not None)
+    fsdp_mp = fsdp_mixed_precision(scenario, config)
     t0 = time.perf_counter()
     mesh = (_fake_mesh(config.dp, config.tp, config.dp_replicate) if config.dp * config.tp > 1
             else None)
@@ -684,4 +691,4 @@ def run_torch(scenario: Scenario, config: Config, *, explain: bool = False) -> d
     return {"measured": measured, "details": details}
 
 
-__all__ = ["OPTIMIZERS", "PRECISIONS", "check_supported", "run_torch"]
+__all__ = ["OPTIMIZERS", "PRECISIONS", "check_supported", "fsdp_mixed_precision", "run_torch"]
