@@ -34,6 +34,12 @@ class Plan:
     def throughput(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.estimate.throughput.items()}
 
+    def trust(self) -> dict[str, Any]:
+        """How far to trust this answer: the held-out errors measured for its runtime, layout
+        and GPU, and its peak were it short by them (`capopt._trust.answer_trust`)."""
+        from ._trust import answer_trust
+        return answer_trust(self.scenario, self.config, self.memory["total_bytes"])
+
     def to_dict(self) -> dict[str, Any]:
         d = {"scenario": self.scenario.name, "fits": self.fits,
              "config": self.config.to_dict(), "memory": self.memory, "time": self.time,

@@ -13,7 +13,7 @@ from ._errors import CapoptError
 from ._format import config_line, gib, si, table
 from ._units import GiB
 from .report.text import (calibration_table, optimize_table, plan_table, training_label,
-                          validation_table)
+                          trust_lines, validation_table)
 
 # --------------------------------------------------------------------------------------------
 # A question on one line: scenario fields given as flags (over a file's, or without one)
@@ -146,6 +146,7 @@ def cmd_plan(args) -> int:
     from ._plan import plan                 # JAX loads only once the input is known good
     p = plan(sc, cfg)
     d = p.to_dict()
+    d["trust"] = p.trust()
     if args.emit and _emit(args, cfg, sc):
         pass                                # the launch file took the table's place
     elif args.json:
@@ -153,6 +154,7 @@ def cmd_plan(args) -> int:
     else:
         print(plan_table(d, f"{sc.name}: {sc.model.name}{training_label(sc, chosen=False)} "
                             f"on {sc.count}x {sc.hardware.name}"))
+        print(trust_lines(d["trust"]))
     _first_values_note(sc, "plan")
     if args.plot:
         from .report.figures import memory_breakdown, save
@@ -185,12 +187,16 @@ def cmd_optimize(args) -> int:
     from .search import optimize
     res = optimize(sc, top_k=args.top, method=args.method, seed=args.seed)
     d = res.to_dict()
+    if res.best:
+        d["trust"] = res.best.trust()
     if args.emit and res.best and _emit_writable(args, res, sc):
         pass                                # the launch file took the table's place
     elif args.json:
         print(json.dumps(d, indent=2))
     else:
         print(optimize_table(res))
+        if res.best:
+            print(trust_lines(d["trust"]))
         if 0 < len(res.candidates) < args.top:
             more = ("" if res.method == "exhaustive" else
                     "; --method exhaustive scores every config")

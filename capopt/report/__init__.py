@@ -10,27 +10,30 @@ table for any result:
 
 from __future__ import annotations
 
-from .text import (calibration_table, optimize_table, plan_table, time_rows,
+from .text import (calibration_table, optimize_table, plan_table, time_rows, trust_lines,
                    validation_table, why_lost)
 
 
 def render(result, title: str | None = None) -> str:
     """The text table of an `OptimizeResult`, a `ValidationReport`, a `CalibrationResult`, a
-    `Plan` or a plan's ``to_dict()`` (``title`` heads a plan's table)."""
+    `Plan` or a plan's ``to_dict()`` (``title`` heads a plan's table); under an answer, how
+    far to trust it (`trust_lines`), as the CLI prints it."""
     kind = type(result).__name__
     if kind == "OptimizeResult":
-        return optimize_table(result)
+        text = optimize_table(result)
+        return text + "\n" + trust_lines(result.best.trust()) if result.best else text
     if kind == "ValidationReport":
         return validation_table(result)
     if kind == "CalibrationResult":
         return calibration_table(result)
     if any(c.__name__ == "Plan" for c in type(result).__mro__):      # a LayoutPlan too
-        return plan_table(result.to_dict(), title)
+        return plan_table(result.to_dict(), title) + "\n" + trust_lines(result.trust())
     if isinstance(result, dict) and {"memory", "time", "throughput"} <= set(result):
-        return plan_table(result, title)
+        text = plan_table(result, title)
+        return text + "\n" + trust_lines(result["trust"]) if "trust" in result else text
     raise TypeError(f"no table for a {kind}: render takes an OptimizeResult, a "
                     "ValidationReport, a CalibrationResult, a Plan or a plan's to_dict()")
 
 
 __all__ = ["calibration_table", "optimize_table", "plan_table", "render", "time_rows",
-           "validation_table", "why_lost"]
+           "trust_lines", "validation_table", "why_lost"]

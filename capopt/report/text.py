@@ -222,6 +222,68 @@ def optimize_table(res) -> str:
     return "\n".join(lines)
 
 
+def _wrapped(first: str, text: str, width: int = 100) -> str:
+    """``text`` after ``first``, its further lines indented as far."""
+    import textwrap
+    return textwrap.fill(text, width, initial_indent=first,
+                         subsequent_indent=" " * len(first))
+
+
+def _pct(x: float, signed: bool = False) -> str:
+    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
+
+
+def trust_lines(trust: dict) -> str:
+    """`capopt._trust.answer_trust` as the lines printed under an answer: the held-out
+    errors of the runtime's memory prediction against its oracle for the answer's layout, what
+    the answer would need were it short by their 90th percentile or by their largest
+    under-prediction, and the published runs' throughput errors."""
+    lines = ["how far to trust it (held-out measurements, README \"How far to trust it\"):"]
+    mem = trust.get("memory")
+    pad = " " * 14
+    if mem is None:
+        lines.append(f"  memory      no tier runs the {trust['runtime']} runtime's own step: no "
+                     "held-out figures for it")
+    else:
+        s, where = mem["stats"], f"with layout \"{mem['group']}\""
+        if s is None:
+            s = mem["all"]
+            where = ("over every layout (no held-out config "
+                     + ("has pipeline or context parallelism)" if mem["group"] is None else
+                        f"of layout \"{mem['group']}\")"))
+        lines.append(_wrapped("  memory      ", f"{mem['runtime']} against {mem['oracle']}, "
+                              f"{s['n']} random configs {where}: median |error| "
+                              f"{_pct(s['median_abs'])}, 90th percentile {_pct(s['p90_abs'])}, "
+                              "largest under-prediction "
+                              f"{_pct(s.get('worst_under', 0.0), signed=True)}"))
+        if "predicted_bytes" in mem:
+            cap = [(mem["device_bytes"], "the device's memory"),
+                   (mem["budget_bytes"], "the usable budget")]
+
+            def over(b: float) -> str:
+                lim = next((f" (above {name}, {gib(x)} GiB)" for x, name in cap if b > x), "")
+                return f"{gib(b)} GiB{lim}"
+            lines.append(_wrapped(pad, f"short by the 90th percentile, "
+                                  f"{gib(mem['predicted_bytes'])} GiB would be "
+                                  f"{over(mem['at_p90_under_bytes'])}; by the largest, "
+                                  f"{over(mem['at_worst_under_bytes'])}"))
+    thr = trust.get("throughput")
+    if thr:
+        parts = []
+        if thr["framework"]:
+            f = thr["framework_stats"]
+            parts.append(f"published {thr['framework']} runs: median |error| "
+                         f"{_pct(f['median_abs'])}, worst {_pct(f['worst_signed'], True)} "
+                         f"({f['n']} runs)")
+        if thr["stats"]:
+            g = thr["stats"]
+            parts.append(f"published runs {thr['where']}: median |error| "
+                         f"{_pct(g['median_abs'])}, worst {_pct(g['worst_signed'], True)} "
+                         f"({g['n']} runs)")
+        lines += [_wrapped("  throughput  " if i == 0 else pad, x) for i, x in enumerate(parts)]
+    return "\n".join(lines)
+
+
 def layout_line(res) -> str:
     """The best uneven stage layout against the best even split."""
     lay = res.layout

@@ -1,0 +1,139 @@
+"""The held-out figures `capopt plan` and `capopt optimize` print under their answer.
+
+    python benchmarks/trust_table.py            # writes capopt/data/trust.json
+
+Reads the committed results of the random-config benchmarks and of the published runs (it
+measures nothing and calls no cost model) and writes, per runtime profile, the held-out
+errors of its predicted peak against its own oracle, pooled over every results file of that
+runtime and oracle and grouped by layout (`capopt._trust.label_group`), and the published
+runs' throughput errors per framework, per GPU and per GPU generation. Only held-out points
+count (configs whose card shapes no coefficient was read from); a file whose profile is
+measured on another runtime's oracle (a baseline) is left out.
+
+Rerun it whenever a results file changes; ``tests/test_trust.py`` fails while the package's
+table and the results disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+RESULTS = ROOT / "benchmarks" / "results"
+OUT = ROOT / "capopt" / "data" / "trust.json"
+
+# Each runtime profile's oracle: the tier that runs that runtime's own step.
+ORACLES = {
+    "xla-gpu": ("xla-gpu", "XLA's GPU buffer assignment of the Flax step (the xla-gpu tier)"),
+    "maxtext": ("maxtext", "MaxText's own train step compiled for the GPU (the maxtext tier)"),
+    "deepspeed": ("deepspeed", "DeepSpeed's own engine step (the deepspeed tier)"),
+    "pytorch-eager": ("torch", "PyTorch's caching allocator over the step on fake tensors "
+                               "(the torch tier)"),
+    "hf": ("torch", "the Trainer's step in PyTorch on fake tensors (the torch tier)"),
+    "torchtitan": ("torch", "torchtitan's FSDP2 step in PyTorch on fake tensors (the torch "
+                            "tier)"),
+    "torchtune": ("torch", "torchtune's step in PyTorch on fake tensors (the torch tier)"),
+}
+PUBLISHED = RESULTS / "published_runs.json"
+
+
+def stats(errors: list[float]) -> dict:
+    """`_random_cases.summary` and the largest under-prediction (0 where none is under)."""
+    from _random_cases import summary
+    out = summary(errors)
+    if errors:
+        out["worst_under"] = min(0.0, min(errors))
+    return out
+
+
+def memory_section(results: Path) -> dict:
+    from capopt._trust import GROUPS, label_group
+    pooled: dict[str, dict] = {}
+    for f in sorted(results.glob("*.json")):
+        d = json.loads(f.read_text())
+        if not isinstance(d, dict) or "points" not in d or d.get("profile") not in ORACLES:
+            continue
+        tier, oracle = ORACLES[d["profile"]]
+        if d.get("tier") != tier:
+            continue
+        held = [p for p in d["points"] if p.get("split") == "heldout"
+                and isinstance(p.get("error"), (int, float))]
+        if not held:
+            continue
+        rt = pooled.setdefault(d["profile"], {"oracle": oracle, "files": {}, "points": []})
+        rt["files"][f.name] = len(held)
+        rt["points"] += [(label_group(p["features"]), float(p["error"])) for p in held]
+    out = {}
+    for name, rt in sorted(pooled.items()):
+        groups = {g: stats([e for gg, e in rt["points"] if gg == g]) for g in GROUPS}
+        out[name] = {"oracle": rt["oracle"], "files": rt["files"],
+                     "groups": {g: s for g, s in groups.items() if s["n"]},
+                     "all": stats([e for _, e in rt["points"]])}
+    return out
+
+
+def throughput_section(published: Path) -> dict:
+    if not published.exists():
+        return {}
+    s = json.loads(published.read_text())["summaries"]
+
+    def one(v: dict) -> dict:
+        t = v["throughput"]
+        keep = ("n", "median_abs", "worst_signed", "mean_signed", "within_15")
+        return {k: t[k] for k in keep if k in t}
+
+    return {"source": f"benchmarks/results/{published.name}",
+            "frameworks": {k: one(v) for k, v in s.items()
+                           if not k.startswith(("gpu ", "all")) and v["throughput"].get("n")},
+            "gpus": {k[4:]: one(v) for k, v in s.items()
+                     if k.startswith("gpu ") and v["throughput"].get("n")},
+            "generations": {k[4:]: one(v) for k, v in s.items()
+                            if k.startswith("all ") and v["throughput"].get("n")},
+            "all": one(s["all"])}
+
+
+def build(results: Path = RESULTS) -> dict:
+    return {"generated_by": "benchmarks/trust_table.py",
+            "memory": memory_section(results),
+            "throughput": throughput_section(results / PUBLISHED.name)}
+
+
+def dumps(table: dict) -> str:
+    return json.dumps(table, indent=1, sort_keys=True) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(OUT))
+    args = ap.parse_args(argv)
+    from _random_cases import pct
+    table = build()
+    print("peak memory, held out, against each runtime's oracle (median / p90 / worst |error|, "
+          "largest under-prediction)")
+    print(f"{'runtime':<14} {'layout':<27} {'n':>4} {'median':>7} {'p90':>7} {'worst':>8} "
+          f"{'under':>8}")
+    for name, rt in table["memory"].items():
+        for g, s in [*rt["groups"].items(), ("every layout", rt["all"])]:
+            print(f"{name:<14} {g:<27} {s['n']:>4} {pct(s['median_abs']):>7} "
+                  f"{pct(s['p90_abs']):>7} {s['worst_signed'] * 100:>+7.1f}% "
+                  f"{s['worst_under'] * 100:>+7.1f}%")
+    thr = table["throughput"]
+    if thr:
+        print("\nthroughput against published runs (median |error|, worst)")
+        for part in ("frameworks", "gpus", "generations"):
+            for k, s in thr[part].items():
+                print(f"{part[:-1]:<10} {k:<22} {s['n']:>4} {pct(s['median_abs']):>7} "
+                      f"{s['worst_signed'] * 100:>+7.1f}%")
+    Path(args.out).write_text(dumps(table))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""How far to trust one answer: the held-out errors measured for its runtime and layout.
+
+``data/trust.json`` is written by ``benchmarks/trust_table.py`` from the committed results of
+the random-config benchmarks (each runtime profile against its own oracle: XLA's GPU buffer
+assignment for ``xla-gpu``, MaxText's compiled step for ``maxtext``, DeepSpeed's step for
+``deepspeed``, PyTorch's allocator on fake tensors for the PyTorch runtimes) and of the
+published training runs (``published_runs.py``). Nothing here is computed from the cost model:
+it is what the benchmarks measured, looked up for the config at hand.
+
+Memory figures are grouped by layout, the way the oracle draws were made: one device; data
+parallelism with replicated state (ZeRO-0/1); data parallelism with sharded state (ZeRO-2/3,
+FSDP); tensor parallelism (with or without data parallelism). No oracle draw has pipeline or
+context parallelism: configs with either get the runtime's figures over every layout, said so.
+
+    >>> from capopt._specs import Config
+    >>> config_group(Config(micro_batch=1, dp=8, zero_stage=3))
+    'data parallel, sharded'
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from importlib import resources
+
+#: The layout groups, in the order tables list them.
+GROUPS = ("one device", "data parallel, replicated", "data parallel, sharded",
+          "tensor parallel")
+
+#: Signed errors are predicted / measured - 1: a negative one is an under-prediction.
+
+
+def config_group(config) -> str | None:
+    """The layout group of ``config``; None where no oracle draw has its layout (pipeline or
+    context parallelism)."""
+    if getattr(config, "pp", 1) > 1 or getattr(config, "cp", 1) > 1:
+        return None
+    if config.tp > 1:
+        return "tensor parallel"
+    if config.dp == 1:
+        return "one device"
+    return ("data parallel, sharded" if config.zero_stage >= 2
+            else "data parallel, replicated")
+
+
+def label_group(features: dict) -> str:
+    """The layout group of a benchmark point from its ``features`` (the labels each
+    random-config benchmark writes: ``1 device``, ``tp``, ``dp ZeRO-k [+ tp]``, DeepSpeed's
+    ``dp N`` beside ``ZeRO-k``, MaxText's ``data`` / ``fsdp`` / ``tensor`` combinations)."""
+    label = str(features["layout"])
+    words = label.replace("+", " ").replace("(", " ").replace(")", " ").split()
+    if label in ("1 device", "dp 1"):
+        return "one device"
+    if "tp" in words or "tensor" in words:
+        return "tensor parallel"
+    if label.startswith("dp ZeRO-"):
+        stage = int(label.split("-")[1].split()[0])
+        return "data parallel, sharded" if stage >= 2 else "data parallel, replicated"
+    if words and words[0] == "dp" and len(words) == 2 and words[1].isdigit():
+        stage = int(str(features["zero"]).split("-")[1])
+        return "data parallel, sharded" if stage >= 2 else "data parallel, replicated"
+    if words and words[0] == "fsdp":
+        return "data parallel, sharded"
+    if words == ["data"]:
+        return "data parallel, replicated"
+    raise ValueError(f"layout label {label!r} has no group")
+
+
+def generation(compute_capability: str | None) -> str | None:
+    """The GPU generation the published runs are grouped by (CUDA compute capability)."""
+    if not compute_capability or not compute_capability[0].isdigit():
+        return None
+    major = compute_capability.split(".")[0]
+    return {"8": "Ampere" if compute_capability in ("8.0", "8.6", "8.7") else None,
+            "9": "Hopper", "10": "Blackwell"}.get(major)
+
+
+def table_path():
+    return resources.files(__package__) / "data" / "trust.json"
+
+
+@functools.lru_cache(maxsize=1)
+def load_table() -> dict:
+    """``data/trust.json`` (empty sections where the file is absent)."""
+    path = table_path()
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"memory": {}, "throughput": {}}
+
+
+def under_by(stats: dict, key: str = "p90_abs") -> float:
+    """What the measured peak would be, as a multiple of the predicted one, were the prediction
+    short by ``stats[key]`` (an |error|): predicted / measured - 1 = -e."""
+    e = float(stats.get(key, 0.0))
+    return 1.0 / (1.0 - e) if e < 1.0 else math.inf
+
+
+def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) -> dict:
+    """The held-out figures for ``config`` under ``runtime`` on ``gpu``: ``memory`` (the
+    oracle, the group and its figures; the runtime's figures over every layout beside them) and
+    ``throughput`` (the published runs of the runtime's framework, and of the GPU or its
+    generation). A part is None where nothing was measured."""
+    tab = load_table()
+    out: dict = {"runtime": runtime, "memory": None, "throughput": None}
+    mem = tab.get("memory", {}).get(runtime)
+    if mem:
+        group = config_group(config)
+        stats = mem["groups"].get(group) if group else None
+        out["memory"] = {"runtime": runtime, "oracle": mem["oracle"], "group": group,
+                         "stats": stats, "all": mem["all"], "files": mem["files"]}
+    thr = tab.get("throughput", {})
+    if thr:
+        fw = thr.get("frameworks", {}).get(runtime)
+        gen = generation(compute_capability)
+        on_gpu = thr.get("gpus", {}).get(gpu)
+        where, stats = ((f"on {gpu}", on_gpu) if on_gpu and on_gpu.get("n") else
+                        (f"on {gen} GPUs", thr.get("generations", {}).get(gen))
+                        if gen and thr.get("generations", {}).get(gen) else (None, None))
+        if fw or stats:
+            out["throughput"] = {"framework": runtime if fw else None, "framework_stats": fw,
+                                 "where": where, "stats": stats, "source": thr["source"]}
+    return out
+
+
+def answer_trust(scenario, config, total_bytes: float) -> dict:
+    """`trust_for` the scenario's runtime and GPU, and what the predicted per-device peak
+    ``total_bytes`` would be were it short by the group's 90th-percentile |error| and by its
+    largest under-prediction, against the scenario's usable budget and the device's memory."""
+    hw = scenario.hardware
+    out = trust_for(scenario.runtime.name, hw.name, hw.compute_capability, config)
+    mem = out["memory"]
+    if mem:
+        s = mem["stats"] or mem["all"]
+        at_p90 = total_bytes * under_by(s, "p90_abs")
+        at_worst = total_bytes * under_by({"e": -s.get("worst_under", 0.0)}, "e")
+        mem.update(predicted_bytes=float(total_bytes), at_p90_under_bytes=at_p90,
+                   at_worst_under_bytes=at_worst,
+                   budget_bytes=float(scenario.budget.usable_bytes),
+                   device_bytes=float(hw.memory_bytes))
+    return out
+
+
+__all__ = ["GROUPS", "answer_trust", "config_group", "generation", "label_group", "load_table",
+           "table_path", "trust_for", "under_by"]

@@ -1,0 +1,120 @@
+"""How far to trust an answer: the package's table of held-out errors is the committed results'
+own (`benchmarks/trust_table.py`), every benchmark's layout label has a group, a config's group
+is the one its benchmark point is filed under, and plan / optimize print and return it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from capopt._specs import Config
+from capopt._trust import (GROUPS, answer_trust, config_group, generation, label_group,
+                           load_table, table_path, trust_for, under_by)
+from capopt.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@pytest.mark.skipif(not RESULTS.is_dir(), reason="needs the repository's benchmark results")
+def test_the_package_table_is_the_committed_results():
+    # a results file regenerated without rerunning trust_table.py leaves the package stale
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import trust_table
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert json.loads(table_path().read_text()) == json.loads(
+        trust_table.dumps(trust_table.build(RESULTS)))
+
+
+def test_every_layout_label_of_the_benchmarks_has_its_group():
+    cases = {
+        ("1 device", None): "one device", ("dp 1", "ZeRO-0"): "one device",
+        ("tp", None): "tensor parallel", ("tensor", None): "tensor parallel",
+        ("dp ZeRO-0", None): "data parallel, replicated",
+        ("dp ZeRO-1", None): "data parallel, replicated",
+        ("dp ZeRO-2", None): "data parallel, sharded",
+        ("dp ZeRO-3", None): "data parallel, sharded",
+        ("dp ZeRO-1 + tp", None): "tensor parallel", ("dp ZeRO-3 + tp", None): "tensor parallel",
+        ("dp 4", "ZeRO-1"): "data parallel, replicated",
+        ("dp 2", "ZeRO-3"): "data parallel, sharded",
+        ("data", None): "data parallel, replicated", ("fsdp", None): "data parallel, sharded",
+        ("fsdp + data (hybrid)", None): "data parallel, sharded",
+        ("fsdp + tensor", None): "tensor parallel", ("data + tensor", None): "tensor parallel",
+    }
+    for (label, zero), group in cases.items():
+        assert label_group({"layout": label, "zero": zero}) == group, label
+    with pytest.raises(ValueError, match="pipe"):
+        label_group({"layout": "pipe 2"})
+
+
+def test_a_configs_group_is_the_one_its_benchmark_point_is_filed_under():
+    # the random configs of the xla-gpu benchmark: features()'s label and the config agree
+    from capopt.validation.random_configs import draw_cases
+    seen = set()
+    for c in draw_cases(60, 0):
+        g = config_group(c.config)
+        assert g == label_group(c.features), c.name
+        seen.add(g)
+    assert seen == set(GROUPS)
+    assert config_group(Config(micro_batch=1, dp=2, tp=2, pp=2)) is None
+    assert config_group(Config(micro_batch=1, dp=4, zero_stage=1)) == "data parallel, replicated"
+
+
+def test_figures_are_looked_up_by_runtime_layout_and_gpu():
+    tab = load_table()
+    cfg = Config(micro_batch=1, dp=8, zero_stage=3)
+    t = trust_for("xla-gpu", "h100-sxm-80gb", "9.0", cfg)
+    assert t["memory"]["group"] == "data parallel, sharded"
+    assert t["memory"]["stats"] == tab["memory"]["xla-gpu"]["groups"]["data parallel, sharded"]
+    assert t["throughput"]["framework"] is None                  # no published JAX runs
+    assert t["throughput"]["where"] == "on h100-sxm-80gb"
+    t = trust_for("torchtitan", "b200", "10.0", cfg)
+    assert t["throughput"]["framework"] == "torchtitan"
+    assert t["throughput"]["stats"] is None                      # no Blackwell rows
+    t = trust_for("megatron", "a100-sxm-80gb", "8.0", cfg)
+    assert t["memory"] is None                                   # no tier runs its step
+    assert t["throughput"]["framework"] == "megatron"
+    assert generation("8.0") == "Ampere" and generation("9.0") == "Hopper"
+    assert generation("8.9") is None and generation("gfx942") is None
+
+
+def test_the_answers_bounds_are_its_prediction_short_by_the_groups_errors():
+    from capopt._scenario import load_scenario
+    sc = load_scenario("llama3-8b-8xh100")
+    cfg = Config(micro_batch=1, grad_accum=32, dp=8, zero_stage=3)
+    t = answer_trust(sc, cfg, 50e9)["memory"]
+    s = t["stats"]
+    assert t["at_p90_under_bytes"] == pytest.approx(50e9 / (1 - s["p90_abs"]))
+    assert t["at_worst_under_bytes"] == pytest.approx(50e9 / (1 + s["worst_under"]))
+    assert t["at_worst_under_bytes"] >= 50e9 and s["worst_under"] <= 0
+    assert t["device_bytes"] == sc.hardware.memory_bytes
+    assert t["budget_bytes"] == sc.budget.usable_bytes
+    assert under_by({"e": 0.5}, "e") == 2.0 and under_by({"e": 1.0}, "e") == float("inf")
+
+
+def test_plan_and_optimize_print_and_return_how_far_to_trust_the_answer(capsys):
+    argv = ["plan", "llama3-8b-8xh100", "--set", "micro_batch=1", "--set", "grad_accum=32",
+            "--set", "dp=8", "--set", "tp=1", "--set", "pp=1", "--set", "zero_stage=3"]
+    assert main(argv + ["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    mem = d["trust"]["memory"]
+    assert mem["group"] == "data parallel, sharded"
+    assert mem["predicted_bytes"] == d["memory"]["total_bytes"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "how far to trust it" in out and "data parallel, sharded" in out
+    assert "90th percentile" in out and "published runs on h100-sxm-80gb" in out
+
+
+def test_render_shows_it_under_a_plan_as_the_cli_does():
+    import capopt
+    p = capopt.plan("llama3-8b-8xh100", micro_batch=1, grad_accum=32, dp=8, tp=1, pp=1,
+                    zero_stage=3)
+    text = capopt.render(p)
+    assert text.endswith(capopt.report.trust_lines(p.trust()))
+    assert "data parallel, sharded" in text
