@@ -66,13 +66,14 @@ def memory_section(results: Path) -> dict:
                 and isinstance(p.get("error"), (int, float))]
         if not held:
             continue
-        rt = pooled.setdefault(d["profile"], {"oracle": oracle, "files": {}, "points": []})
+        rt = pooled.setdefault(d["profile"], {"oracle": oracle, "tier": tier, "files": {},
+                                              "points": []})
         rt["files"][f.name] = len(held)
         rt["points"] += [(label_group(p["features"]), float(p["error"])) for p in held]
     out = {}
     for name, rt in sorted(pooled.items()):
         groups = {g: stats([e for gg, e in rt["points"] if gg == g]) for g in GROUPS}
-        out[name] = {"oracle": rt["oracle"], "files": rt["files"],
+        out[name] = {"oracle": rt["oracle"], "tier": rt["tier"], "files": rt["files"],
                      "groups": {g: s for g, s in groups.items() if s["n"]},
                      "all": stats([e for _, e in rt["points"]])}
     return out

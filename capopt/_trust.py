@@ -108,7 +108,8 @@ def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) ->
     if mem:
         group = config_group(config)
         stats = mem["groups"].get(group) if group else None
-        out["memory"] = {"runtime": runtime, "oracle": mem["oracle"], "group": group,
+        out["memory"] = {"runtime": runtime, "oracle": mem["oracle"], "tier": mem["tier"],
+                         "group": group,
                          "stats": stats, "all": mem["all"], "files": mem["files"]}
     thr = tab.get("throughput", {})
     if thr:
@@ -135,7 +136,11 @@ def answer_trust(scenario, config, total_bytes: float) -> dict:
         s = mem["stats"] or mem["all"]
         at_p90 = total_bytes * under_by(s, "p90_abs")
         at_worst = total_bytes * under_by({"e": -s.get("worst_under", 0.0)}, "e")
-        mem.update(predicted_bytes=float(total_bytes), at_p90_under_bytes=at_p90,
+        # (the compiling tiers target a CUDA GPU; the PyTorch and DeepSpeed ones any device)
+        cuda = hw.vendor == "nvidia" and (hw.compute_capability or "")[:1].isdigit()
+        mem.update(validate_tier=(mem["tier"] if cuda or mem["tier"] in ("torch", "deepspeed")
+                                  else None),
+                   predicted_bytes=float(total_bytes), at_p90_under_bytes=at_p90,
                    at_worst_under_bytes=at_worst,
                    budget_bytes=float(scenario.budget.usable_bytes),
                    device_bytes=float(hw.memory_bytes))

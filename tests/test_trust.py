@@ -77,7 +77,7 @@ def test_figures_are_looked_up_by_runtime_layout_and_gpu():
     assert t["throughput"]["framework"] == "torchtitan"
     assert t["throughput"]["stats"] is None                      # no Blackwell rows
     t = trust_for("megatron", "a100-sxm-80gb", "8.0", cfg)
-    assert t["memory"] is None                                   # no tier runs its step
+    assert t["memory"] is None                                   # none measured
     assert t["throughput"]["framework"] == "megatron"
     assert generation("8.0") == "Ampere" and generation("9.0") == "Hopper"
     assert generation("8.9") is None and generation("gfx942") is None
@@ -118,3 +118,18 @@ def test_render_shows_it_under_a_plan_as_the_cli_does():
     text = capopt.render(p)
     assert text.endswith(capopt.report.trust_lines(p.trust()))
     assert "data parallel, sharded" in text
+
+
+def test_it_names_a_tier_to_measure_with_only_where_the_tier_targets_the_device():
+    from capopt._hardware import get_hardware
+    from capopt._scenario import load_scenario
+    sc = load_scenario("llama3-8b-8xh100")
+    cfg = Config(micro_batch=1, grad_accum=32, dp=8, zero_stage=3)
+    assert answer_trust(sc, cfg, 50e9)["memory"]["validate_tier"] == "xla-gpu"
+    for gpu in ("tpu-v5p", "mi300x"):           # the xla-gpu tier compiles for CUDA only
+        t = answer_trust(sc.replace(hardware=get_hardware(gpu)), cfg, 50e9)
+        assert t["memory"]["validate_tier"] is None
+    from capopt._runtime import get_profile
+    t = answer_trust(sc.replace(hardware=get_hardware("mi300x"),
+                                runtime=get_profile("torchtitan")), cfg, 50e9)
+    assert t["memory"]["validate_tier"] == "torch"

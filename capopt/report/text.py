@@ -242,8 +242,8 @@ def trust_lines(trust: dict) -> str:
     mem = trust.get("memory")
     pad = " " * 14
     if mem is None:
-        lines.append(f"  memory      no tier runs the {trust['runtime']} runtime's own step: no "
-                     "held-out figures for it")
+        lines.append(f"  memory      no held-out oracle measurement of the {trust['runtime']} "
+                     "runtime is committed")
     else:
         s, where = mem["stats"], f"with layout \"{mem['group']}\""
         if s is None:
@@ -267,8 +267,15 @@ def trust_lines(trust: dict) -> str:
                                   f"{gib(mem['predicted_bytes'])} GiB would be "
                                   f"{over(mem['at_p90_under_bytes'])}; by the largest, "
                                   f"{over(mem['at_worst_under_bytes'])}"))
+            if mem["at_p90_under_bytes"] > mem["budget_bytes"] and mem["validate_tier"]:
+                lines.append(_wrapped(pad, "before launching, measure it on its oracle: capopt "
+                                      f"validate --tier {mem['validate_tier']} with the same "
+                                      "arguments"))
     thr = trust.get("throughput")
-    if thr:
+    if not thr:
+        lines.append(f"  throughput  no published runs of the {trust['runtime']} runtime, or on "
+                     "this GPU or its generation")
+    else:
         parts = []
         if thr["framework"]:
             f = thr["framework_stats"]
