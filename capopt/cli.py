@@ -13,7 +13,7 @@ from ._errors import CapoptError
 from ._format import config_line, gib, si, table
 from ._units import GiB
 from .report.text import (calibration_table, optimize_table, plan_table, training_label,
-                          trust_lines, validation_table)
+                          margin_line, trust_lines, validation_table)
 
 # --------------------------------------------------------------------------------------------
 # A question on one line: scenario fields given as flags (over a file's, or without one)
@@ -186,7 +186,21 @@ def cmd_optimize(args) -> int:
                                   "data-parallel degree")
     from .search import optimize
     res = optimize(sc, top_k=args.top, method=args.method, seed=args.seed)
+    margin = None
+    if args.margin and res.best:
+        from .search.margin import with_margin
+        res, margin = with_margin(res, args.margin, args.top, lambda: optimize(
+            sc, top_k=EMIT_POOL, method="auto", seed=args.seed))
+        if not res.best:
+            n = margin["pool"]
+            raise CapoptError(f"nothing fits in {gib(sc.budget.usable_bytes)} GiB usable per "
+                              f"device with the {args.margin} margin ({margin['meaning']}): "
+                              f"none of the {n} fastest configs that fit passes it",
+                              file=sc.path, field="budget",
+                              allowed="more memory, more devices, or no --margin")
     d = res.to_dict()
+    if margin:
+        d["margin"] = margin
     if res.best:
         d["trust"] = res.best.trust()
     if args.emit and res.best and _emit_writable(args, res, sc):
@@ -194,6 +208,8 @@ def cmd_optimize(args) -> int:
     elif args.json:
         print(json.dumps(d, indent=2))
     else:
+        if margin:
+            print(margin_line(margin, res))
         print(optimize_table(res))
         if res.best:
             print(trust_lines(d["trust"]))
@@ -543,6 +559,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and polish; auto: score spaces of up to 500k configs whole, solve "
                         "above that; exhaustive: score every config (the reference)")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the starting points")
+    p.add_argument("--margin", choices=["p90", "worst"], default=None,
+                   help="keep the configs that fit even were their predicted peak short by "
+                        "the held-out error of their runtime and layout: its 90th percentile "
+                        "(p90) or the largest under-prediction measured (worst)")
     p.set_defaults(func=cmd_optimize)
 
     p = sub.add_parser("validate", help="compile (and on a GPU run) candidates as Flax steps, "

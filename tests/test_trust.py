@@ -133,3 +133,34 @@ def test_it_names_a_tier_to_measure_with_only_where_the_tier_targets_the_device(
     t = answer_trust(sc.replace(hardware=get_hardware("mi300x"),
                                 runtime=get_profile("torchtitan")), cfg, 50e9)
     assert t["memory"]["validate_tier"] == "torch"
+
+
+def test_optimize_with_a_margin_keeps_the_configs_that_fit_short_by_it(capsys):
+    assert main(["optimize", "--json"]) == 0
+    nominal = json.loads(capsys.readouterr().out)
+    assert "margin" not in nominal
+    assert main(["optimize", "--margin", "p90", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    m = d["margin"]
+    assert m["nominal_best"]["config"] == nominal["best"]["config"]
+    budget = m["budget_bytes"]
+    # the default scenario's nominal best needs more than the budget short by its p90 error
+    assert nominal["trust"]["memory"]["at_p90_under_bytes"] > budget
+    assert d["best"]["config"] != nominal["best"]["config"]
+    assert d["trust"]["memory"]["at_p90_under_bytes"] == m["best_margin_bytes"] <= budget
+    rates = [c["throughput"]["tokens_per_s"] for c in d["candidates"]]
+    assert rates == sorted(rates, reverse=True)
+    assert rates[0] <= nominal["best"]["throughput"]["tokens_per_s"]
+    assert m["throughput_change"] == pytest.approx(
+        rates[0] / nominal["best"]["throughput"]["tokens_per_s"] - 1.0)
+    assert main(["optimize", "--margin", "p90"]) == 0
+    assert "with the p90 margin" in capsys.readouterr().out
+
+
+def test_a_margin_needs_held_out_figures_and_says_when_nothing_passes(capsys):
+    assert main(["optimize", "--margin", "p90", "--runtime", "megatron"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--margin" in err[0] and "megatron" in err[0]
+    assert main(["optimize", "--margin", "worst", "--vram-gib", "20"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "budget" in err[0] and "worst margin" in err[0]

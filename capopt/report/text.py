@@ -222,6 +222,22 @@ def optimize_table(res) -> str:
     return "\n".join(lines)
 
 
+def margin_line(margin: dict, res) -> str:
+    """What ``optimize --margin`` kept (`capopt.search.margin.with_margin`), above its table."""
+    nom = margin["nominal_best"]
+    text = (f"with the {margin['kind']} margin ({margin['meaning']} for each config's runtime "
+            f"and layout): the configs whose peak, short by it, still fits "
+            f"{gib(margin['budget_bytes'])} GiB")
+    if res.best and nom and nom["config"] != res.best.config.to_dict():
+        text += (f"; the best without it, {config_line(nom['config'])}, would be "
+                 f"{100 * -margin['throughput_change']:.1f}% faster")
+    elif res.best:
+        text += "; the best without it passes"
+    if res.best:
+        text += f" (the best's peak with the margin: {gib(margin['best_margin_bytes'])} GiB)"
+    return _wrapped("", text)
+
+
 def _wrapped(first: str, text: str, width: int = 100) -> str:
     """``text`` after ``first``, its further lines indented as far."""
     import textwrap
