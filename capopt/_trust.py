@@ -11,6 +11,7 @@ Memory figures are grouped by layout, the way the oracle draws were made: one de
 parallelism with replicated state (ZeRO-0/1); data parallelism with sharded state (ZeRO-2/3,
 FSDP); tensor parallelism (with or without data parallelism). No oracle draw has pipeline or
 context parallelism: configs with either get the runtime's figures over every layout, said so.
+Signed errors are predicted / measured - 1: a negative one is an under-prediction.
 
     >>> from capopt._specs import Config
     >>> config_group(Config(micro_batch=1, dp=8, zero_stage=3))
@@ -27,8 +28,6 @@ from importlib import resources
 #: The layout groups, in the order tables list them.
 GROUPS = ("one device", "data parallel, replicated", "data parallel, sharded",
           "tensor parallel")
-
-#: Signed errors are predicted / measured - 1: a negative one is an under-prediction.
 
 
 def config_group(config) -> str | None:
@@ -109,8 +108,8 @@ def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) ->
         group = config_group(config)
         stats = mem["groups"].get(group) if group else None
         out["memory"] = {"runtime": runtime, "oracle": mem["oracle"], "tier": mem["tier"],
-                         "group": group,
-                         "stats": stats, "all": mem["all"], "files": mem["files"]}
+                         "group": group, "stats": stats, "all": mem["all"],
+                         "files": mem["files"]}
     thr = tab.get("throughput", {})
     if thr:
         fw = thr.get("frameworks", {}).get(runtime)
