@@ -107,13 +107,18 @@ def _emit_writable(args, res, sc) -> bool:
     knob its file has no field for: DeepSpeed's JSON and recomputation, say) the best config
     it can write, among the candidates and then among up to `EMIT_POOL` fitting configs of a
     second search (scored whole where the space allows), with one line on stderr saying
-    which and how much slower. None writable: the optimum's error. As `_emit`."""
+    which and how much slower; with ``--margin``, among those that pass it too. None
+    writable: the optimum's error. As `_emit`."""
     from .report.launch import emit, expresses
     best = res.best
     try:
         emit(args.emit, best.config, best.scenario)
     except CapoptError as err:
         def writes(plan) -> bool:
+            if getattr(args, "margin", None):        # (and fits with the margin asked for)
+                from .search.margin import margin_bytes
+                if margin_bytes(plan, args.margin) > sc.budget.usable_bytes:
+                    return False
             return expresses(args.emit, plan.config, plan.scenario)
         pool = [c for c in res.candidates[1:] if writes(c)]
         if not pool:
