@@ -136,6 +136,11 @@ def test_pareto_marks_the_chosen_config_and_the_front(default, exhaustive):
         "the chosen config tops the front of the configs that fit"
     (budget,) = by_gid(fig, "budget")
     assert budget.get_xdata()[0] == pytest.approx(usable, rel=REL)
+    trust = best.trust()["memory"]
+    for gid, key in (("trust_p90", "at_p90_under_bytes"), ("trust_worst", "at_worst_under_bytes")):
+        (line,) = by_gid(fig, gid)
+        assert line.get_xdata()[0] == pytest.approx(x, rel=REL)
+        assert line.get_xdata()[1] == pytest.approx(trust[key] / GiB, rel=REL)
     fits, nofit = by_gid(fig, "fits")[0], by_gid(fig, "nofit")[0]
     lat = build_lattice(default)
     assert len(fits.get_offsets()) + len(nofit.get_offsets()) == len(lat)

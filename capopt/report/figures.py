@@ -297,7 +297,10 @@ def pareto(result: OptimizeResult, land: Landscape, *, title: str | None = None)
     Returns:
       A `Figure`: configs that fit as dots, those that do not as grey crosses, the Pareto front
       of the fitting ones (``gid="front"``; dashed beyond the budget: what more memory buys),
-      the ``"budget"`` and ``"vram"`` lines and the ``"chosen"`` config.
+      the ``"budget"`` and ``"vram"`` lines and the ``"chosen"`` config, with how far to trust
+      its memory (`capopt._trust`): lines to its peak were it short by the held-out
+      90th-percentile |error| (``"trust_p90"``) and the largest under-prediction
+      (``"trust_worst"``) of its runtime and layout.
     """
     if type(result).__name__ != "OptimizeResult":
         raise TypeError("pareto draws an OptimizeResult (capopt.optimize(...)), got a "
@@ -348,6 +351,16 @@ def pareto(result: OptimizeResult, land: Landscape, *, title: str | None = None)
         ax.annotate(_config_text(best.config.to_dict(), width=28), (bm, bt),
                     xytext=(14, -22), textcoords="offset points", ha="left", va="top",
                     fontsize=7, bbox=dict(boxstyle="round", fc="white", ec="0.7", alpha=0.9))
+        # how far to trust its memory: the peak were it short by its runtime and layout's
+        # held-out 90th-percentile |error| (solid) and by the largest under-prediction (dotted)
+        trust = best.trust()["memory"]
+        if trust is not None:
+            for key, ls, gid, what in (("at_worst_under_bytes", ":", "trust_worst",
+                                        "largest held-out under-prediction"),
+                                       ("at_p90_under_bytes", "-", "trust_p90",
+                                        "held-out p90 error")):
+                ax.plot([bm, _gib(trust[key])], [bt, bt], color=CHOSEN_COLOR, ls=ls, lw=2.0,
+                        zorder=4, gid=gid, label=f"chosen, short by the {what}")
     elif result.smallest is not None:
         s = result.smallest
         ax.scatter([_gib(s.memory["total_bytes"])], [s.throughput["tokens_per_s"]], marker="v",
