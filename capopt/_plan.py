@@ -43,7 +43,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = {"scenario": self.scenario.name, "fits": self.fits,
              "config": self.config.to_dict(), "memory": self.memory, "time": self.time,
-             "throughput": self.throughput}
+             "throughput": self.throughput, "trust": self.trust()}
         if self.scenario.choices:
             d["training"] = training_choices(self.scenario)
         return d

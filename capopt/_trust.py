@@ -108,8 +108,7 @@ def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) ->
         group = config_group(config)
         stats = mem["groups"].get(group) if group else None
         out["memory"] = {"runtime": runtime, "oracle": mem["oracle"], "tier": mem["tier"],
-                         "group": group, "stats": stats, "all": mem["all"],
-                         "files": mem["files"]}
+                         "group": group, "stats": stats, "all": mem["all"]}
     thr = tab.get("throughput", {})
     if thr:
         fw = thr.get("frameworks", {}).get(runtime)

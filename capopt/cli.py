@@ -151,7 +151,6 @@ def cmd_plan(args) -> int:
     from ._plan import plan                 # JAX loads only once the input is known good
     p = plan(sc, cfg)
     d = p.to_dict()
-    d["trust"] = p.trust()
     if args.emit and _emit(args, cfg, sc):
         pass                                # the launch file took the table's place
     elif args.json:
@@ -206,8 +205,6 @@ def cmd_optimize(args) -> int:
     d = res.to_dict()
     if margin:
         d["margin"] = margin
-    if res.best:
-        d["trust"] = res.best.trust()
     if args.emit and res.best and _emit_writable(args, res, sc):
         pass                                # the launch file took the table's place
     elif args.json:
@@ -217,7 +214,7 @@ def cmd_optimize(args) -> int:
             print(margin_line(margin, res))
         print(optimize_table(res))
         if res.best:
-            print(trust_lines(d["trust"]))
+            print(trust_lines(d["best"]["trust"]))
         if 0 < len(res.candidates) < args.top:
             more = ("" if res.method == "exhaustive" else
                     "; --method exhaustive scores every config")

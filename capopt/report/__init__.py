@@ -27,7 +27,8 @@ def render(result, title: str | None = None) -> str:
     if kind == "CalibrationResult":
         return calibration_table(result)
     if any(c.__name__ == "Plan" for c in type(result).__mro__):      # a LayoutPlan too
-        return plan_table(result.to_dict(), title) + "\n" + trust_lines(result.trust())
+        d = result.to_dict()
+        return plan_table(d, title) + "\n" + trust_lines(d["trust"])
     if isinstance(result, dict) and {"memory", "time", "throughput"} <= set(result):
         text = plan_table(result, title)
         return text + "\n" + trust_lines(result["trust"]) if "trust" in result else text
