@@ -126,14 +126,16 @@ def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) ->
 def answer_trust(scenario, config, total_bytes: float) -> dict:
     """`trust_for` the scenario's runtime and GPU, and what the predicted per-device peak
     ``total_bytes`` would be were it short by the group's 90th-percentile |error| and by its
-    largest under-prediction, against the scenario's usable budget and the device's memory."""
+    largest under-prediction (None where that error is 100% or more), against the scenario's
+    usable budget and the device's memory."""
     hw = scenario.hardware
     out = trust_for(scenario.runtime.name, hw.name, hw.compute_capability, config)
     mem = out["memory"]
     if mem:
         s = mem["stats"] or mem["all"]
-        at_p90 = total_bytes * under_by(s, "p90_abs")
-        at_worst = total_bytes * under_by({"e": -s.get("worst_under", 0.0)}, "e")
+        # (None: an |error| of 100% or more bounds nothing; JSON has no infinity)
+        at_p90, at_worst = (None if math.isinf(f) else total_bytes * f for f in (
+            under_by(s, "p90_abs"), under_by({"e": -s.get("worst_under", 0.0)}, "e")))
         # (the compiling tiers target a CUDA GPU; the PyTorch and DeepSpeed ones any device)
         cuda = hw.vendor == "nvidia" and (hw.compute_capability or "")[:1].isdigit()
         mem.update(validate_tier=(mem["tier"] if cuda or mem["tier"] in ("torch", "deepspeed")

@@ -165,3 +165,21 @@ def test_a_margin_needs_held_out_figures_and_says_when_nothing_passes(capsys):
     assert main(["optimize", "--margin", "worst", "--vram-gib", "20"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "budget" in err[0] and "worst margin" in err[0]
+
+
+def test_an_error_of_100_percent_bounds_nothing_and_writes_no_infinity(monkeypatch):
+    from capopt import _trust
+    from capopt._scenario import load_scenario
+    from capopt.report.text import trust_lines
+    s = {"n": 3, "median_abs": 0.5, "p90_abs": 1.2, "worst_abs": 1.2, "worst_signed": 1.2,
+         "worst_under": -0.3, "mean_signed": 0.4, "under_predicted": 1}
+    fake = {"memory": {"xla-gpu": {"oracle": "o", "tier": "xla-gpu", "files": {},
+                                   "groups": {"one device": s}, "all": s}},
+            "throughput": {}}
+    monkeypatch.setattr(_trust, "load_table", lambda: fake)
+    sc = load_scenario("llama3-8b-8xh100")
+    t = _trust.answer_trust(sc, Config(micro_batch=1, grad_accum=256), 10e9)
+    assert t["memory"]["at_p90_under_bytes"] is None
+    assert t["memory"]["at_worst_under_bytes"] == pytest.approx(10e9 / 0.7)
+    json.dumps(t, allow_nan=False)
+    assert "unbounded" in trust_lines(t) and "validate --tier xla-gpu" in trust_lines(t)

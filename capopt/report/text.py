@@ -276,14 +276,17 @@ def trust_lines(trust: dict) -> str:
             cap = [(mem["device_bytes"], "the device's memory"),
                    (mem["budget_bytes"], "the usable budget")]
 
-            def over(b: float) -> str:
+            def over(b: float | None) -> str:
+                if b is None:
+                    return "unbounded (an error of 100% or more)"
                 lim = next((f" (above {name}, {gib(x)} GiB)" for x, name in cap if b > x), "")
                 return f"{gib(b)} GiB{lim}"
             lines.append(_wrapped(pad, f"short by the 90th percentile, "
                                   f"{gib(mem['predicted_bytes'])} GiB would be "
                                   f"{over(mem['at_p90_under_bytes'])}; by the largest, "
                                   f"{over(mem['at_worst_under_bytes'])}"))
-            if mem["at_p90_under_bytes"] > mem["budget_bytes"] and mem["validate_tier"]:
+            at_p90 = mem["at_p90_under_bytes"]
+            if (at_p90 is None or at_p90 > mem["budget_bytes"]) and mem["validate_tier"]:
                 lines.append(_wrapped(pad, "before launching, measure it on its oracle: capopt "
                                       f"validate --tier {mem['validate_tier']} with the same "
                                       "arguments"))

@@ -14,6 +14,7 @@ ones are shown changes.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 from .._errors import CapoptError
@@ -24,9 +25,13 @@ MARGINS = {"p90": ("at_p90_under_bytes", "the 90th percentile of the held-out |e
 
 
 def margin_bytes(plan, kind: str) -> float | None:
-    """``plan``'s peak were it short by the ``kind`` margin; None without held-out figures."""
+    """``plan``'s peak were it short by the ``kind`` margin: None without held-out figures,
+    infinite where the error is 100% or more (nothing bounds it)."""
     mem = plan.trust()["memory"]
-    return None if mem is None else mem[MARGINS[kind][0]]
+    if mem is None:
+        return None
+    b = mem[MARGINS[kind][0]]
+    return math.inf if b is None else b
 
 
 def with_margin(res, kind: str, top_k: int, pool: Callable[[], object]):
