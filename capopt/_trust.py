@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from importlib import resources
 
 #: The layout groups, in the order tables list them.
@@ -41,29 +40,6 @@ def config_group(config) -> str | None:
         return "one device"
     return ("data parallel, sharded" if config.zero_stage >= 2
             else "data parallel, replicated")
-
-
-def label_group(features: dict) -> str:
-    """The layout group of a benchmark point from its ``features`` (the labels each
-    random-config benchmark writes: ``1 device``, ``tp``, ``dp ZeRO-k [+ tp]``, DeepSpeed's
-    ``dp N`` beside ``ZeRO-k``, MaxText's ``data`` / ``fsdp`` / ``tensor`` combinations)."""
-    label = str(features["layout"])
-    words = label.replace("+", " ").replace("(", " ").replace(")", " ").split()
-    if label in ("1 device", "dp 1"):
-        return "one device"
-    if "tp" in words or "tensor" in words:
-        return "tensor parallel"
-    if label.startswith("dp ZeRO-"):
-        stage = int(label.split("-")[1].split()[0])
-        return "data parallel, sharded" if stage >= 2 else "data parallel, replicated"
-    if words and words[0] == "dp" and len(words) == 2 and words[1].isdigit():
-        stage = int(str(features["zero"]).split("-")[1])
-        return "data parallel, sharded" if stage >= 2 else "data parallel, replicated"
-    if words and words[0] == "fsdp":
-        return "data parallel, sharded"
-    if words == ["data"]:
-        return "data parallel, replicated"
-    raise ValueError(f"layout label {label!r} has no group")
 
 
 def generation(compute_capability: str | None) -> str | None:
@@ -89,11 +65,11 @@ def load_table() -> dict:
         return {"memory": {}, "throughput": {}}
 
 
-def under_by(stats: dict, key: str = "p90_abs") -> float:
-    """What the measured peak would be, as a multiple of the predicted one, were the prediction
-    short by ``stats[key]`` (an |error|): predicted / measured - 1 = -e."""
-    e = float(stats.get(key, 0.0))
-    return 1.0 / (1.0 - e) if e < 1.0 else math.inf
+def grown(peak: float, shortfall: float) -> float | None:
+    """The peak a prediction of ``peak`` stands for were it short by ``shortfall`` (predicted /
+    measured - 1 = -shortfall): ``peak / (1 - shortfall)``; None from 100% on (nothing
+    bounds it, and JSON has no infinity)."""
+    return peak / (1.0 - shortfall) if shortfall < 1.0 else None
 
 
 def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) -> dict:
@@ -125,17 +101,18 @@ def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) ->
 
 def answer_trust(scenario, config, total_bytes: float) -> dict:
     """`trust_for` the scenario's runtime and GPU, and what the predicted per-device peak
-    ``total_bytes`` would be were it short by the group's 90th-percentile |error| and by its
-    largest under-prediction (None where that error is 100% or more), against the scenario's
-    usable budget and the device's memory."""
+    ``total_bytes`` would be were it short by the group's 90th-percentile shortfall (in 9 of 10
+    held-out points the prediction fell short of the measured peak by at most that share of
+    it) and by its largest
+    under-prediction (None where that is 100% or more), against the scenario's usable budget
+    and the device's memory."""
     hw = scenario.hardware
     out = trust_for(scenario.runtime.name, hw.name, hw.compute_capability, config)
     mem = out["memory"]
     if mem:
         s = mem["stats"] or mem["all"]
-        # (None: an |error| of 100% or more bounds nothing; JSON has no infinity)
-        at_p90, at_worst = (None if math.isinf(f) else total_bytes * f for f in (
-            under_by(s, "p90_abs"), under_by({"e": -s.get("worst_under", 0.0)}, "e")))
+        at_p90 = grown(total_bytes, s.get("p90_under", 0.0))
+        at_worst = grown(total_bytes, -s.get("worst_under", 0.0))
         # (the compiling tiers target a CUDA GPU; the PyTorch and DeepSpeed ones any device)
         cuda = hw.vendor == "nvidia" and (hw.compute_capability or "")[:1].isdigit()
         mem.update(validate_tier=(mem["tier"] if cuda or mem["tier"] in ("torch", "deepspeed")
@@ -147,5 +124,5 @@ def answer_trust(scenario, config, total_bytes: float) -> dict:
     return out
 
 
-__all__ = ["GROUPS", "answer_trust", "config_group", "generation", "label_group", "load_table",
-           "table_path", "trust_for", "under_by"]
+__all__ = ["GROUPS", "answer_trust", "config_group", "generation", "grown", "load_table",
+           "table_path", "trust_for"]

@@ -193,8 +193,9 @@ def cmd_optimize(args) -> int:
     margin = None
     if args.margin and res.best:
         from .search.margin import with_margin
+        pool_method = "exhaustive" if args.method == "exhaustive" else "auto"
         res, margin = with_margin(res, args.margin, args.top, lambda: optimize(
-            sc, top_k=EMIT_POOL, method="auto", seed=args.seed))
+            sc, top_k=EMIT_POOL, method=pool_method, seed=args.seed))
         if not res.best:
             n = margin["pool"]
             raise CapoptError(f"nothing fits in {gib(sc.budget.usable_bytes)} GiB usable per "
@@ -215,7 +216,10 @@ def cmd_optimize(args) -> int:
         print(optimize_table(res))
         if res.best:
             print(trust_lines(d["best"]["trust"]))
-        if 0 < len(res.candidates) < args.top:
+        if margin and 0 < len(res.candidates) < args.top:
+            print(f"only {len(res.candidates)} configs pass the {args.margin} margin"
+                  + (f" among the {margin['pool']} best that fit" if margin["pool"] else ""))
+        elif 0 < len(res.candidates) < args.top:
             more = ("" if res.method == "exhaustive" else
                     "; --method exhaustive scores every config")
             print(f"only {len(res.candidates)} of the {res.evaluated:,} configs evaluated fit "

@@ -299,7 +299,7 @@ def pareto(result: OptimizeResult, land: Landscape, *, title: str | None = None)
       of the fitting ones (``gid="front"``; dashed beyond the budget: what more memory buys),
       the ``"budget"`` and ``"vram"`` lines and the ``"chosen"`` config, with how far to trust
       its memory (`capopt._trust`): lines to its peak were it short by the held-out
-      90th-percentile |error| (``"trust_p90"``) and the largest under-prediction
+      90th-percentile shortfall (``"trust_p90"``) and the largest under-prediction
       (``"trust_worst"``) of its runtime and layout.
     """
     if type(result).__name__ != "OptimizeResult":
@@ -358,7 +358,9 @@ def pareto(result: OptimizeResult, land: Landscape, *, title: str | None = None)
             for key, ls, gid, what in (("at_worst_under_bytes", ":", "trust_worst",
                                         "largest held-out under-prediction"),
                                        ("at_p90_under_bytes", "-", "trust_p90",
-                                        "held-out p90 error")):
+                                        "held-out p90 shortfall")):
+                if trust[key] is None:          # (an error of 100% or more bounds nothing)
+                    continue
                 ax.plot([bm, _gib(trust[key])], [bt, bt], color=CHOSEN_COLOR, ls=ls, lw=2.0,
                         zorder=4, gid=gid, label=f"chosen, short by the {what}")
     elif result.smallest is not None:

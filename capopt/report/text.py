@@ -229,12 +229,18 @@ def margin_line(margin: dict, res) -> str:
             f"and layout): the configs whose peak, short by it, still fits "
             f"{gib(margin['budget_bytes'])} GiB")
     if res.best and nom and nom["config"] != res.best.config.to_dict():
-        text += (f"; the best without it, {config_line(nom['config'])}, would be "
-                 f"{100 * -margin['throughput_change']:.1f}% faster")
+        text += (f"; the best is {100 * -margin['throughput_change']:.1f}% slower than the best "
+                 f"without it, {config_line(nom['config'])}")
     elif res.best:
         text += "; the best without it passes"
     if res.best:
         text += f" (the best's peak with the margin: {gib(margin['best_margin_bytes'])} GiB)"
+    if margin.get("all_layouts"):
+        many = len(margin["all_layouts"]) > 1
+        text += ("; #" + ", #".join(str(i + 1) for i in margin["all_layouts"])
+                 + (" use" if many else " uses") + " pipeline or context parallelism, which no "
+                 "held-out draw has: " + ("their" if many else "its") + " margin is the "
+                 "runtime's over every layout")
     return _wrapped("", text)
 
 
@@ -258,8 +264,8 @@ def trust_lines(trust: dict) -> str:
     mem = trust.get("memory")
     pad = " " * 14
     if mem is None:
-        lines.append(f"  memory      no held-out oracle measurement of the {trust['runtime']} "
-                     "runtime is committed")
+        lines.append(f"  memory      no held-out measurement of the {trust['runtime']} runtime "
+                     "against its own oracle is committed")
     else:
         s, where = mem["stats"], f"with layout \"{mem['group']}\""
         if s is None:
@@ -268,9 +274,11 @@ def trust_lines(trust: dict) -> str:
                      + ("has pipeline or context parallelism)" if mem["group"] is None else
                         f"of layout \"{mem['group']}\")"))
         lines.append(_wrapped("  memory      ", f"{mem['runtime']} against {mem['oracle']}, "
-                              f"{s['n']} random configs {where}: median |error| "
-                              f"{_pct(s['median_abs'])}, 90th percentile {_pct(s['p90_abs'])}, "
-                              "largest under-prediction "
+                              f"{s['n']} held-out points {where}: median |error| "
+                              f"{_pct(s['median_abs'])}, 90th percentile {_pct(s['p90_abs'])}; "
+                              "in 9 of 10 the prediction fell short of the measured peak by at "
+                              f"most {_pct(s.get('p90_under', 0.0))}, the largest "
+                              "under-prediction "
                               f"{_pct(s.get('worst_under', 0.0), signed=True)}"))
         if "predicted_bytes" in mem:
             cap = [(mem["device_bytes"], "the device's memory"),
@@ -281,9 +289,10 @@ def trust_lines(trust: dict) -> str:
                     return "unbounded (an error of 100% or more)"
                 lim = next((f" (above {name}, {gib(x)} GiB)" for x, name in cap if b > x), "")
                 return f"{gib(b)} GiB{lim}"
-            lines.append(_wrapped(pad, f"short by the 90th percentile, "
+            lines.append(_wrapped(pad, f"short by {_pct(s.get('p90_under', 0.0))}, "
                                   f"{gib(mem['predicted_bytes'])} GiB would be "
-                                  f"{over(mem['at_p90_under_bytes'])}; by the largest, "
+                                  f"{over(mem['at_p90_under_bytes'])}; by "
+                                  f"{_pct(-s.get('worst_under', 0.0))}, "
                                   f"{over(mem['at_worst_under_bytes'])}"))
             at_p90 = mem["at_p90_under_bytes"]
             if (at_p90 is None or at_p90 > mem["budget_bytes"]) and mem["validate_tier"]:
@@ -300,12 +309,12 @@ def trust_lines(trust: dict) -> str:
             f = thr["framework_stats"]
             parts.append(f"published {thr['framework']} runs: median |error| "
                          f"{_pct(f['median_abs'])}, worst {_pct(f['worst_signed'], True)} "
-                         f"({f['n']} runs)")
+                         f"({f['n']} runs; + is predicted faster than published)")
         if thr["stats"]:
             g = thr["stats"]
-            parts.append(f"published runs {thr['where']}: median |error| "
-                         f"{_pct(g['median_abs'])}, worst {_pct(g['worst_signed'], True)} "
-                         f"({g['n']} runs)")
+            parts.append(f"published runs {thr['where']} ({', '.join(g.get('sources', []))}): "
+                         f"median |error| {_pct(g['median_abs'])}, worst "
+                         f"{_pct(g['worst_signed'], True)} ({g['n']} runs)")
         lines += [_wrapped("  throughput  " if i == 0 else pad, x) for i, x in enumerate(parts)]
     return "\n".join(lines)
 

@@ -2,13 +2,15 @@
 held-out error measured for their runtime and layout (`capopt._trust`).
 
 The search fits configs against the budget with the cost model's peak. With a margin, a config
-fits where its peak, grown as if the prediction were short by its layout's held-out 90th
-percentile |error| (``p90``) or by the largest under-prediction measured (``worst``), still
-fits: ``peak / (1 - e) <= budget``. The errors differ by layout, so the margin re-ranks rather
-than scales the budget: the configs that pass are taken from the search's candidates and, where
-fewer pass than were asked for, from the fastest ``pool`` configs that fit a second search
-scored (every config where the space allows). Each keeps its own memory and time; only which
-ones are shown changes.
+fits where its peak, grown as if the prediction were short by its layout's held-out
+90th-percentile shortfall (``p90``: in 9 of 10 held-out points the prediction fell short of the
+measured peak by at most that share of it) or by the largest under-prediction measured (``worst``), still fits:
+``peak / (1 - e) <= budget``. A layout no held-out draw has (pipeline or context parallelism)
+takes the runtime's figures over every layout. The errors differ by layout, so the margin
+re-ranks rather than scales the budget: the configs that pass are taken from the search's
+candidates and, where fewer pass than were asked for, from the best ``pool`` configs that fit a
+second search scored (every config where the space allows), in the search's order (its
+objective). Each keeps its own memory and time; only which ones are shown changes.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Callable
 
 from .._errors import CapoptError
 from .._trust import load_table
+from .optimize import plan_objective
 
-MARGINS = {"p90": ("at_p90_under_bytes", "the 90th percentile of the held-out |error|"),
+MARGINS = {"p90": ("at_p90_under_bytes", "the 90th percentile of the held-out shortfall"),
            "worst": ("at_worst_under_bytes", "the largest held-out under-prediction")}
 
 
@@ -50,7 +53,7 @@ def with_margin(res, kind: str, top_k: int, pool: Callable[[], object]):
                           + ", ".join(load_table()["memory"]))
 
     def passing(plans):
-        return [p for p in plans if p.fits and margin_bytes(p, kind) <= budget]
+        return [p for p in plans if margin_bytes(p, kind) <= budget]
 
     keep = passing(res.candidates)
     pooled = 0
@@ -59,9 +62,11 @@ def with_margin(res, kind: str, top_k: int, pool: Callable[[], object]):
         pooled = len(more.candidates)
         seen = {p.config for p in keep}
         keep += [p for p in passing(more.candidates) if p.config not in seen]
-        keep.sort(key=lambda p: -p.throughput["tokens_per_s"])
+        keep.sort(key=plan_objective, reverse=True)
     keep = keep[:top_k]
+    from .._trust import config_group
     info = {"kind": kind, "meaning": MARGINS[kind][1], "budget_bytes": budget,
+            "all_layouts": [i for i, p in enumerate(keep) if config_group(p.config) is None],
             "pool": pooled, "nominal_best": nominal.to_dict() if nominal else None,
             "best_margin_bytes": margin_bytes(keep[0], kind) if keep else None,
             "throughput_change": (keep[0].throughput["tokens_per_s"]
