@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -102,29 +103,27 @@ def _emit(args, config, sc) -> bool:
 EMIT_POOL = 200
 
 
-def _emit_writable(args, res, sc) -> bool:
+def _emit_writable(args, res, more) -> bool:
     """``optimize --emit FORMAT``: the best config, or where the format cannot write it (a
     knob its file has no field for: DeepSpeed's JSON and recomputation, say) the best config
-    it can write, among the candidates and then among up to `EMIT_POOL` fitting configs of a
-    second search (scored whole where the space allows), with one line on stderr saying
-    which and how much slower; with ``--margin``, among those that pass it too. None
-    writable: the optimum's error. As `_emit`."""
+    it can write, among the candidates and then among the up to `EMIT_POOL` fitting configs
+    of a second search, ``more()`` (scored whole where the space allows), with one line on
+    stderr saying which and how much slower; with ``--margin``, among those that pass it
+    too. None writable: the optimum's error. As `_emit`."""
     from .report.launch import emit, expresses
     best = res.best
     try:
         emit(args.emit, best.config, best.scenario)
     except CapoptError as err:
         def writes(plan) -> bool:
-            if getattr(args, "margin", None):        # (and fits with the margin asked for)
-                from .search.margin import margin_bytes
-                if margin_bytes(plan, args.margin) > sc.budget.usable_bytes:
+            if args.margin:                          # (and fits with the margin asked for)
+                from .search.margin import passes
+                if not passes(plan, args.margin):
                     return False
             return expresses(args.emit, plan.config, plan.scenario)
         pool = [c for c in res.candidates[1:] if writes(c)]
         if not pool:
-            from .search import optimize
-            more = optimize(sc, top_k=EMIT_POOL, method="auto", seed=args.seed)
-            pool = [c for c in more.candidates if writes(c)]
+            pool = [c for c in more().candidates if writes(c)]
         if not pool:
             raise
         alt = pool[0]
@@ -190,12 +189,17 @@ def cmd_optimize(args) -> int:
                                   "data-parallel degree")
     from .search import optimize
     res = optimize(sc, top_k=args.top, method=args.method, seed=args.seed)
+
+    @functools.cache
+    def more():
+        """The second search, for --margin and --emit's fallbacks (run once, when needed)."""
+        return optimize(sc, top_k=EMIT_POOL, seed=args.seed,
+                        method="exhaustive" if args.method == "exhaustive" else "auto")
+
     margin = None
     if args.margin and res.best:
         from .search.margin import with_margin
-        pool_method = "exhaustive" if args.method == "exhaustive" else "auto"
-        res, margin = with_margin(res, args.margin, args.top, lambda: optimize(
-            sc, top_k=EMIT_POOL, method=pool_method, seed=args.seed))
+        res, margin = with_margin(res, args.margin, args.top, more)
         if not res.best:
             n = margin["pool"]
             raise CapoptError(f"nothing fits in {gib(sc.budget.usable_bytes)} GiB usable per "
@@ -206,7 +210,7 @@ def cmd_optimize(args) -> int:
     d = res.to_dict()
     if margin:
         d["margin"] = margin
-    if args.emit and res.best and _emit_writable(args, res, sc):
+    if args.emit and res.best and _emit_writable(args, res, more):
         pass                                # the launch file took the table's place
     elif args.json:
         print(json.dumps(d, indent=2))

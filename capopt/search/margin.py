@@ -20,7 +20,7 @@ import math
 from typing import Callable
 
 from .._errors import CapoptError
-from .._trust import load_table
+from .._trust import config_group, load_table
 from .optimize import plan_objective
 
 MARGINS = {"p90": ("at_p90_under_bytes", "the 90th percentile of the held-out shortfall"),
@@ -35,6 +35,13 @@ def margin_bytes(plan, kind: str) -> float | None:
         return None
     b = mem[MARGINS[kind][0]]
     return math.inf if b is None else b
+
+
+def passes(plan, kind: str) -> bool:
+    """Whether ``plan``'s peak, short by the ``kind`` margin, still fits its usable budget
+    (never without held-out figures)."""
+    b = margin_bytes(plan, kind)
+    return b is not None and b <= plan.scenario.budget.usable_bytes
 
 
 def with_margin(res, kind: str, top_k: int, pool: Callable[[], object]):
@@ -53,7 +60,7 @@ def with_margin(res, kind: str, top_k: int, pool: Callable[[], object]):
                           + ", ".join(load_table()["memory"]))
 
     def passing(plans):
-        return [p for p in plans if margin_bytes(p, kind) <= budget]
+        return [p for p in plans if passes(p, kind)]
 
     keep = passing(res.candidates)
     pooled = 0
@@ -64,7 +71,6 @@ def with_margin(res, kind: str, top_k: int, pool: Callable[[], object]):
         keep += [p for p in passing(more.candidates) if p.config not in seen]
         keep.sort(key=plan_objective, reverse=True)
     keep = keep[:top_k]
-    from .._trust import config_group
     info = {"kind": kind, "meaning": MARGINS[kind][1], "budget_bytes": budget,
             "all_layouts": [i for i, p in enumerate(keep) if config_group(p.config) is None],
             "pool": pooled, "nominal_best": nominal.to_dict() if nominal else None,
@@ -77,4 +83,4 @@ def with_margin(res, kind: str, top_k: int, pool: Callable[[], object]):
     return out, info
 
 
-__all__ = ["MARGINS", "margin_bytes", "with_margin"]
+__all__ = ["MARGINS", "margin_bytes", "passes", "with_margin"]
