@@ -456,9 +456,10 @@ def main(argv=None) -> int:
         groups.setdefault(r["source"], []).append(r)
     for r in records:
         groups.setdefault(f"gpu {r['gpu']}", []).append(r)
+    from capopt._trust import generation     # (the grouping `capopt plan` looks the rows up by)
     for r in records:
-        groups.setdefault(f"all {'Hopper' if r['gpu'].startswith(('h1', 'h2', 'h8')) else 'Ampere'}",
-                          []).append(r)
+        gen = generation(get_hardware(r["gpu"]).compute_capability) or "other"
+        groups.setdefault(f"all {gen}", []).append(r)
     groups["all"] = records
     print("\nthroughput (tokens/s per GPU), predicted against published:")
     for name, rows in groups.items():
