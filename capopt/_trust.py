@@ -89,10 +89,12 @@ def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) ->
     if thr:
         fw = thr.get("frameworks", {}).get(runtime)
         gen = generation(compute_capability)
-        on_gpu = thr.get("gpus", {}).get(gpu)
-        where, stats = ((f"on {gpu}", on_gpu) if on_gpu and on_gpu.get("n") else
-                        (f"on {gen} GPUs", thr.get("generations", {}).get(gen))
-                        if gen and thr.get("generations", {}).get(gen) else (None, None))
+        on_gpu, on_gen = thr.get("gpus", {}).get(gpu), thr.get("generations", {}).get(gen)
+        where, stats = None, None
+        if on_gpu and on_gpu.get("n"):
+            where, stats = f"on {gpu}", on_gpu
+        elif gen and on_gen:
+            where, stats = f"on {gen} GPUs", on_gen
         if fw or stats:
             out["throughput"] = {"framework": runtime if fw else None, "framework_stats": fw,
                                  "where": where, "stats": stats, "source": thr["source"]}
