@@ -4,8 +4,10 @@ capopt prices a fused attention kernel's forward and backward together over the 
 score matrix at ``flash_eff`` of the attention dtype's peak; on Hopper the ``pytorch-eager``
 profile (and those built on it) sets that share from FlashAttention-2's published bars,
 ``flash_eff_sm90 x s / (s + flash_half_seq_sm90)``, read off the non-causal head-dim-128 bars
-of Shah et al. 2024 (``benchmarks/published/flash_attention_h100.json``). This script prices
-every bar with the model, nothing fitted here:
+of Shah et al. 2024 (``benchmarks/published/flash_attention_h100.json``), at other head dims
+through the exponentials the kernel pays between its matmuls (``flash_exp_flops_sm90``, the
+paper's 989 against 3.9 TFLOPS; `capopt._runtime.flash_share_sm90`). This script prices every
+bar with the model, nothing fitted here:
 
     measured share = (1 + 2.5) / (1 / forward + 2.5 / backward) / peak     (fwd + bwd FLOPs)
 

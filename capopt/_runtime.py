@@ -421,6 +421,14 @@ SCHEMA: dict[str, Coeff] = {
     "flash_half_seq_sm90": _c(0, "sequence length at which flash_eff_sm90 halves: the "
                                  "Hopper share is flash_eff_sm90 x s / (s + this) (with "
                                  "flash_eff_sm90 only)"),
+    "flash_exp_flops_sm90": _c(0, "where the Hopper kernel computes its softmax between its "
+                                  "matmuls, not beside them: the time of one exponential in "
+                                  "tensor-core FLOPs (two a score element, forward and "
+                                  "backward, beside 14 x head_dim matmul FLOPs), which makes "
+                                  "the share depend on the head dim (flash_eff_sm90 is the "
+                                  "share at flash_eff_head_dim_sm90); 0: no head-dim rule"),
+    "flash_eff_head_dim_sm90": _c(128, "the head dim at which flash_eff_sm90 was read (with "
+                                       "flash_exp_flops_sm90 only)"),
     "mem_eff": _c(0.8, "streaming element-wise kernels' share of HBM bandwidth"),
     "ew_h": _c(10, "h-wide elements read + written per token by a block's element-wise ops"),
     "ew_dropout_h": _c(1, "dropout masks per block, in activation-element units"),
@@ -512,7 +520,40 @@ def _check_policy(coeffs: dict, file: str | None) -> dict:
         raise CapoptError("selective_saves_dots + selective_saves_ops must be at most 1 "
                           "(each is a share of the selective policy)", file=file,
                           field="coeffs.selective_saves_ops")
+    if coeffs["flash_exp_flops_sm90"] > 0.0 and not _matmul_time_left(coeffs) > 0.0:
+        raise CapoptError("flash_eff_sm90 leaves no time for the matmuls beside "
+                          "flash_exp_flops_sm90's exponentials: it must be below "
+                          "7 x flash_eff_head_dim_sm90 / flash_exp_flops_sm90", file=file,
+                          field="coeffs.flash_exp_flops_sm90")
     return coeffs
+
+
+# The attention kernel's FLOPs and exponentials per score element (one query-key pair of one
+# head) of head dim d: forward Q K^T and P V, 4 d; backward 2.5 times that (FlashAttention's
+# count); one exponential each way (the softmax, and the backward's recomputed P)
+ATTN_MATMUL_FLOPS_PER_HEAD_DIM = 4.0 * (1.0 + 2.5)
+ATTN_EXPONENTIALS = 2.0
+
+
+def _matmul_time_left(c: dict) -> float:
+    """Peak-FLOP seconds per score element, in FLOPs, that the Hopper share at its reference
+    head dim leaves for the matmuls once the exponentials are paid."""
+    d = c["flash_eff_head_dim_sm90"]
+    return (ATTN_MATMUL_FLOPS_PER_HEAD_DIM * d / c["flash_eff_sm90"]
+            - ATTN_EXPONENTIALS * c["flash_exp_flops_sm90"])
+
+
+def flash_share_sm90(c: dict, head_dim: float) -> float:
+    """The Hopper attention kernel's share of the peak at ``head_dim`` (long sequences):
+    ``flash_eff_sm90``, or, where its exponentials run between its matmuls
+    (``flash_exp_flops_sm90``), ``14 d / (14 d / m + 2 x)`` with ``m`` the share inside the
+    matmuls that ``flash_eff_sm90`` gives at ``flash_eff_head_dim_sm90``."""
+    if c.get("flash_exp_flops_sm90", 0.0) <= 0.0:
+        return float(c["flash_eff_sm90"])
+    work = ATTN_MATMUL_FLOPS_PER_HEAD_DIM
+    inside = work * c["flash_eff_head_dim_sm90"] / _matmul_time_left(c)
+    return work * head_dim / (work * head_dim / inside
+                              + ATTN_EXPONENTIALS * c["flash_exp_flops_sm90"])
 
 
 def complete_coeffs(given: dict, file: str | None = None) -> dict[str, float]:

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._runtime import (ADAM8BIT_MIN_SIZE, INT8_SCALE_BYTES, NF4_BYTES_PER_WEIGHT,
-                        PAGED_STATE_MIN_SIZE, adafactor_state_elems, adam8bit_moment_bytes)
+                        PAGED_STATE_MIN_SIZE, adafactor_state_elems, adam8bit_moment_bytes,
+                        flash_share_sm90)
 from .._inventory import inventory, trainable
 from .._specs import CHUNKED_LOSS_CHUNKS, Config, LoRA, Scenario, lora_adapters_bf16
 
@@ -624,12 +625,13 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     n.update({f"rt_{k}": v for k, v in c.items()})
     # the attention kernel's efficiency on Hopper (compute capability 9.x), where the profile
     # names one (``flash_eff_sm90``): a kernel written for Ampere reaches a smaller share of
-    # Hopper's peak, and less of it on shorter sequences (``flash_half_seq_sm90``: the share
-    # is flash_eff_sm90 x s / (s + flash_half_seq_sm90))
+    # Hopper's peak, less of it on shorter sequences (``flash_half_seq_sm90``: the share
+    # is flash_eff_sm90 x s / (s + flash_half_seq_sm90)) and, where its exponentials run
+    # between its matmuls, on narrower heads (`capopt._runtime.flash_share_sm90`)
     n["flash_half_seq"] = 0.0
     if c.get("flash_eff_sm90", 0.0) > 0.0 and (hw.compute_capability or "").startswith("9."):
         half = float(c.get("flash_half_seq_sm90", 0.0))
-        n["rt_flash_eff"] = float(c["flash_eff_sm90"]) * s / (s + half)
+        n["rt_flash_eff"] = flash_share_sm90(c, float(m.head_size)) * s / (s + half)
         n["flash_half_seq"] = half
     # A fused cross-entropy (``loss = "fused"``) takes the place of the profile's loss rules
     # (`capopt.cost.memory.loss_copies`; torch.compile's partitioner saves the loss's input
