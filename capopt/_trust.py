@@ -1,10 +1,9 @@
 """How far to trust one answer: the held-out errors measured for its runtime and layout.
 
 ``data/trust.json`` is written by ``benchmarks/trust_table.py`` from the committed results of
-the random-config benchmarks (each runtime profile against its own oracle: XLA's GPU buffer
-assignment for ``xla-gpu``, MaxText's compiled step for ``maxtext``, DeepSpeed's step for
-``deepspeed``, PyTorch's allocator on fake tensors for the PyTorch runtimes) and of the
-published training runs (``published_runs.py``). Nothing here is computed from the cost model:
+the random-config benchmarks (each runtime profile against its own oracle, which the table
+names per runtime: ``ORACLES`` in that script) and of the published training runs
+(``published_runs.py``). Nothing here is computed from the cost model:
 it is what the benchmarks measured, looked up for the config at hand.
 
 Memory figures are grouped by layout, the way the oracle draws were made: one device; data
