@@ -34,10 +34,10 @@ from _kernel_probe import probe_numbers, profile_args, write_results  # noqa: E4
 from _random_cases import summary as error_summary  # noqa: E402
 
 from capopt._hardware import get_hardware  # noqa: E402
+from capopt._runtime import ATTN_BWD_FLOPS as BWD_FLOPS  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "published" / "flash_attention_h100.json"
 RESULTS = ROOT / "benchmarks" / "results" / "attention_table.json"
-BWD_FLOPS = 2.5          # the backward pass's FLOPs per forward FLOP (the paper's count)
 
 
 def model_share(card: str, profile: str, seq: int, head_dim: int) -> float:

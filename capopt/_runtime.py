@@ -529,15 +529,17 @@ def _check_policy(coeffs: dict, file: str | None) -> dict:
 
 
 # The attention kernel's FLOPs and exponentials per score element (one query-key pair of one
-# head) of head dim d: forward Q K^T and P V, 4 d; backward 2.5 times that (FlashAttention's
-# count); one exponential each way (the softmax, and the backward's recomputed P)
-ATTN_MATMUL_FLOPS_PER_HEAD_DIM = 4.0 * (1.0 + 2.5)
+# head) of head dim d: forward Q K^T and P V, 4 d; backward ATTN_BWD_FLOPS times that
+# (FlashAttention's count, Dao 2023); one exponential each way (the softmax, and the
+# backward's recomputed P)
+ATTN_BWD_FLOPS = 2.5
+ATTN_MATMUL_FLOPS_PER_HEAD_DIM = 4.0 * (1.0 + ATTN_BWD_FLOPS)
 ATTN_EXPONENTIALS = 2.0
 
 
 def _matmul_time_left(c: dict) -> float:
-    """Peak-FLOP seconds per score element, in FLOPs, that the Hopper share at its reference
-    head dim leaves for the matmuls once the exponentials are paid."""
+    """The time a score element takes at ``flash_eff_sm90`` (its reference head dim), less
+    its exponentials', in FLOPs at the peak: the matmuls' share of it (must be above 0)."""
     d = c["flash_eff_head_dim_sm90"]
     return (ATTN_MATMUL_FLOPS_PER_HEAD_DIM * d / c["flash_eff_sm90"]
             - ATTN_EXPONENTIALS * c["flash_exp_flops_sm90"])
