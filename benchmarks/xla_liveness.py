@@ -14,6 +14,11 @@ peak of XLA's own schedule (`capopt.validation.liveset`) and splits the peak int
 ``packing``  measured peak - live: what the buffer assignment adds to the live bytes (its heap
              packing: buffers that are never live together cannot always share an offset),
              together with any buffer the live-range dump does not list at that instruction;
+``other blocks``  the bytes of the values, live at the peak, that the backward pass (or a
+             rebuild) of a block other than the peak's own made: a weight-gradient GEMM that
+             XLA scheduled after that block's backward keeps its operands live, and a gradient
+             waits there for its collective (the simulated step, one block's backward after
+             another, holds none of them);
 and compares the ``xla-gpu`` profile's prediction with each: ``error`` (against the measured
 peak, as `memory_random.py`) and ``liveness error`` (against ``live``, what a model of XLA's
 schedule without packing would be judged on). Where the peak falls in XLA's schedule is its
@@ -102,13 +107,15 @@ def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> 
         where = LiveValue(name=peak.at, index="", bytes=0, shape="", op_name=peak.at_op_name,
                           parameter=False)
         chosen, peaks = scheduler_choice(done.stderr)
+        other = sum(v.bytes for v in peak.unique() if v.phase in ("backward", "rebuild")
+                    and v.block is not None and v.block != where.block)
         return {"status": "ok", "measured": out["measured"], "details": out["details"],
                 "xla_scheduler": chosen, "scheduler_peaks_gib": peaks,
                 "live_bytes": peak.total_bytes,
                 "live_all_bytes": sum(v.bytes for v in peak.values),
                 "peak_index": peak.index, "schedule_length": peak.length,
                 "peak_phase": where.phase, "peak_block": where.block,
-                "peak_module": where.module}
+                "peak_module": where.module, "other_blocks_bytes": other}
     except subprocess.TimeoutExpired:
         return {"status": "error", "error": f"timeout after {timeout_s:g} s"}
     finally:
@@ -130,6 +137,32 @@ def split_by(points: list[dict], title: str, group) -> dict:
         print(f"{name:<18} {s['n']:>3} {pct(s['error']['median_abs']):>8} "
               f"{pct(s['liveness_error']['median_abs']):>10} "
               f"{pct(s['packing']['median_abs']):>8}")
+    return out
+
+
+def other_blocks(points: list[dict]) -> dict:
+    """How many cases hold 3% or more of the peak in other blocks' backward values, one
+    device against several (a collective to wait for), by the order XLA kept; printed."""
+    from _random_cases import pct
+    def count(sel):
+        shares = [q["other_blocks"] for q in sel]
+        return {"n": len(sel), "at_least_3pct": sum(x >= 0.03 for x in shares),
+                "at_least_10pct": sum(x >= 0.10 for x in shares),
+                "largest": max(shares, default=0.0)}
+    groups = {"one device": [q for q in points if q["features"]["layout"] == "1 device"],
+              "several devices": [q for q in points if q["features"]["layout"] != "1 device"]}
+    out = {}
+    print("\nother blocks' backward values live at the peak (share of the measured peak):")
+    for name, sel in groups.items():
+        out[name] = {"all": count(sel), "by_order": {
+            o: count([q for q in sel if q["xla_scheduler"] == o])
+            for o in sorted({q["xla_scheduler"] for q in sel})}}
+        a = out[name]["all"]
+        orders = ", ".join(f"{o} {c['at_least_3pct']} of {c['n']}"
+                           for o, c in out[name]["by_order"].items())
+        print(f"  {name:<16} {a['at_least_3pct']} of {a['n']} at 3% or more "
+              f"({a['at_least_10pct']} at 10% or more, largest {pct(a['largest'])}); "
+              f"by the order kept: {orders}")
     return out
 
 
@@ -161,7 +194,8 @@ def main(argv=None) -> int:
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = {r["key"]: r for r in load_results(path)
-            if r.get("status") == "ok" and r.get("xla_scheduler", "?") != "?"}
+            if r.get("status") == "ok" and r.get("xla_scheduler", "?") != "?"
+            and "other_blocks_bytes" in r}
     todo = [(i, c) for i, c in chosen if measurement_key(c) not in done]
     if todo:
         print(f"compiling {len(todo)} case(s) with a dump ({len(done)} already in "
@@ -201,7 +235,8 @@ def main(argv=None) -> int:
             "peak_phase": rec["peak_phase"], "peak_block": rec["peak_block"],
             "peak_module": rec["peak_module"], "xla_scheduler": rec["xla_scheduler"],
             "scheduler_peaks_gib": rec["scheduler_peaks_gib"],
-            "peak_position": rec["peak_index"] / max(rec["schedule_length"], 1)})
+            "peak_position": rec["peak_index"] / max(rec["schedule_length"], 1),
+            "other_blocks": rec["other_blocks_bytes"] / m["peak_bytes"]})
     packing = [q["packing"] for q in points]
     table = {"error (vs measured)": summary([q["error"] for q in points]),
              "liveness error (vs live set)": summary([q["liveness_error"] for q in points]),
@@ -222,9 +257,11 @@ def main(argv=None) -> int:
         phases[q["peak_phase"]] = phases.get(q["peak_phase"], 0) + 1
     print("\nwhere XLA's peak falls: " + ", ".join(f"{k} {v}" for k, v in
                                                     sorted(phases.items())))
+    other = other_blocks(points)
     out = {"tier": "xla-gpu", "gpu": "h100-sxm-80gb", "profile": "xla-gpu", "seed": args.seed,
            "cases": args.cases, "split": args.split, "summary": table,
            "by_layout": by_layout, "by_scheduler": by_scheduler, "peak_phases": phases,
+           "other_blocks": other,
            "points": points,
            "not_measured": [c.name for _, c in chosen if measurement_key(c) not in done],
            "total_s": time.perf_counter() - t0}
