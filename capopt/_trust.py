@@ -104,9 +104,8 @@ def answer_trust(scenario, config, total_bytes: float) -> dict:
     """`trust_for` the scenario's runtime and GPU, and what the predicted per-device peak
     ``total_bytes`` would be were it short by the group's 90th-percentile shortfall (in 9 of 10
     held-out points the prediction fell short of the measured peak by at most that share of
-    it) and by its largest
-    under-prediction (None where that is 100% or more), against the scenario's usable budget
-    and the device's memory."""
+    it) and by its largest under-prediction (None where that is 100% or more), against the
+    scenario's usable budget and the device's memory."""
     hw = scenario.hardware
     out = trust_for(scenario.runtime.name, hw.name, hw.compute_capability, config)
     mem = out["memory"]

@@ -224,10 +224,10 @@ def cmd_optimize(args) -> int:
             print(f"only {len(res.candidates)} configs pass the {args.margin} margin"
                   + (f" among the {margin['pool']} best that fit" if margin["pool"] else ""))
         elif 0 < len(res.candidates) < args.top:
-            more = ("" if res.method == "exhaustive" else
+            hint = ("" if res.method == "exhaustive" else
                     "; --method exhaustive scores every config")
             print(f"only {len(res.candidates)} of the {res.evaluated:,} configs evaluated fit "
-                  f"(--top {args.top} asked{more})")
+                  f"(--top {args.top} asked{hint})")
     if args.plot and res.best:
         from .report.figures import pareto, save
         from .search.explore import landscape
