@@ -373,6 +373,13 @@ SCHEMA: dict[str, Coeff] = {
     "logits_fp32_copies": _c(2, "float32 logits-sized buffers at the loss"),
     "logits_pad_copies": _c(0, "compute-dtype logits copies added when the vocabulary is not "
                                "a multiple of 16 (padded for the head's backward GEMM)"),
+    "head_splitk_rows_per_sm": _c(0, "the padded copies exist only where the compiler splits "
+                                     "the head's input-gradient GEMM over the vocabulary: "
+                                     "when its output's rows x 128-wide column tiles are "
+                                     "fewer than this x SMs x V / (V + head_splitk_half_k) "
+                                     "(0: padded whenever the vocabulary is unaligned)"),
+    "head_splitk_half_k": _c(0, "the vocabulary at which that limit is half its large-"
+                                "vocabulary value"),
     "logits_parallel_extra_copies": _c(0, "float32 logits-sized buffers added at the loss "
                                           "when the head is split over the vocabulary "
                                           "(a vocabulary-parallel cross-entropy)"),

@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
+from capopt._hardware import get_hardware
 from capopt._runtime import get_profile
 from capopt._model import ModelSpec
 from capopt._specs import Config, LoRA
 from capopt.cost import estimate, knobs_from_config, numbers_pytree, scenario_numbers
 from capopt.cost.activations import saved_bytes
 from capopt.cost.memory import PHASES, memory
-from conftest import END_STAGE_CONFIGS, RELAXED_KNOBS, gpt_like, llama_like, make_scenario
+from conftest import (END_STAGE_CONFIGS, RELAXED_KNOBS, TEST_GPU, gpt_like, llama_like,
+                      make_scenario)
 
 # float32 arithmetic on byte counts up to ~1e12 carries ~1e-7 relative error.
 F32_RTOL = 1e-6
@@ -301,6 +303,36 @@ def test_sequence_parallel_runs_the_head_on_the_sequence_slice():
     nn = scenario_numbers(sc)
     logits = 2 * nn["logit_elems_per_seq"] * (4 + nn["act_bytes"] * (1 + nn["vocab_unaligned"]))
     assert l0 - l1 >= logits / 2 * (1 - 1e-5)
+
+
+def test_xla_pads_the_logits_gradient_only_where_it_splits_the_heads_gemm():
+    """XLA pads an unaligned vocabulary (K of the head's input-gradient GEMM) only where it
+    splits that GEMM over K, which it does when the GEMM's output, [tokens, h], has few tiles
+    for the device's SMs (`capopt.cost.memory.head_grad_split`): a short micro-batch of a
+    narrow model holds one compute-dtype logits copy more at the loss, a long one none. A
+    profile that states no rule pads every unaligned vocabulary."""
+    h100 = get_hardware("h100-sxm-80gb")
+
+    def loss(vocab, mb, hardware=h100, **coeffs):
+        sc = make_scenario(gpt_like(vocab=vocab, seq=1024), runtime="xla-gpu", count=1,
+                           seq_len=1024, global_batch=64, hardware=hardware)
+        return _phase(sc, Config(micro_batch=mb, grad_accum=64 // mb), "loss", **coeffs)
+
+    n = scenario_numbers(make_scenario(gpt_like(vocab=50257, seq=1024), runtime="xla-gpu",
+                                       count=1, seq_len=1024, global_batch=64, hardware=h100))
+    # (hidden 256: two column tiles; the limit at V 50257 is 127 x SMs x 0.975 rows)
+    limit = n["sm_count"] * 127.0 * 50257 / (50257 + 1282)
+    assert 1024 * 2 < limit < 16 * 1024 * 2
+    for mb, padded in ((1, True), (16, False)):
+        copy = mb * 1024 * 50257 * n["act_bytes"]
+        # (a vocabulary one entry larger, a multiple of 16: the same logits, never padded)
+        extra = loss(50257, mb) - loss(50256, mb)
+        assert extra == pytest.approx(copy if padded else 0.0, abs=0.002 * copy)
+        # (no rule, or no SM count: padded whatever the split)
+        assert loss(50257, mb, head_splitk_rows_per_sm=0.0) - loss(50256, mb) == \
+            pytest.approx(copy, rel=0.002)
+        assert loss(50257, mb, TEST_GPU) - loss(50256, mb, TEST_GPU) == \
+            pytest.approx(copy, rel=0.002)
 
 
 def test_data_parallel_gradients_wait_for_their_combined_collective():

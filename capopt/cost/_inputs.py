@@ -617,6 +617,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
     n.update(B=float(w.global_batch), N=float(sc.count), per_node=float(sc.per_node),
              vram_bytes=float(sc.budget.vram_bytes), usable_bytes=float(sc.budget.usable_bytes),
              mem_bw=float(hw.mem_bw), intra_bw=float(hw.intra_node_bw),
+             sm_count=float(hw.sm_count or 0),
              inter_bw=float(hw.inter_node_bw), host_bw=float(hw.host_bw),
              input_rate=float(w.input_samples_per_s or 0.0),
              train_tokens=float(w.train_tokens or 0.0),

@@ -98,6 +98,36 @@ def gathered_param_bytes(n):
     return (1.0 - g) * n["param_bytes"] + g * compute_weight_bytes(n)
 
 
+def head_grad_split(k: Knobs, n):
+    """1 where the runtime splits the contracting dimension (the device's vocabulary) of the
+    head's input-gradient GEMM (logits gradient x head, out: [tokens, h]), 0 where not.
+
+    XLA's GPU compiler splits K where the output has few tiles for the device's SMs, the
+    more readily the longer K is (``head_splitk_rows_per_sm``, ``head_splitk_half_k``:
+    `benchmarks/xla_splitk.py`); a split pads K to a multiple of the split, the padded copy
+    of the logits gradient the profile's ``logits_pad_copies``. (A runtime that states no
+    rule, or a device whose SM count is not known: 1.)"""
+    per_sm = n["rt_head_splitk_rows_per_sm"]
+    _, vocab_rep = tp_replication(k, n)
+    vocab_split = n["logit_tp"] * (1.0 - vocab_rep) * step_at_least(k.tp, 2.0)
+    vocab = n["logit_elems_per_seq"] / n["s"] / (1.0 + vocab_split * (k.tp - 1.0))
+    # (the head runs on the device's slice of the sequence where the logits follow sequence
+    # parallelism and the vocabulary is whole)
+    sp_rows = n["logit_tp"] * k.sp * n["rt_logits_follow_sp"] * (1.0 - vocab_split)
+    rows = rank_sequences(k) * n["s"] / (1.0 + sp_rows * (k.tp - 1.0))
+    tiles = rows * jnp.ceil(n["h"] / 128.0)
+    limit = splitk_tile_limit(n["sm_count"], vocab, per_sm, n["rt_head_splitk_half_k"])
+    # (no rule, or a device whose SMs the catalog does not give: padded whenever unaligned)
+    stated = (per_sm > 0.0) & (n["sm_count"] > 0.0)
+    return jnp.where(stated, (tiles < limit).astype(jnp.result_type(float)), 1.0)
+
+
+def splitk_tile_limit(sm_count, k, rows_per_sm, half_k):
+    """Output rows x 128-wide column tiles below which a K-deep GEMM is split over K:
+    ``rows_per_sm`` per SM for a long K, half that at ``k = half_k``."""
+    return sm_count * rows_per_sm * k / (k + half_k)
+
+
 def loss_copies(n):
     """Logits-sized buffers at the loss: (float32, compute dtype, padded compute-dtype
     copies of an unaligned vocabulary, float32 extras of a vocabulary-parallel loss). The
@@ -444,7 +474,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # ``logits_parallel_extra_copies`` more float32 buffers (its own fused backward).
     lowp = (n["act_bytes"] < 4.0).astype(jnp.result_type(float))
     fp32_copies, act_copies, pad_copies, parallel_extra = loss_copies(n)
-    pad = lowp * n["vocab_unaligned"] * pad_copies
+    pad = lowp * n["vocab_unaligned"] * pad_copies * head_grad_split(k, n)
     vocab_split = n["logit_tp"] * (1.0 - vocab_rep)
     parallel_loss = vocab_split * step_at_least(k.tp, 2.0)
     per_elem = ((fp32_copies + parallel_loss * parallel_extra) * 4.0
@@ -984,7 +1014,9 @@ def memory(k: Knobs, n) -> dict:
 
 
 __all__ = ["PHASES", "compute_weight_bytes", "end_stage_args", "end_stage_memory",
-           "expert_layer_params", "gathered_param_bytes", "indivisible", "largest_module",
+           "expert_layer_params", "gathered_param_bytes", "head_grad_split", "indivisible",
+           "largest_module",
            "loss_copies", "lora_per_device", "memory", "pp_nosync", "shard", "stage_blocks",
-           "stage_memory", "stage_params", "step_at_least", "tp_replication",
+           "splitk_tile_limit", "stage_memory", "stage_params", "step_at_least",
+           "tp_replication",
            "wrapped_base_per_device", "zero_shard", "zero_shares"]

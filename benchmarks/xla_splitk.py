@@ -1,0 +1,202 @@
+"""When XLA splits a GEMM's contracting dimension: the rule behind the padded logits gradient.
+
+    python benchmarks/xla_splitk.py [--quick]
+
+XLA's GPU compiler (jaxlib 0.10.2, autotuning off, as the xla-gpu tier compiles) splits the
+contracting dimension K of a GEMM whose output has few tiles for the device's SMs, and pads K
+to a multiple of the split. The head's input-gradient GEMM (logits gradient [tokens, V] x head
+[V, h]) is such a GEMM when a micro-batch has few tokens: split, its padded operand is a
+logits-sized copy the loss holds (the ``xla-gpu`` profile's ``logits_pad_copies``); not split,
+there is none.
+
+This script compiles one GEMM ``bf16(x[m, K]) @ bf16(w[K, n])`` (both cast from float32, as
+the mixed-precision step's head gradient and weight are) for a deviceless GPU target and finds
+by bisection the largest ``m`` at which XLA still splits K, for a grid of K, output widths n
+and GPUs. It states the measured limit as output rows x 128-wide column tiles per SM, and
+compares it with the profile's rule (`capopt.cost.memory.splitk_tile_limit`):
+
+    rows x ceil(n / 128) < SMs x head_splitk_rows_per_sm x K / (K + head_splitk_half_k)
+
+The two coefficients are read off the H100 points with K >= 1999 (1 / limit is linear in
+1 / K: a least-squares line, printed); the H100 points with K < 1999 or another n and the
+other GPUs (A100, B200, RTX A6000, L4) are held out. Results: ``results/xla_splitk.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks" / "results"
+FIT_GPU = "h100-sxm-80gb"
+FIT_MIN_K = 1999
+# (gpu, n, K): the H100 grid over K at n = 128, wider outputs, and other GPUs at K = 5003
+GRID = ([(FIT_GPU, 128, k) for k in (600, 997, 1999, 3001, 5003, 8191, 10007, 16411, 32001,
+                                      50257, 128256)]
+        + [(FIT_GPU, n, k) for n, k in ((256, 50257), (384, 997), (768, 5003), (256, 8191))]
+        + [(g, 128, k) for g in ("a100-sxm-80gb", "b200-sxm-192gb", "rtx-a6000-48gb",
+                                 "l4-pcie-24gb") for k in (1999, 5003, 32001)])
+QUICK = [(FIT_GPU, 128, 1999), (FIT_GPU, 128, 5003), (FIT_GPU, 128, 32001),
+         ("a100-sxm-80gb", 128, 5003)]
+
+
+def worker(gpu: str, jobs: list[tuple[int, int]]) -> None:
+    """In a process set up for the xla-gpu tier: one JSON line per (n, K) with the largest m
+    at which XLA splits the GEMM's K (0 if it does not split even at m = 64)."""
+    import glob
+    import re
+    import tempfile
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
+
+    from capopt._hardware import get_hardware
+    from capopt.validation.tiers import gpu_topology
+    hw = get_hardware(gpu)
+    sharding = SingleDeviceSharding(gpu_topology(hw, 1).devices[0])
+
+    def split(m: int, n: int, k: int) -> int:
+        with tempfile.TemporaryDirectory() as d:
+            a = jax.ShapeDtypeStruct((m, k), jnp.float32, sharding=sharding)
+            b = jax.ShapeDtypeStruct((k, n), jnp.float32, sharding=sharding)
+            fn = jax.jit(lambda x, w: x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16))
+            # (the tier's XLA_FLAGS, autotuning off, come with the worker's environment)
+            fn.trace(a, b).lower().compile(compiler_options={
+                "xla_dump_to": d, "xla_dump_hlo_as_text": True})
+            text = Path(glob.glob(f"{d}/*after_optimizations.txt")[0]).read_text()
+        # a split dot computes [split, m, n] partial sums (float32) before their reduction
+        dims = re.findall(r"ROOT %dot[.\d]* = \w+\[([\d,]*)\]", text)
+        shape = [int(x) for x in dims[0].split(",")] if dims else []
+        return shape[0] if len(shape) == 3 else 1
+
+    for n, k in jobs:
+        t0 = time.perf_counter()
+        lo, hi = 64, 1024
+        if split(lo, n, k) == 1:
+            lo = 0
+        else:
+            while split(hi, n, k) > 1:
+                lo, hi = hi, hi * 2
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if split(mid, n, k) > 1 else (lo, mid)
+        print(json.dumps({"gpu": gpu, "sm_count": hw.sm_count, "n": n, "k": k,
+                          "last_split_rows": lo, "s": round(time.perf_counter() - t0, 1)}),
+              flush=True)
+
+
+def measure(grid: list[tuple[str, int, int]], path: Path) -> list[dict]:
+    """Every point of ``grid`` (measured ones read back from the JSONL at ``path``)."""
+    from capopt._specs import Config
+    from capopt.validation.tiers import environment
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            done[(r["gpu"], r["n"], r["k"])] = r
+    todo: dict[str, list] = {}
+    for g, n, k in grid:
+        if (g, n, k) not in done:
+            todo.setdefault(g, []).append((n, k))
+    env = environment("xla-gpu", Config())
+    for g, jobs in todo.items():
+        print(f"  {g}: {len(jobs)} GEMMs to bisect", flush=True)
+        proc = subprocess.run([sys.executable, __file__, "--worker", g, json.dumps(jobs)],
+                              env=env, capture_output=True, text=True)
+        got = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+        if proc.returncode != 0 and not got:
+            tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+            print(f"  {g}: failed: {tail[0]}", flush=True)
+        with path.open("a") as f:
+            for r in got:
+                f.write(json.dumps(r) + "\n")
+                done[(r["gpu"], r["n"], r["k"])] = r
+                print(f"    n {r['n']:4d} K {r['k']:6d}: splits up to {r['last_split_rows']} "
+                      f"rows ({r['s']:.0f} s)", flush=True)
+    return [done[p] for p in grid if p in done]
+
+
+def per_sm(r: dict) -> float:
+    return r["last_split_rows"] * -(-r["n"] // 128) / r["sm_count"]
+
+
+def derive(points: list[dict]) -> dict:
+    """``head_splitk_rows_per_sm`` and ``head_splitk_half_k`` from the fitting points:
+    limit = R K / (K + K_half), so 1 / limit = 1 / R + (K_half / R) / K (least squares)."""
+    import numpy as np
+    x = np.array([1.0 / r["k"] for r in points])
+    y = np.array([1.0 / per_sm(r) for r in points])
+    slope, icept = np.polyfit(x, y, 1)
+    return {"head_splitk_rows_per_sm": 1.0 / icept, "head_splitk_half_k": slope / icept}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="four points only")
+    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args.worker[0], [tuple(j) for j in json.loads(args.worker[1])])
+        return 0
+    from capopt._runtime import get_profile
+    from capopt.cost.memory import splitk_tile_limit
+    from capopt.validation.tiers import xla_gpu_available
+    ok, why = xla_gpu_available()
+    if not ok:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    grid = QUICK if args.quick else GRID
+    rows = measure(grid, RESULTS / "xla_splitk.jsonl")
+    profile = get_profile("xla-gpu")
+    rule = {k: profile.coeff(k) for k in ("head_splitk_rows_per_sm", "head_splitk_half_k")}
+    fit = [r for r in rows if r["gpu"] == FIT_GPU and r["n"] == 128 and r["k"] >= FIT_MIN_K]
+    derived = derive(fit) if len(fit) >= 2 else {}
+    print("\nlargest output rows x 128-wide column tiles at which XLA splits K, per SM, "
+          "against the xla-gpu profile's rule")
+    print(f"{'gpu':16s} {'SMs':>4s} {'n':>4s} {'K':>7s} {'split':>7s}  {'measured':>8s} "
+          f"{'rule':>7s} {'error':>7s}")
+    points = []
+    for r in rows:
+        limit = float(splitk_tile_limit(r["sm_count"], r["k"], rule["head_splitk_rows_per_sm"],
+                                        rule["head_splitk_half_k"])) / r["sm_count"]
+        split = "fit" if r in fit else "heldout"
+        err = limit / per_sm(r) - 1.0 if per_sm(r) > 0 else float("nan")
+        points.append({**r, "split": split, "measured_per_sm": per_sm(r),
+                       "rule_per_sm": limit, "error": err})
+        print(f"{r['gpu']:16s} {r['sm_count']:4d} {r['n']:4d} {r['k']:7d} {split:>7s}  "
+              f"{per_sm(r):8.1f} {limit:7.1f} {100 * err:+6.1f}%")
+    summary = {}
+    for s in ("fit", "heldout"):
+        errs = sorted(abs(p["error"]) for p in points if p["split"] == s)
+        if errs:
+            summary[s] = {"n": len(errs), "median_abs": errs[len(errs) // 2],
+                          "worst_abs": errs[-1]}
+            print(f"{s:8s} n {len(errs):2d}  median |error| {100 * errs[len(errs) // 2]:.1f}%  "
+                  f"worst {100 * errs[-1]:.1f}%")
+    if derived:
+        print("read off the fitting points: " + ", ".join(f"{k} = {v:.0f}"
+                                                          for k, v in derived.items())
+              + "; the profile holds " + ", ".join(f"{k} = {v:g}" for k, v in rule.items()))
+    out = {"compiler": "jaxlib 0.10.2 (XLA GPU, autotuning off, deviceless target)",
+           "profile_rule": rule, "derived_from_fit": derived, "summary": summary,
+           "points": points, "total_s": time.perf_counter() - t0}
+    if args.quick:
+        return 0
+    path = RESULTS / "xla_splitk.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\nwrote {path} in {out['total_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
