@@ -472,6 +472,10 @@ SCHEMA: dict[str, Coeff] = {
     "zero3_fetch_s_per_gb": _c(0, "ZeRO-3 fetch path cost per GB received, s"),
     "overlap_dp": _c(0, "share of data-parallel communication hidden behind compute"),
     "overlap_zero": _c(0, "share of ZeRO-3 communication hidden behind compute"),
+    "replica_ar_as_dp": _c(0, "1: under hybrid sharding the all-reduce of each gradient "
+                              "shard across the replicas is a data-parallel all-reduce of "
+                              "its own, hidden as overlap_dp says; 0: with ZeRO's "
+                              "collectives (overlap_zero)"),
     "overlap_tp_fwd": _c(0, "share of forward tensor-parallel communication hidden"),
     "overlap_tp_bwd": _c(0, "share of backward tensor-parallel communication hidden"),
     "overlap_pp": _c(0, "share of pipeline sends hidden"),

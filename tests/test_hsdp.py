@@ -68,6 +68,35 @@ def test_hybrid_sharding_holds_the_shard_groups_state_and_adds_one_all_reduce_of
     assert extra == pytest.approx(hc.grad_accum * ar, rel=1e-4)
 
 
+def test_a_replica_all_reduce_of_its_own_is_hidden_as_the_data_parallel_all_reduce():
+    """Where the runtime issues the replicas' all-reduce as a data-parallel all-reduce of its
+    own (``replica_ar_as_dp``: XLA's), ``overlap_dp`` hides it, not ``overlap_zero``: none of
+    it hidden at overlap_dp 0 (the xla-gpu profile's), all of it (the compute allows) at 1;
+    ZeRO's own collectives and everything but the communication stay as they were."""
+    (hc, hsc), _ = _pair(3)
+
+    def comm_of(**coeffs):
+        sc = hsc.replace(runtime=hsc.runtime.with_coeffs(**coeffs))
+        return _run(hc, sc)[1]
+
+    base = dict(overlap_zero=0.7, overlap_pp=0.0)
+    with_zero = comm_of(replica_ar_as_dp=0.0, overlap_dp=0.0, **base)
+    exposed = comm_of(replica_ar_as_dp=1.0, overlap_dp=0.0, **base)
+    hidden = comm_of(replica_ar_as_dp=1.0, overlap_dp=1.0, **base)
+    total = {k: v["comm_zero_s"] + v["comm_hidden_s"] for k, v in
+             (("z", with_zero), ("e", exposed), ("h", hidden))}
+    # the same collectives, priced once each whichever way they hide
+    assert total["z"] == pytest.approx(total["e"], rel=1e-6)
+    assert total["e"] == pytest.approx(total["h"], rel=1e-6)
+    assert exposed["comm_zero_s"] > with_zero["comm_zero_s"] > hidden["comm_zero_s"]
+    # (the replicas' all-reduce alone moves between hidden and exposed: ZeRO-3's gathers and
+    # reduce-scatters hide at overlap_zero in both)
+    assert exposed["comm_zero_s"] - hidden["comm_zero_s"] == pytest.approx(
+        hidden["comm_hidden_s"] - exposed["comm_hidden_s"], rel=1e-6)
+    for term in ("compute_s", "memory_bound_s", "optimizer_s"):
+        assert exposed[term] == pytest.approx(with_zero[term], rel=1e-6), term
+
+
 def test_hybrid_sharding_keeps_more_state_per_rank_than_sharding_over_all_of_dp():
     """The same 16 ranks sharding over all of dp hold a quarter of the shard group's
     optimizer state and parameters (ZeRO-3)."""

@@ -440,13 +440,21 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     # ``zero_pp_nosync``: once a step instead, in `time_terms`)
     per_mb = 1.0 - pp_nosync(k, n)
     gather_s = gather_coll + fetch_s(gather, zdp, n)
-    z3 = per_mb * k.zero[3] * (gather_s + scatter_coll + replica_ar)
+    # (under hybrid sharding, each reduce-scattered gradient shard all-reduced across the
+    # replicas: with ZeRO's own collectives, or, where the runtime issues it as a data-
+    # parallel all-reduce of its own (``replica_ar_as_dp``: XLA's SPMD partitioner, an
+    # all-reduce over the data axis after the fsdp axis's reduce-scatter), hidden as the
+    # data-parallel gradient all-reduce is, ``overlap_dp``)
+    as_dp = _coeff(n, "replica_ar_as_dp")
+    z3 = per_mb * k.zero[3] * (gather_s + scatter_coll + (1.0 - as_dp) * replica_ar)
     # --- ZeRO-2 as FSDP's SHARD_GRAD_OP (``zero2_per_group``): each group gathered once per
     #     micro-batch for its forward pass (the unsharded copy kept to its backward pass, a
     #     recomputed block's too) and its gradients reduce-scattered as it is differentiated,
     #     one collective each per group, prefetched and overlapped as ZeRO-3's ---
-    z3 = z3 + per_mb * _coeff(n, "zero2_per_group") * k.zero[2] * (
-        gather2_coll + fetch_s(gather_once, zdp, n) + scatter_coll + replica_ar)
+    z2_groups = _coeff(n, "zero2_per_group") * k.zero[2]
+    z3 = z3 + per_mb * z2_groups * (
+        gather2_coll + fetch_s(gather_once, zdp, n) + scatter_coll + (1.0 - as_dp) * replica_ar)
+    replica_dp = per_mb * (k.zero[3] + z2_groups) * as_dp * replica_ar
 
     # --- pipeline: send activations forward and gradients back, once per model chunk ---
     v = k.vpp
@@ -456,8 +464,10 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     regather = (1.0 - k.sp) * n["rt_pp_scatter_gather"] * regather_coll
     pp = step_at_least(k.pp, 2.0) * 2.0 * v * (send + regather)
     # both hide behind the stage's own compute, together no more than all of it
-    (zero_exposed, zero_hidden), (pp_exposed, pp_hidden) = comm.overlap_shared(
-        [z3, pp], busy, [n["rt_overlap_zero"], n["rt_overlap_pp"]])
+    (zero_exposed, zero_hidden), (pp_exposed, pp_hidden), (rep_exposed, rep_hidden) = \
+        comm.overlap_shared([z3, pp, replica_dp], busy,
+                            [n["rt_overlap_zero"], n["rt_overlap_pp"], n["rt_overlap_dp"]])
+    zero_exposed, zero_hidden = zero_exposed + rep_exposed, zero_hidden + rep_hidden
 
     exposed = {"tp": tp_exposed, "moe": moe_exposed, "zero": zero_exposed, "pp": pp_exposed,
                "cp": cp_exposed}
