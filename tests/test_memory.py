@@ -16,7 +16,7 @@ from capopt._model import ModelSpec
 from capopt._specs import Config, LoRA
 from capopt.cost import estimate, knobs_from_config, numbers_pytree, scenario_numbers
 from capopt.cost.activations import saved_bytes
-from capopt.cost.memory import PHASES, memory
+from capopt.cost.memory import PHASES, memory, splitk_tile_limit
 from conftest import (END_STAGE_CONFIGS, RELAXED_KNOBS, TEST_GPU, gpt_like, llama_like,
                       make_scenario)
 
@@ -320,8 +320,10 @@ def test_xla_pads_the_logits_gradient_only_where_it_splits_the_heads_gemm():
 
     n = scenario_numbers(make_scenario(gpt_like(vocab=50257, seq=1024), runtime="xla-gpu",
                                        count=1, seq_len=1024, global_batch=64, hardware=h100))
-    # (hidden 256: two column tiles; the limit at V 50257 is 127 x SMs x 0.975 rows)
-    limit = n["sm_count"] * 127.0 * 50257 / (50257 + 1282)
+    # (hidden 256: two column tiles; the limit at V 50257, 0.975 of the profile's per-SM rows)
+    xla = get_profile("xla-gpu")
+    limit = splitk_tile_limit(n["sm_count"], 50257, xla.coeff("head_splitk_rows_per_sm"),
+                              xla.coeff("head_splitk_half_k"))
     assert 1024 * 2 < limit < 16 * 1024 * 2
     for mb, padded in ((1, True), (16, False)):
         copy = mb * 1024 * 50257 * n["act_bytes"]

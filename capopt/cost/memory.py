@@ -1015,8 +1015,6 @@ def memory(k: Knobs, n) -> dict:
 
 __all__ = ["PHASES", "compute_weight_bytes", "end_stage_args", "end_stage_memory",
            "expert_layer_params", "gathered_param_bytes", "head_grad_split", "indivisible",
-           "largest_module",
-           "loss_copies", "lora_per_device", "memory", "pp_nosync", "shard", "stage_blocks",
-           "splitk_tile_limit", "stage_memory", "stage_params", "step_at_least",
-           "tp_replication",
-           "wrapped_base_per_device", "zero_shard", "zero_shares"]
+           "largest_module", "loss_copies", "lora_per_device", "memory", "pp_nosync", "shard",
+           "splitk_tile_limit", "stage_blocks", "stage_memory", "stage_params", "step_at_least",
+           "tp_replication", "wrapped_base_per_device", "zero_shard", "zero_shares"]

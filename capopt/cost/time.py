@@ -463,7 +463,8 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     send = comm.p2p_s(act_bytes * shard(split, tp), cross, n)
     regather = (1.0 - k.sp) * n["rt_pp_scatter_gather"] * regather_coll
     pp = step_at_least(k.pp, 2.0) * 2.0 * v * (send + regather)
-    # both hide behind the stage's own compute, together no more than all of it
+    # (ZeRO's collectives, the sends and the replicas' own all-reduce hide behind the stage's
+    # own compute, together no more than all of it)
     (zero_exposed, zero_hidden), (pp_exposed, pp_hidden), (rep_exposed, rep_hidden) = \
         comm.overlap_shared([z3, pp, replica_dp], busy,
                             [n["rt_overlap_zero"], n["rt_overlap_pp"], n["rt_overlap_dp"]])
