@@ -48,9 +48,9 @@ QUICK = [(FIT_GPU, 128, 1999), (FIT_GPU, 128, 5003), (FIT_GPU, 128, 32001),
          ("a100-sxm-80gb", 128, 5003)]
 
 
-def worker(gpu: str, jobs: list[tuple[int, int]]) -> None:
-    """In a process set up for the xla-gpu tier: one JSON line per (n, K) with the largest m
-    at which XLA splits the GEMM's K (0 if it does not split even at m = 64)."""
+def splitter(gpu: str):
+    """In a process set up for the xla-gpu tier: a function of (m, n, K) giving the split XLA
+    makes of the GEMM's K for ``gpu`` (1: none)."""
     import glob
     import re
     import tempfile
@@ -61,8 +61,7 @@ def worker(gpu: str, jobs: list[tuple[int, int]]) -> None:
 
     from capopt._hardware import get_hardware
     from capopt.validation.tiers import gpu_topology
-    hw = get_hardware(gpu)
-    sharding = SingleDeviceSharding(gpu_topology(hw, 1).devices[0])
+    sharding = SingleDeviceSharding(gpu_topology(get_hardware(gpu), 1).devices[0])
 
     def split(m: int, n: int, k: int) -> int:
         with tempfile.TemporaryDirectory() as d:
@@ -77,7 +76,15 @@ def worker(gpu: str, jobs: list[tuple[int, int]]) -> None:
         dims = re.findall(r"ROOT %dot[.\d]* = \w+\[([\d,]*)\]", text)
         shape = [int(x) for x in dims[0].split(",")] if dims else []
         return shape[0] if len(shape) == 3 else 1
+    return split
 
+
+def worker(gpu: str, jobs: list[tuple[int, int]]) -> None:
+    """One JSON line per (n, K) with the largest m at which XLA splits the GEMM's K (0 if it
+    does not split even at m = 64)."""
+    from capopt._hardware import get_hardware
+    split = splitter(gpu)
+    sm_count = get_hardware(gpu).sm_count
     for n, k in jobs:
         t0 = time.perf_counter()
         lo, hi = 64, 1024
@@ -89,7 +96,7 @@ def worker(gpu: str, jobs: list[tuple[int, int]]) -> None:
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 lo, hi = (mid, hi) if split(mid, n, k) > 1 else (lo, mid)
-        print(json.dumps({"gpu": gpu, "sm_count": hw.sm_count, "n": n, "k": k,
+        print(json.dumps({"gpu": gpu, "sm_count": sm_count, "n": n, "k": k,
                           "last_split_rows": lo, "s": round(time.perf_counter() - t0, 1)}),
               flush=True)
 
@@ -143,7 +150,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="four points only")
     ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--probe", nargs=4, metavar=("GPU", "M", "N", "K"),
+                    help="print the split XLA makes of one GEMM's K (run in the tier's "
+                         "environment, as the workers are)")
     args = ap.parse_args(argv)
+    if args.probe:
+        gpu, m, n, k = args.probe
+        print(splitter(gpu)(int(m), int(n), int(k)))
+        return 0
     if args.worker:
         worker(args.worker[0], [tuple(j) for j in json.loads(args.worker[1])])
         return 0

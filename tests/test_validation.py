@@ -389,6 +389,37 @@ def test_xla_gpu_tier_compiles_for_a_gpu_without_one(tmp_path):
     assert full["measured"]["temp_bytes"] < none["measured"]["temp_bytes"]
 
 
+@pytest.mark.xla_gpu
+@pytest.mark.skipif(not _XLA_GPU, reason=_WHY or "xla-gpu plugin absent")
+def test_xla_splits_a_gemms_k_where_the_xla_gpu_profile_says():
+    """The profile's split-K rule (`capopt.cost.memory.head_grad_split`, read off
+    `benchmarks/xla_splitk.py`) against the compiler it describes: XLA splits K of a GEMM
+    whose output has a fifth fewer row x column tiles than the rule's limit and not of one
+    with a quarter more (H100 target, K 5003, 128 columns). A jaxlib that moved its limit
+    past either side fails here."""
+    import subprocess
+    import sys
+
+    from capopt._hardware import get_hardware
+    from capopt._runtime import get_profile
+    from capopt.cost.memory import splitk_tile_limit
+    from capopt.validation.tiers import environment
+    xla = get_profile("xla-gpu")
+    limit = splitk_tile_limit(get_hardware("h100-sxm-80gb").sm_count, 5003,
+                              xla.coeff("head_splitk_rows_per_sm"),
+                              xla.coeff("head_splitk_half_k"))
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "xla_splitk.py"
+
+    def split(m: int) -> int:
+        out = subprocess.run([sys.executable, str(script), "--probe", "h100-sxm-80gb", str(m),
+                              "128", "5003"], env=environment("xla-gpu", Config()),
+                             capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[-1])
+
+    assert split(int(0.8 * limit)) > 1
+    assert split(int(1.25 * limit)) == 1
+
+
 def test_xla_gpu_tier_refuses_cleanly_without_the_plugin(monkeypatch):
     import capopt.validation.runner as runner
     from capopt._errors import CapoptError
