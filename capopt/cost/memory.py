@@ -98,9 +98,9 @@ def gathered_param_bytes(n):
     return (1.0 - g) * n["param_bytes"] + g * compute_weight_bytes(n)
 
 
-def head_grad_split(k: Knobs, n):
-    """1 where the runtime splits the contracting dimension (the device's vocabulary) of the
-    head's input-gradient GEMM (logits gradient x head, out: [tokens, h]), 0 where not.
+def head_grad_split(n, rows, vocab):
+    """1 where the runtime splits the contracting dimension of the head's input-gradient GEMM
+    (logits gradient [rows, vocab] x head [vocab, h] on the device), 0 where not.
 
     XLA's GPU compiler splits K where the output has few tiles for the device's SMs, the
     more readily the longer K is (``head_splitk_rows_per_sm``, ``head_splitk_half_k``:
@@ -108,13 +108,6 @@ def head_grad_split(k: Knobs, n):
     of the logits gradient the profile's ``logits_pad_copies``. (A runtime that states no
     rule, or a device whose SM count is not known: 1.)"""
     per_sm = n["rt_head_splitk_rows_per_sm"]
-    _, vocab_rep = tp_replication(k, n)
-    vocab_split = n["logit_tp"] * (1.0 - vocab_rep) * step_at_least(k.tp, 2.0)
-    vocab = n["logit_elems_per_seq"] / n["s"] / (1.0 + vocab_split * (k.tp - 1.0))
-    # (the head runs on the device's slice of the sequence where the logits follow sequence
-    # parallelism and the vocabulary is whole)
-    sp_rows = n["logit_tp"] * k.sp * n["rt_logits_follow_sp"] * (1.0 - vocab_split)
-    rows = rank_sequences(k) * n["s"] / (1.0 + sp_rows * (k.tp - 1.0))
     tiles = rows * jnp.ceil(n["h"] / 128.0)
     limit = splitk_tile_limit(n["sm_count"], vocab, per_sm, n["rt_head_splitk_half_k"])
     # (no rule, or a device whose SMs the catalog does not give: padded whenever unaligned)
@@ -474,13 +467,18 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # ``logits_parallel_extra_copies`` more float32 buffers (its own fused backward).
     lowp = (n["act_bytes"] < 4.0).astype(jnp.result_type(float))
     fp32_copies, act_copies, pad_copies, parallel_extra = loss_copies(n)
-    pad = lowp * n["vocab_unaligned"] * pad_copies * head_grad_split(k, n)
     vocab_split = n["logit_tp"] * (1.0 - vocab_rep)
     parallel_loss = vocab_split * step_at_least(k.tp, 2.0)
-    per_elem = ((fp32_copies + parallel_loss * parallel_extra) * 4.0
-                + (act_copies + pad) * n["act_bytes"])
     split = jnp.maximum(vocab_split, n["logit_tp"] * k.sp * n["rt_logits_follow_sp"])
     logit_div = split * k.tp + (1.0 - split)
+    # (the device's logits: its share of the vocabulary, over its rows of the sequence)
+    vocab_div = vocab_split * k.tp + (1.0 - vocab_split)
+    head_rows = rank_sequences(k) * n["s"] * vocab_div / logit_div
+    head_vocab = n["logit_elems_per_seq"] / n["s"] / vocab_div
+    pad = (lowp * n["vocab_unaligned"] * pad_copies
+           * head_grad_split(n, head_rows, head_vocab))
+    per_elem = ((fp32_copies + parallel_loss * parallel_extra) * 4.0
+                + (act_copies + pad) * n["act_bytes"])
     logits_bytes = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] * per_elem / logit_div
     # A fused linear cross-entropy (``loss = "fused-linear"``, tp = 1) holds one chunk of
     # logits in the compute dtype, its gradient written in place, beside the head's input

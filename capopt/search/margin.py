@@ -5,8 +5,8 @@ The search fits configs against the budget with the cost model's peak. With a ma
 fits where its peak, grown as if the prediction were short by its layout's held-out
 90th-percentile shortfall (``p90``: in 9 of 10 held-out points the prediction fell short of the
 measured peak by at most that share of it) or by the largest under-prediction measured
-(``worst``), still fits: ``peak / (1 - e) <= budget``. A layout no held-out draw has (pipeline or context parallelism)
-takes the runtime's figures over every layout. The errors differ by layout, so the margin
+(``worst``), still fits: ``peak / (1 - e) <= budget``. A layout no held-out draw has
+(pipeline or context parallelism) takes the runtime's figures over every layout. The errors differ by layout, so the margin
 re-ranks rather than scales the budget: the configs that pass are taken from the search's
 candidates and, where fewer pass than were asked for, from the best ``pool`` configs that fit a
 second search scored (every config where the space allows), in the search's order (its
