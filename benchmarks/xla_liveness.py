@@ -27,8 +27,8 @@ phase (the peak instruction's scope: forward, loss, backward or rebuild of block
 Which order XLA scheduled is recorded too: its memory scheduler (``DefaultMemoryScheduler`` in
 ``xla/hlo/transforms/simplifiers/hlo_memory_scheduler.cc``, the XLA of jaxlib 0.10.2) builds a
 list, a depth-first and a post-order schedule of the step and keeps the one whose heap
-simulation peaks lowest; its log (``TF_CPP_VMODULE=hlo_memory_scheduler=2``) names the choice
-and the three simulated peaks. The depth-first order visits the step's outputs by their
+simulation peaks lowest; its log names the choice and the three simulated peaks (read by the
+xla-gpu tier, `capopt.validation.xla_log`). The depth-first order visits the step's outputs by their
 upstream sizes and defers the weight-gradient GEMMs of the blocks it passes on the way, keeping
 their inputs live: the table splits the errors by the order chosen.
 
@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -67,24 +66,6 @@ json.dump(out, open(sys.argv[4], "w"), default=str)
 """
 
 
-_SCHED = re.compile(r"(Chose )?[Mm]in-memory (list|dfs|post order|post_order) sequence: "
-                    r"([\d.]+)([KMGT]?i?B)")
-_UNIT = {"B": 2 ** -30, "KiB": 2 ** -20, "MiB": 2 ** -10, "GiB": 1.0, "TiB": 2 ** 10}
-
-
-def scheduler_choice(log: str) -> tuple[str, dict]:
-    """The order XLA's memory scheduler kept (list | dfs | post_order) and the simulated
-    peak of each (GiB), from its VLOG(2) lines; ("?", {}) when the log does not say."""
-    chosen, peaks = "?", {}
-    for m in _SCHED.finditer(log):
-        name = m.group(2).replace(" ", "_")
-        if m.group(1):
-            chosen = name
-        else:
-            peaks[name] = float(m.group(3)) * _UNIT.get(m.group(4), float("nan"))
-    return chosen, peaks
-
-
 def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> dict:
     """Compile case ``index`` with a dump; the measured terms and the peak's live set."""
     from capopt.validation.liveset import LiveValue, read_peak
@@ -93,7 +74,6 @@ def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> 
     try:
         env = environment("xla-gpu", config)
         env["XLA_FLAGS"] += f" --xla_dump_to={tmp}/dump --xla_dump_hlo_module_re=jit_step"
-        env.update(TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="hlo_memory_scheduler=2")
         res = os.path.join(tmp, "result.json")
         done = subprocess.run([sys.executable, "-c", CHILD, str(cases), str(seed), str(index),
                                res], env=env, capture_output=True, text=True,
@@ -106,11 +86,12 @@ def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> 
         # the peak instruction's scope says its phase and block
         where = LiveValue(name=peak.at, index="", bytes=0, shape="", op_name=peak.at_op_name,
                           parameter=False)
-        chosen, peaks = scheduler_choice(done.stderr)
+        sched = out["details"].get("xla_schedule") or {}
+        peaks = {k: v / 2 ** 30 for k, v in sched.get("sequences_bytes", {}).items()}
         other = sum(v.bytes for v in peak.unique() if v.phase in ("backward", "rebuild")
                     and v.block is not None and v.block != where.block)
         return {"status": "ok", "measured": out["measured"], "details": out["details"],
-                "xla_scheduler": chosen, "scheduler_peaks_gib": peaks,
+                "xla_scheduler": sched.get("order", "?"), "scheduler_peaks_gib": peaks,
                 "live_bytes": peak.total_bytes,
                 "live_all_bytes": sum(v.bytes for v in peak.values),
                 "peak_index": peak.index, "schedule_length": peak.length,

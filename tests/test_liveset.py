@@ -84,16 +84,27 @@ def test_flash_stand_in_allocates_its_buffers_with_its_block(tmp_path):
     assert unscoped <= 2 * qkv, (unscoped, qkv)
 
 
-def test_the_order_xla_kept_is_read_from_its_scheduler_log():
-    """benchmarks/xla_liveness.py names the schedule XLA's memory scheduler kept (the lowest
-    of its list, depth-first and post-order heap simulations) from its VLOG(2) lines."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from xla_liveness import scheduler_choice
+def test_the_schedulers_peaks_are_read_from_xlas_log():
+    """The xla-gpu tier reads the order XLA's memory scheduler kept (the lowest of its list,
+    depth-first and post-order heap simulations, VLOG(2) lines) and the latency-hiding
+    scheduler's memory use and limit from the compile's log; the last compile's lines win
+    (a compile retried with Triton GEMMs off logs twice)."""
+    from capopt.validation.xla_log import schedule_report
+    first = "I1202 hlo_memory_scheduler.cc:619] Chose min-memory list sequence: 99.00GiB\n"
     log = ("I1202 hlo_memory_scheduler.cc:591] Min-memory list sequence: 16.75GiB\n"
            "I1202 hlo_memory_scheduler.cc:598] Min-memory dfs sequence: 14.97GiB\n"
            "I1202 hlo_memory_scheduler.cc:605] Min-memory post order sequence: 512.00MiB\n"
-           "I1202 hlo_memory_scheduler.cc:619] Chose min-memory dfs sequence: 14.97GiB\n")
-    chosen, peaks = scheduler_choice(log)
-    assert chosen == "dfs"
-    assert peaks == pytest.approx({"list": 16.75, "dfs": 14.97, "post_order": 0.5})
-    assert scheduler_choice("no scheduler lines") == ("?", {})
+           "I1202 hlo_memory_scheduler.cc:619] Chose min-memory dfs sequence: 14.97GiB\n"
+           "I1202 latency_hiding_scheduler.cc:4325] [latency-hiding-scheduler] "
+           "LatencyHidingScheduler current memory usage: 184168124 bytes. "
+           "Current limit: 65268994195\n")
+    r = schedule_report(first + log)
+    assert r["order"] == "dfs"
+    assert r["scheduled_bytes"] == round(14.97 * 2 ** 30)
+    assert r["sequences_bytes"] == {"list": round(16.75 * 2 ** 30), "dfs": round(14.97 * 2 ** 30),
+                                    "post_order": 512 * 2 ** 20}
+    assert r["resolution_bytes"] == int(0.005 * 2 ** 30)
+    assert (r["lhs_bytes"], r["lhs_limit_bytes"]) == (184168124, 65268994195)
+    no_lhs = schedule_report(log.split("I1202 latency")[0])
+    assert no_lhs["lhs_bytes"] is None and no_lhs["scheduled_bytes"] == r["scheduled_bytes"]
+    assert schedule_report("no scheduler lines") is None

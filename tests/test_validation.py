@@ -23,7 +23,7 @@ from capopt.validation.models import count_lora_params, Policy
 from capopt.validation.predict import PARTS, TERMS
 from capopt.validation.runner import Progress, input_bytes, load_results
 from capopt.validation.step import Unsupported, build_step, output_leaves
-from capopt.validation.tiers import run_device, run_exact
+from capopt.validation.tiers import NO_LATENCY_HIDING_OPTIONS, run_device, run_exact
 
 from conftest import make_scenario
 
@@ -387,6 +387,39 @@ def test_xla_gpu_tier_compiles_for_a_gpu_without_one(tmp_path):
     assert_state_matches((none["predicted"], none["measured"]))
     # Full recomputation must shrink the GPU step's temporaries (the CPU backend would not).
     assert full["measured"]["temp_bytes"] < none["measured"]["temp_bytes"]
+    # what XLA's schedulers logged is read: on one device no collective is there to overlap
+    # and the latency-hiding scheduler does not run
+    for r in rep.results:
+        sched = r["details"]["xla_schedule"]
+        assert sched["order"] in ("list", "dfs", "post_order") and sched["scheduled_bytes"] > 0
+        assert sched["lhs_bytes"] is None and sched["lhs_limit_bytes"] is None
+
+
+@pytest.mark.xla_gpu
+@pytest.mark.skipif(not _XLA_GPU, reason=_WHY or "xla-gpu plugin absent")
+def test_xla_latency_hiding_spends_the_cards_spare_memory_and_can_be_turned_off():
+    """A step with collectives compiled for an H100 goes through XLA's latency-hiding
+    scheduler, whose memory limit is (80% of the card - unaliased arguments and outputs) x 95%
+    (``GetSchedulerMemoryLimit``), read back exactly from its log; with
+    NO_LATENCY_HIDING_OPTIONS it does not run and the memory scheduler's order is compiled."""
+    from capopt._hardware import get_hardware
+    from capopt.validation.runner import _run_one
+    sc = tiny("tiny-llama", seq_len=128, global_batch=16, runtime="xla-gpu",
+              hardware=get_hardware("h100-sxm-80gb"))
+    cfg = Config(micro_batch=8, dp=2)
+    job = {"tier": "xla-gpu", "scenario": sc, "config": cfg, "index": 0}
+    lhs = _run_one({**job, "options": {}}, 600)
+    calm = _run_one({**job, "options": {"latency_hiding": False}}, 600)
+    assert lhs["status"] == calm["status"] == "ok", (lhs.get("error"), calm.get("error"))
+    m, sched = lhs["measured"], lhs["details"]["xla_schedule"]
+    io = m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"]
+    assert sched["lhs_limit_bytes"] == (sc.hardware.memory_bytes * 80 // 100 - io) * 95 // 100
+    assert sched["lhs_bytes"] > 0
+    assert calm["details"]["xla_schedule"]["lhs_bytes"] is None
+    assert calm["details"]["compiler_options"] == NO_LATENCY_HIDING_OPTIONS
+    # the same program either way: arguments and outputs do not move
+    for k in ("argument_bytes", "output_bytes", "alias_bytes"):
+        assert calm["measured"][k] == m[k]
 
 
 @pytest.mark.xla_gpu
@@ -475,8 +508,10 @@ def test_calibrate_recovers_known_coefficients():
 
 def test_xla_gpu_compile_retries_gemm_tiling_failures_without_triton():
     """XLA's GPU compiler with autotuning off can fail to tile a small GEMM for Triton; the
-    tier compiles again with Triton GEMMs off and says so; other failures propagate."""
-    from capopt.validation.tiers import GEMM_RETRY_OPTIONS, compile_retrying_gemm_tiling
+    tier compiles again with Triton GEMMs off and says so (keeping the options it was asked
+    for); other failures propagate."""
+    from capopt.validation.tiers import (GEMM_RETRY_OPTIONS, NO_LATENCY_HIDING_OPTIONS,
+                                         compile_retrying_gemm_tiling)
 
     class Lowered:
         def __init__(self, error):
@@ -484,9 +519,14 @@ def test_xla_gpu_compile_retries_gemm_tiling_failures_without_triton():
 
         def compile(self, compiler_options=None):
             self.calls.append(compiler_options)
-            if compiler_options is None and self.error:
+            if self.error and not set(GEMM_RETRY_OPTIONS) <= set(compiler_options or {}):
                 raise RuntimeError(self.error)
             return "executable"
+
+    asked = Lowered("INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot")
+    both = {**NO_LATENCY_HIDING_OPTIONS, **GEMM_RETRY_OPTIONS}
+    assert compile_retrying_gemm_tiling(asked, NO_LATENCY_HIDING_OPTIONS) == ("executable", both)
+    assert asked.calls == [NO_LATENCY_HIDING_OPTIONS, both]
 
     lowered = Lowered("INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot")
     exe, opts = compile_retrying_gemm_tiling(lowered)

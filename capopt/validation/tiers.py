@@ -8,7 +8,9 @@
   topology (`jax.experimental.topologies.get_topology_desc(platform="cuda", ...)`) built from
   `capopt.validation.targets.xla_gpu_device_info`, autotuning off. Needs the CUDA PJRT plugin, which
   ``capopt setup xla-gpu`` installs (`capopt.validation.plugin`); the CUDA libraries themselves
-  are not needed to compile. XLA's GPU buffer assignment gives temp and peak.
+  are not needed to compile. XLA's GPU buffer assignment gives temp and peak; its
+  scheduler's log (`capopt.validation.xla_log`) the peak of its memory-scheduled order, before
+  the latency-hiding scheduler spends the card's spare memory on overlapping collectives.
 - ``torch``: the step in PyTorch on fake tensors (`capopt.validation.torch_step`): the live
   tensor bytes of every op, the peak and what was live at it by category. Needs torch
   (``pip install 'capopt[torch]'``); no GPU.
@@ -29,6 +31,7 @@ from typing import Any
 
 from .plugin import PLUGIN_PATH_ENV, has_plugin, plugin_path
 from .targets import gpu_target_text
+from .xla_log import capture, log_environment, schedule_report
 
 TIERS = ("exact", "xla-gpu", "torch", "deepspeed", "maxtext", "device")
 # LLVM optimisation level 0 for the exact tier: it halves compile time on CPU and changes no
@@ -92,6 +95,7 @@ def environment(tier: str, config, base: dict | None = None) -> dict[str, str]:
     elif tier == "xla-gpu":
         env["JAX_PLATFORMS"] = "cpu"                     # compile for CUDA, run nothing
         env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"     # no CUDA libraries are needed
+        env = log_environment(env)                       # the schedulers' lines (`xla_log`)
         flags += list(GPU_XLA_FLAGS)
         extra = plugin_path()
         if extra:
@@ -165,26 +169,46 @@ GEMM_TILING_ERROR = "Couldn't find output tile sizes"
 GEMM_RETRY_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 
 
-def compile_retrying_gemm_tiling(lowered) -> tuple[Any, dict[str, Any]]:
-    """``lowered.compile()``, or once more with `GEMM_RETRY_OPTIONS` if GEMM tiling failed;
-    returns the executable and the compiler options it took (empty for the first try)."""
+# XLA's latency-hiding scheduler reorders a step that has collectives to overlap them with
+# compute, and spends the card's spare memory doing it (`capopt.validation.xla_log`). It runs
+# for Hopper and Blackwell targets because its analytical ("speed of light") latency estimator
+# supports them (``IsLHSEnabled``, xla/service/gpu/gpu_hlo_schedule.cc; the
+# ``xla_gpu_enable_latency_hiding_scheduler`` flag is off already). With this option off the
+# memory scheduler's order is compiled as it is: the step's peak without the overlap.
+NO_LATENCY_HIDING_OPTIONS = {"xla_gpu_enable_analytical_sol_latency_estimator": False}
+
+
+def compile_retrying_gemm_tiling(lowered, options: dict[str, Any] | None = None
+                                 ) -> tuple[Any, dict[str, Any]]:
+    """``lowered.compile(options)``, or once more with `GEMM_RETRY_OPTIONS` added if GEMM
+    tiling failed; returns the executable and the compiler options it took."""
+    options = dict(options or {})
     try:
-        return lowered.compile(), {}
+        return lowered.compile(compiler_options=options or None), options
     except Exception as e:          # XlaRuntimeError; its class moved between JAX versions
         if GEMM_TILING_ERROR not in str(e):
             raise
-    return lowered.compile(compiler_options=dict(GEMM_RETRY_OPTIONS)), dict(GEMM_RETRY_OPTIONS)
+    retry = {**options, **GEMM_RETRY_OPTIONS}
+    return lowered.compile(compiler_options=retry), retry
 
 
-def run_xla_gpu(scenario, config) -> dict[str, Any]:
+def run_xla_gpu(scenario, config, *, latency_hiding: bool = True) -> dict[str, Any]:
+    """Compile ``config``'s step for the scenario's GPU; XLA's buffer assignment of it, and
+    what its schedulers logged. ``latency_hiding=False`` compiles it with
+    `NO_LATENCY_HIDING_OPTIONS`."""
     from .step import build_step
     n = devices_needed(config)
     topo = gpu_topology(scenario.hardware, n)
     step = build_step(scenario, config, topo.devices, tier="xla-gpu")
     t0 = time.perf_counter()
-    compiled, options = compile_retrying_gemm_tiling(step.lower())
+    with capture() as log:
+        compiled, options = compile_retrying_gemm_tiling(
+            step.lower(), None if latency_hiding else NO_LATENCY_HIDING_OPTIONS)
     out = _analyse(step, compiled, time.perf_counter() - t0)
     out["details"]["target"] = scenario.hardware.name
+    schedule = schedule_report(log.text)
+    if schedule:        # the memory-scheduled peak beside the compiled one (`xla_log`)
+        out["details"]["xla_schedule"] = schedule
     if options:
         out["details"]["compiler_options"] = options
     return out
@@ -250,7 +274,7 @@ def run_tier(tier: str, scenario, config, **options) -> dict[str, Any]:
     if tier == "exact":
         return run_exact(scenario, config)
     if tier == "xla-gpu":
-        return run_xla_gpu(scenario, config)
+        return run_xla_gpu(scenario, config, **options)
     if tier == "torch":
         from .torch_step import run_torch
         return run_torch(scenario, config)
