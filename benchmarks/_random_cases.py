@@ -17,9 +17,11 @@ from capopt.validation.random_configs import Case, describe
 
 def measure(cases: list[Case], path: Path, *, tier: str, key: Callable[[Case], str],
             jobs: int, timeout_s: float,
-            describe_case: Callable[[Case], str] = describe) -> dict[str, dict]:
+            describe_case: Callable[[Case], str] = describe,
+            options: dict | None = None) -> dict[str, dict]:
     """Measure every case not already in ``path`` on ``tier`` (one worker process per case,
-    ``jobs`` at once; each record appended as it finishes); returns the ok records by key."""
+    ``jobs`` at once, with the tier's ``options``; each record appended as it finishes);
+    returns the ok records by key."""
     from capopt.validation.runner import _append, _run_one, load_results
     done = {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
     todo = [c for c in cases if key(c) not in done]
@@ -31,7 +33,7 @@ def measure(cases: list[Case], path: Path, *, tier: str, key: Callable[[Case], s
 
     def one(case: Case) -> dict:
         job = {"tier": tier, "scenario": case.scenario, "config": case.config, "index": 0,
-               "options": {}}
+               "options": dict(options or {})}
         res = _run_one(job, timeout_s)
         rec = {"key": key(case), "case": case.name, "split": case.split,
                "describe": describe_case(case), "status": res.get("status", "error"),

@@ -6,7 +6,11 @@ Draws ``--cases`` configs with `capopt.validation.random_configs.draw_cases` (fi
 card shape in the fitting or the held-out split by a hash of its sizes), compiles each as the
 real Flax training step for an H100 through the xla-gpu tier (one process per case, as
 ``capopt validate`` does), and compares the ``xla-gpu`` profile's predicted peak per device
-(argument + output + temp - alias) with XLA's. ``--full-size`` adds configs of shipped cards
+(argument + output + temp - alias) with XLA's. A step with collectives is compiled a second
+time without XLA's latency-hiding scheduler (`capopt.validation.xla_log`: on a card with
+memory to spare it spends it on overlapping collectives with compute), and the prediction is
+compared with that peak too (``error_no_lhs``; a one-device step has no collective and is
+the same compile). ``--full-size`` adds configs of shipped cards
 (an 8B-class decoder, an MoE, tensor parallelism, ZeRO-3). Measurements are appended to a
 JSONL file as they finish and a rerun resumes (a measurement does not depend on the cost
 model); the table and ``--out`` (JSON) are recomputed from the current model every time.
@@ -31,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from capopt._hardware import get_hardware  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
 from capopt._specs import Budget, Config, Scenario, Workload, LoRA, stable_text  # noqa: E402
+from capopt.validation.tiers import devices_needed  # noqa: E402
 from _random_cases import by_feature, measure, pct, print_splits, summary  # noqa: E402
 from capopt.validation.random_configs import (EXTRA_STYLES, STYLES, Case, describe,  # noqa: E402
                                               draw_cases, features)
@@ -98,11 +103,31 @@ def measurement_key(case: Case) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
+def no_lhs_key(case: Case) -> str:
+    """The key of ``case`` compiled without XLA's latency-hiding scheduler."""
+    return measurement_key(case) + ":no-latency-hiding"
+
+
 def predicted_peak(case: Case, rec: dict) -> dict:
     from capopt.validation.predict import predicted_terms
     m = rec["measured"]
     return predicted_terms(case.config, case.scenario, input_bytes=m["input_bytes"],
                            output_leaves=int(rec["details"].get("output_leaves", 0)))
+
+
+def target_checks(splits: dict, groups: dict) -> dict:
+    """The held-out figures the targets are set on: median, p90 and worst |error|, and the
+    largest median of a feature value with at least 3 points."""
+    held = splits.get("heldout", {})
+    return {"median": held.get("median_abs"), "p90": held.get("p90_abs"),
+            "worst": held.get("worst_abs"),
+            "feature_median": max((s["median_abs"] for vals in groups.values()
+                                   for s in vals.values() if s.get("n", 0) >= 3), default=None)}
+
+
+def targets_line(checks: dict) -> str:
+    return "  ".join(f"{k} {pct(v)} {'<=' if v is not None and v <= TARGETS[k] else '>'} "
+                     f"{100 * TARGETS[k]:.0f}%" for k, v in checks.items())
 
 
 def main(argv=None) -> int:
@@ -144,10 +169,15 @@ def main(argv=None) -> int:
     path = Path(args.measurements)
     path.parent.mkdir(parents=True, exist_ok=True)
     from capopt.validation.runner import load_results
-    done = ({r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
-            if args.no_measure else
-            measure(cases, path, tier="xla-gpu", key=measurement_key, jobs=args.jobs,
-                    timeout_s=args.timeout))
+    if args.no_measure:
+        done = done_nolhs = {r["key"]: r for r in load_results(path) if r.get("status") == "ok"}
+    else:
+        done = measure(cases, path, tier="xla-gpu", key=measurement_key, jobs=args.jobs,
+                       timeout_s=args.timeout)
+        # the steps with collectives once more, without XLA's latency-hiding scheduler
+        done_nolhs = measure([c for c in cases if devices_needed(c.config) > 1], path,
+                             tier="xla-gpu", key=no_lhs_key, jobs=args.jobs,
+                             timeout_s=args.timeout, options={"latency_hiding": False})
     failed = [c for c in cases if measurement_key(c) not in done]
     points = []
     for case in cases:
@@ -157,28 +187,50 @@ def main(argv=None) -> int:
         p = predicted_peak(case, rec)
         m = rec["measured"]
         err = (p["peak_bytes"] - m["peak_bytes"]) / m["peak_bytes"]
+        if devices_needed(case.config) == 1:   # no collective: the latency-hiding scheduler
+            calm = m["peak_bytes"]               # does not run (`capopt.validation.xla_log`)
+        else:
+            other = done_nolhs.get(no_lhs_key(case))
+            calm = other["measured"]["peak_bytes"] if other else None
         points.append({"case": case.name, "split": case.split, "describe": describe(case),
                        "features": case.features, "measured_peak_bytes": m["peak_bytes"],
                        "measured_temp_bytes": m["temp_bytes"],
+                       "no_lhs_peak_bytes": calm,
                        "predicted_peak_bytes": p["peak_bytes"],
                        "predicted_temp_bytes": p["temp_bytes"], "error": err,
+                       "error_no_lhs": (p["peak_bytes"] - calm) / calm if calm else None,
                        "compiler_options": rec["details"].get("compiler_options", {})})
-    splits = {}
+    splits, splits_nolhs = {}, {}
     for split in ("heldout", "fit", "full-size"):
         errs = [q["error"] for q in points if q["split"] == split]
         if errs:
             splits[split] = summary(errs)
+        errs = [q["error_no_lhs"] for q in points
+                if q["split"] == split and q["error_no_lhs"] is not None]
+        if errs:
+            splits_nolhs[split] = summary(errs)
     groups = by_feature(points, GROUPS)
+    groups_nolhs = by_feature([dict(q, error=q["error_no_lhs"]) for q in points
+                               if q["error_no_lhs"] is not None], GROUPS)
     print(f"\nPeak bytes per device, predicted (xla-gpu profile) against XLA's buffer assignment "
           f"(xla-gpu tier, {get_hardware('h100-sxm-80gb').name})\n")
     print_splits(splits)
-    print("\nheld-out, by feature:")
-    print(f"{'group':<12} {'value':<16} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7}")
+    if splits_nolhs:
+        print("\nthe same against XLA's peak without its latency-hiding scheduler (which spends "
+              "the card's spare\nmemory on overlapping collectives; one-device steps have none "
+              "and are the same compile):\n")
+        print_splits(splits_nolhs)
+    print("\nheld-out, by feature: against the compiled peak | without latency hiding")
+    print(f"{'group':<12} {'value':<16} {'n':>4} {'median':>7} {'p90':>7} {'worst':>7}  |"
+          f"{'n':>4} {'median':>7} {'p90':>7} {'worst':>7}")
     for g, vals in groups.items():
         for v, s in vals.items():
             if s["n"]:
+                t = groups_nolhs.get(g, {}).get(v, {"n": 0})
+                other = (f"{t['n']:>4} {pct(t['median_abs']):>7} {pct(t['p90_abs']):>7} "
+                         f"{100 * t['worst_signed']:+6.1f}%" if t["n"] else f"{0:>4}")
                 print(f"{g:<12} {v:<16} {s['n']:>4} {pct(s['median_abs']):>7} "
-                      f"{pct(s['p90_abs']):>7} {100 * s['worst_signed']:+6.1f}%")
+                      f"{pct(s['p90_abs']):>7} {100 * s['worst_signed']:+6.1f}%  |{other}")
     worst = sorted((q for q in points if q["split"] == "heldout"), key=lambda q: -abs(q["error"]))
     print("\nworst held-out cases:")
     for q in worst[:10]:
@@ -186,18 +238,19 @@ def main(argv=None) -> int:
     if failed:
         print(f"\n{len(failed)} case(s) not measured: "
               + ", ".join(c.name for c in failed[:10]))
-    held = splits.get("heldout", {})
-    feature_worst = max((s["median_abs"] for vals in groups.values() for s in vals.values()
-                         if s.get("n", 0) >= 3), default=None)
-    checks = {
-        "median": held.get("median_abs"), "p90": held.get("p90_abs"),
-        "worst": held.get("worst_abs"), "feature_median": feature_worst,
-    }
-    print("\ntargets (held-out): " + "  ".join(
-        f"{k} {pct(v)} {'<=' if v is not None and v <= TARGETS[k] else '>'} "
-        f"{100 * TARGETS[k]:.0f}%" for k, v in checks.items()))
+    checks, checks_nolhs = target_checks(splits, groups), target_checks(splits_nolhs, groups_nolhs)
+    print("\ntargets (held-out): " + targets_line(checks))
+    if splits_nolhs.get("heldout"):
+        print("targets (held-out, without latency hiding): " + targets_line(checks_nolhs))
+    no_calm = [q["case"] for q in points if q["error_no_lhs"] is None]
+    if no_calm:
+        print(f"{len(no_calm)} case(s) with collectives not compiled without latency hiding: "
+              + ", ".join(no_calm[:10]))
     out = {"tier": "xla-gpu", "gpu": "h100-sxm-80gb", "profile": "xla-gpu",
-           "cases": args.cases, "seed": args.seed, "styles": list(styles), "splits": splits, "by_feature": groups,
+           "cases": args.cases, "seed": args.seed, "styles": list(styles), "splits": splits,
+           "by_feature": groups, "splits_no_lhs": splits_nolhs,
+           "by_feature_no_lhs": groups_nolhs, "checks_no_lhs": checks_nolhs,
+           "no_lhs_not_measured": no_calm,
            "targets": TARGETS, "checks": checks, "points": points,
            "not_measured": [c.name for c in failed], "total_s": time.perf_counter() - t0}
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -13,6 +13,8 @@ Figures:
   xla_gpu_peak_errors.png  predicted vs XLA-measured peak on random configs (fitting and
                         held-out splits, full-size cards), from
                         benchmarks/results/memory_random.json (no compiling)
+  xla_gpu_peak_errors_no_lhs.png  the same against XLA's peak of each step compiled without
+                        its latency-hiding scheduler (one-device steps: the same compile)
   published_runs.png    predicted vs published throughput (by GPU generation and source) and
                         memory of real frameworks' runs, from
                         benchmarks/results/published_runs.json
@@ -82,6 +84,16 @@ def validation_figure():
     return figures.peak_errors(d["points"])
 
 
+def validation_no_lhs_figure():
+    import json
+    d = json.loads((ROOT / "benchmarks" / "results" / "memory_random.json").read_text())
+    pts = [dict(q, measured_peak_bytes=q["no_lhs_peak_bytes"], error=q["error_no_lhs"])
+           for q in d["points"] if q.get("error_no_lhs") is not None]
+    return figures.peak_errors(pts, title=(
+        "peak memory on random configs: cost model against XLA's GPU buffer assignment "
+        "without its latency-hiding scheduler"))
+
+
 def torch_figure():
     import json
     results = ROOT / "benchmarks" / "results"
@@ -121,6 +133,7 @@ FIGURES = {"memory": ("memory_breakdown.png", memory_figure),
            "pareto": ("pareto.png", pareto_figure),
            "heatmap": ("heatmap_tp_pp.png", heatmap_figure),
            "validation": ("xla_gpu_peak_errors.png", validation_figure),
+           "validation-no-lhs": ("xla_gpu_peak_errors_no_lhs.png", validation_no_lhs_figure),
            "torch": ("torch_peak_errors.png", torch_figure),
            "published": ("published_runs.png", published_figure)}
 
