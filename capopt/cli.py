@@ -312,9 +312,15 @@ def cmd_validate(args) -> int:
     from .validation import validate
     sc = _scenario(args)
     configs = [pinned_config(sc)] if args.pinned else None
+    options = {}
+    if args.no_latency_hiding:
+        if args.tier != "xla-gpu":
+            raise CapoptError(f"applies to the xla-gpu tier only, not {args.tier}",
+                              field="--no-latency-hiding", allowed="--tier xla-gpu")
+        options["latency_hiding"] = False
     rep = validate(sc, top_k=args.top, tier=args.tier, configs=configs, out=args.out,
                    timeout_s=args.timeout, progress=not args.json, jobs=args.jobs,
-                   ray=args.ray)
+                   ray=args.ray, options=options)
     print(json.dumps(rep.to_dict(), indent=2) if args.json else validation_table(rep))
     return 0
 
@@ -589,6 +595,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "GPU); maxtext: MaxText's own step compiled for the GPU (no GPU; "
                         "capopt setup maxtext); device: run on this machine's accelerator")
     p.add_argument("--pinned", action="store_true", help="validate the pinned config only")
+    p.add_argument("--no-latency-hiding", action="store_true",
+                   help="xla-gpu tier: compile without XLA's latency-hiding scheduler, which "
+                        "on Hopper and Blackwell targets spends the card's spare memory on "
+                        "overlapping collectives (the peak the step needs when memory binds)")
     p.add_argument("--out", metavar="FILE.jsonl", help="stream results here (resumable)")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds per candidate")
     p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",

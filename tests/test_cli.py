@@ -108,6 +108,14 @@ def test_validate_refuses_a_timeout_that_is_not_a_positive_number(value, capsys)
     assert "--timeout" in err and "Traceback" not in err
 
 
+def test_validate_refuses_no_latency_hiding_outside_the_xla_gpu_tier(capsys):
+    code, _, err = run(["validate", "llama2-13b-zero3-8xa100", "--tier", "torch",
+                        "--no-latency-hiding"], capsys)
+    assert code == 2
+    assert "--no-latency-hiding" in err and "xla-gpu" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_plan_table_shows_memory_time_and_throughput(tmp_path, capsys):
     code, out, _ = run(["plan", write(tmp_path, GOOD), "--set", "remat=full"], capsys)
     assert code == 0

@@ -397,26 +397,32 @@ def test_xla_gpu_tier_compiles_for_a_gpu_without_one(tmp_path):
 
 @pytest.mark.xla_gpu
 @pytest.mark.skipif(not _XLA_GPU, reason=_WHY or "xla-gpu plugin absent")
-def test_xla_latency_hiding_spends_the_cards_spare_memory_and_can_be_turned_off():
+def test_xla_latency_hiding_spends_the_cards_spare_memory_and_can_be_turned_off(tmp_path):
     """A step with collectives compiled for an H100 goes through XLA's latency-hiding
     scheduler, whose memory limit is (80% of the card - unaliased arguments and outputs) x 95%
     (``GetSchedulerMemoryLimit``), read back exactly from its log; with
     NO_LATENCY_HIDING_OPTIONS it does not run and the memory scheduler's order is compiled."""
     from capopt._hardware import get_hardware
-    from capopt.validation.runner import _run_one
+    from capopt.report.text import validation_table
     sc = tiny("tiny-llama", seq_len=128, global_batch=16, runtime="xla-gpu",
               hardware=get_hardware("h100-sxm-80gb"))
-    cfg = Config(micro_batch=8, dp=2)
-    job = {"tier": "xla-gpu", "scenario": sc, "config": cfg, "index": 0}
-    lhs = _run_one({**job, "options": {}}, 600)
-    calm = _run_one({**job, "options": {"latency_hiding": False}}, 600)
+    cfgs = [Config(micro_batch=8, dp=2)]
+    out = tmp_path / "v.jsonl"
+    on = validate(sc, tier="xla-gpu", configs=cfgs, progress=False, out=out)
+    off = validate(sc, tier="xla-gpu", configs=cfgs, progress=False, out=out,
+                   options={"latency_hiding": False})
+    # (the second is another measurement: not resumed from the first's record)
+    assert not any("resumed" in n for n in off.notes), off.notes
+    lhs, calm = on.results[0], off.results[0]
     assert lhs["status"] == calm["status"] == "ok", (lhs.get("error"), calm.get("error"))
     m, sched = lhs["measured"], lhs["details"]["xla_schedule"]
     io = m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"]
     assert sched["lhs_limit_bytes"] == (sc.hardware.memory_bytes * 80 // 100 - io) * 95 // 100
     assert sched["lhs_bytes"] > 0
+    assert "latency-hiding scheduler reordered this step" in validation_table(on)
     assert calm["details"]["xla_schedule"]["lhs_bytes"] is None
     assert calm["details"]["compiler_options"] == NO_LATENCY_HIDING_OPTIONS
+    assert "latency-hiding" not in validation_table(off)
     # the same program either way: arguments and outputs do not move
     for k in ("argument_bytes", "output_bytes", "alias_bytes"):
         assert calm["measured"][k] == m[k]

@@ -380,6 +380,15 @@ def validation_table(rep) -> str:
             unit = _seconds if k == "step_s" else format_bytes
             rows.append((k, unit(p), unit(m), "-" if e is None else f"{100 * e:+.3f}%"))
         lines.append(table(rows, ["term", "predicted", "measured", "error"], "lrrr"))
+        lhs = (r.get("details", {}).get("xla_schedule") or {})
+        if lhs.get("lhs_bytes") is not None:
+            lines.append(
+                f"   XLA's latency-hiding scheduler reordered this step to overlap its "
+                f"collectives: its schedule holds {format_bytes(lhs['lhs_bytes'])} at its "
+                f"peak, within its limit of {format_bytes(lhs['lhs_limit_bytes'])} (80% of "
+                f"the card less arguments and outputs, x 95%); with memory to spare the "
+                f"compiled peak includes what it spent (--no-latency-hiding compiles without "
+                f"it)")
     for n in rep.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)

@@ -68,8 +68,10 @@ def scenario_fingerprint(sc: Scenario) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def result_key(tier: str, sc: Scenario, config: Config) -> str:
-    return f"{tier}|{scenario_fingerprint(sc)}|{json.dumps(config.key_dict(), sort_keys=True)}"
+def result_key(tier: str, sc: Scenario, config: Config, options: dict | None = None) -> str:
+    key = f"{tier}|{scenario_fingerprint(sc)}|{json.dumps(config.key_dict(), sort_keys=True)}"
+    # (compiled without XLA's latency-hiding scheduler: another measurement of the config)
+    return key + ("|no-latency-hiding" if (options or {}).get("latency_hiding") is False else "")
 
 
 def input_bytes(sc: Scenario, config: Config) -> int:
@@ -369,7 +371,9 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
         jobs: candidates measured at once (each in its own process).
         ray: a Ray cluster's address (``auto``, ``local`` or ``ray://HOST:PORT``): each
             candidate runs there as a task (`capopt.validation.cluster`) instead of here.
-        options: passed to the tier (device: ``warmup``, ``steps``, ``monitor``).
+        options: passed to the tier (device: ``warmup``, ``steps``, ``monitor``; xla-gpu:
+            ``latency_hiding=False`` compiles without XLA's latency-hiding scheduler,
+            `capopt.validation.tiers.NO_LATENCY_HIDING_OPTIONS`).
 
     Returns:
         A `ValidationReport`; ``to_dict()`` is ``{"results": [{"config", "tier", "status",
@@ -422,7 +426,7 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
             if (isinstance(rec.get("key"), str) and finished(rec)
                     and (not retry or rec.get("status") == "ok")):
                 done[rec["key"]] = rec
-    keys = [result_key(tier, t, c) for t, c in zip(tscs, cands)]
+    keys = [result_key(tier, t, c, options) for t, c in zip(tscs, cands)]
     todo = [i for i, k in enumerate(keys) if k not in done]
     if path is not None and len(todo) < len(cands):
         notes.append(f"resumed: {len(cands) - len(todo)} result(s) from {path}")
