@@ -1375,3 +1375,19 @@ def test_activation_offloading_keeps_one_window_of_one_block_on_the_device():
             window = float(offload_window(k, n, jnp.asarray(tokens))[0])
             assert 0 < window < saved
             assert d["loss"] < d["top"] < 0.0
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_clipped_update_holds_every_gradient_once_without_sharded_gradients(zero):
+    """XLA, clipping, no accumulation, gradients not sharded (ZeRO-0/1): at the update every
+    gradient is live once, the embedding's (its scatter-add's output, reduced in place) like
+    the others; under data parallelism XLA's combined all-reduce copies them into one flat
+    buffer (``grad_combine_copy``), where the update is the step's peak. Counted twice, the
+    embedding's would add its table (1 MiB beside 7.3 MiB of gradients here)."""
+    m = llama_like(vocab=1024, layers=2, hidden=256)
+    sc = make_scenario(m, count=2, seq_len=8, global_batch=2, grad_clip=True)
+    mem = estimate(Config(micro_batch=1, dp=2, zero_stage=zero), sc).memory
+    assert int(mem["peak_phase"]) == PHASES.index("update")
+    copies = 1.0 + get_profile("xla-gpu").coeff("grad_combine_copy")
+    assert float(mem["grads_bytes"]) == pytest.approx(copies * float(mem["grads_all_bytes"]),
+                                                      rel=F32_RTOL)

@@ -781,8 +781,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                    + grads_rebuild,
         "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
                                       in_grad) + grad_own + dp_bwd + held_above + grads_bottom,
-        "update": accum + jnp.maximum(keep_all * (grads_step + embed_grad), pending) + flat
-        + oib * one_tensor * gb,
+        # (without sharded gradients the embedding's scatter-add output is its gradient,
+        # reduced in place and counted in ``grads_step``; ZeRO-2/3 reduce-scatter it into a
+        # buffer of its own, the scatter-add's output beside it)
+        "update": (accum + jnp.maximum(keep_all * (grads_step + f_grad * embed_grad), pending)
+                   + flat + oib * one_tensor * gb),
         "forward": accum + in_grad,
         "regather": accum + jnp.maximum(embed_grad, in_grad) + fl * fl_head_grad,
     }
