@@ -9,8 +9,9 @@
   `capopt.validation.targets.xla_gpu_device_info`, autotuning off. Needs the CUDA PJRT plugin, which
   ``capopt setup xla-gpu`` installs (`capopt.validation.plugin`); the CUDA libraries themselves
   are not needed to compile. XLA's GPU buffer assignment gives temp and peak; its
-  scheduler's log (`capopt.validation.xla_log`) the peak of its memory-scheduled order, before
-  the latency-hiding scheduler spends the card's spare memory on overlapping collectives.
+  schedulers' log (`capopt.validation.xla_log`) the order its memory scheduler kept and what
+  the latency-hiding scheduler, which spends the card's spare memory on overlapping
+  collectives, used and was allowed (``latency_hiding=False`` compiles without it).
 - ``torch``: the step in PyTorch on fake tensors (`capopt.validation.torch_step`): the live
   tensor bytes of every op, the peak and what was live at it by category. Needs torch
   (``pip install 'capopt[torch]'``); no GPU.

@@ -4,15 +4,15 @@ XLA orders a GPU module twice (``ScheduleGpuModule``, ``xla/service/gpu/gpu_hlo_
 the XLA of jaxlib 0.10.2). Its memory scheduler (``DefaultMemoryScheduler``) builds a list, a
 depth-first and a post-order sequence and keeps the one whose heap simulation peaks lowest;
 its ``VLOG(2)`` lines name the three simulated peaks and the choice (an estimate made before
-buffer assignment: from 5% below to 18% above the assigned peak on ten one-device steps). Where the step
-has collectives and the target is a Hopper or Blackwell GPU, the latency-hiding scheduler then
-reorders it to overlap them with compute and spends memory on that up to its limit,
-(80% of the card's memory - the step's arguments and outputs not aliased) x
-``xla_gpu_memory_limit_slop_factor`` (95%) (``GetSchedulerMemoryLimit``); it logs the memory
-its schedule uses and that limit. On a card with room to spare the compiled peak is therefore
-the latency-hiding scheduler's and sits above what the step needs; the xla-gpu tier can compile
-without it (`capopt.validation.tiers.NO_LATENCY_HIDING_OPTIONS`), and
-`benchmarks/xla_headroom.py` measures the peak on cards of several sizes.
+buffer assignment: from 5% below to 18% above the assigned peak on ten one-device steps).
+Where the step has collectives and the target is a Hopper or Blackwell GPU, the
+latency-hiding scheduler then reorders it to overlap them with compute and spends memory on
+that up to its limit, (80% of the card's memory - the step's arguments and outputs not
+aliased) x ``xla_gpu_memory_limit_slop_factor`` (95%) (``GetSchedulerMemoryLimit``); it logs
+the memory its schedule uses and that limit. On a card with room to spare the compiled peak
+is therefore the latency-hiding scheduler's and can sit well above what the step needs; the
+xla-gpu tier can compile without it (`capopt.validation.tiers.NO_LATENCY_HIDING_OPTIONS`),
+and `benchmarks/xla_headroom.py` measures the peak on cards of several sizes.
 
 The xla-gpu tier turns the lines on (`log_environment`), captures the compile's log
 (`capture`) and records `schedule_report` of it beside XLA's buffer assignment.
