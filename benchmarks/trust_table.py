@@ -30,7 +30,9 @@ OUT = ROOT / "capopt" / "data" / "trust.json"
 
 # Each runtime profile's oracle: the tier that runs that runtime's own step.
 ORACLES = {
-    "xla-gpu": ("xla-gpu", "XLA's GPU buffer assignment of the Flax step (the xla-gpu tier)"),
+    "xla-gpu": ("xla-gpu", "XLA's GPU buffer assignment of the Flax step (the xla-gpu tier; "
+                           "with collectives, what XLA's latency-hiding scheduler spent of an "
+                           "H100's spare memory included)"),
     "maxtext": ("maxtext", "MaxText's own train step compiled for the GPU (the maxtext tier)"),
     "deepspeed": ("deepspeed", "DeepSpeed's own engine step (the deepspeed tier)"),
     "pytorch-eager": ("torch", "PyTorch's caching allocator over the step on fake tensors "
