@@ -90,22 +90,23 @@ def main(argv=None) -> int:
                         timeout_s=args.timeout, options={"latency_hiding": False}))
     need = {c.name: (done[key(q)]["measured"]["temp_bytes"], io_bytes(done[key(q)]))
             for c, q in zip(chosen, calm) if key(q) in done}
-    sized = [on_card(c, memory_for(*need[c.name], k), f"k{k:g}")
-             for c in chosen if c.name in need for k in SIZES]
-    done.update(measure(sized, path, tier="xla-gpu", key=key, jobs=args.jobs,
-                        timeout_s=args.timeout))
+    # (each measured case on its own card, then on the cards sized from its temporaries)
+    cards = {c.name: [(None, o)] + [(k, on_card(c, memory_for(*need[c.name], k), f"k{k:g}"))
+                                    for k in SIZES]
+             for c, o in zip(chosen, own) if c.name in need}
+    done.update(measure([q for qs in cards.values() for _, q in qs[1:]], path, tier="xla-gpu",
+                        key=key, jobs=args.jobs, timeout_s=args.timeout))
     rows = []
     print("\nXLA's compiled temporaries by the card's memory, against the same step's without "
           "latency hiding\n(xla-gpu tier, H100 target)\n")
     print(f"{'case':<26} {'card':>10} {'LHS limit':>11} {'limit/need':>10} {'need':>10} "
           f"{'compiled':>10} {'ratio':>6}")
-    for c, o in zip(chosen, own):
-        if c.name not in need:
+    for c in chosen:
+        if c.name not in cards:
             print(f"{c.name:<26} not measured")
             continue
-        base, io = need[c.name]
-        for tag, k in [("card", None)] + [(f"k{k:g}", k) for k in SIZES]:
-            q = o if k is None else on_card(c, memory_for(base, io, k), tag)
+        base = need[c.name][0]
+        for k, q in cards[c.name]:
             rec = done.get(key(q))
             if rec is None:
                 continue

@@ -60,11 +60,12 @@ def schedule_report(log: str) -> dict | None:
                          limit, where it ran (None where the step has no collective)."""
     last, sequences = None, {}
     for m in _SCHED.finditer(log):      # a compile retried: the last one's lines win
-        size = int(round(float(m.group(3)) * _BYTES.get(m.group(4), 0)))
+        name, unit = m.group(2).replace(" ", "_"), _BYTES.get(m.group(4), 0)
+        size = int(round(float(m.group(3)) * unit))
         if m.group(1):
-            last = (m.group(2).replace(" ", "_"), size, _BYTES.get(m.group(4), 0))
+            last = (name, size, unit)
         else:
-            sequences[m.group(2).replace(" ", "_")] = size
+            sequences[name] = size
     if last is None or not last[2]:
         return None
     lhs = list(_LHS.finditer(log))
