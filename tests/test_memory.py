@@ -1391,3 +1391,26 @@ def test_clipped_update_holds_every_gradient_once_without_sharded_gradients(zero
     copies = 1.0 + get_profile("xla-gpu").coeff("grad_combine_copy")
     assert float(mem["grads_bytes"]) == pytest.approx(copies * float(mem["grads_all_bytes"]),
                                                       rel=F32_RTOL)
+
+
+@pytest.mark.parametrize("tp, ga, tensors", [
+    (1, 1, 4 + 1),                  # each layer's matmul output; the top's input gradient
+    (2, 1, 4 * (1 + 0.5) + 2),      # + each layer's gathered activation; two gradients
+    (2, 2, 4 * (1 + 0.5) + 2 + 3),  # + the hoisted transposed inputs (2) and one slice
+])
+def test_a_plain_mlp_stack_keeps_one_output_a_layer_under_xla(tp, ga, tensors):
+    """XLA (rand0-143, rand0-124 and rand0-178 of the fitting split): a ReLU MLP stack keeps
+    each layer's matmul output alone, split over tp, the activation and its mask recomputed
+    in the fusions that read it; the top layer's backward adds its input's gradient, the
+    loss's being recomputed inside its GEMMs. With tp > 1 every layer also keeps its
+    all-gathered activation, the backward holds the incoming gradient whole, and with
+    accumulation XLA keeps a transposed copy of every micro-batch's inputs and one slice.
+    The batch itself, the first layer's input, is an argument: no activation."""
+    m = ModelSpec(name="mlp", family="mlp", hidden_size=512, num_hidden_layers=4,
+                  hidden_act="relu")
+    sc = make_scenario(m, count=tp, seq_len=128, global_batch=8 * ga, precision="bf16",
+                       grad_clip=False, optimizer="sgd")
+    mem = estimate(Config(micro_batch=8, grad_accum=ga, tp=tp), sc).memory
+    assert int(mem["peak_phase"]) == PHASES.index("top")
+    one = 8 * 128 * 512 * 2                          # tokens x h x bf16
+    assert float(mem["activations_bytes"]) == pytest.approx(tensors * one, rel=F32_RTOL)

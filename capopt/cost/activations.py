@@ -232,14 +232,24 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     first_scores = dropped * (no_a * scores
                               + v_only * jnp.maximum(materialised - a * s * ab, 0.0))
 
-    plain = ab * 2.0 * h                                 # family "mlp": input and activation
+    # A plain MLP stack (family "mlp", XLA): each layer keeps its matmul's output alone, in
+    # the compute dtype and split over tp; the activation and its mask are recomputed from it
+    # inside the fusions that read them (the next layer's GEMMs, the mask's select), so the
+    # next layer's input is no tensor of its own. With tp > 1 each layer is column-parallel
+    # and the next one reads its activation all-gathered whole: that copy is kept as well.
+    # (Read off the fitting configs' buffer assignments: rand0-143, tp 1, five
+    # bf16[2048, 384] dot outputs for five layers; rand0-124 and rand0-178, tp 4, each layer's
+    # tp-split output beside its all-gather's whole output. Only the xla-gpu tier runs the
+    # stack: these are XLA's rules.)
+    gathered = ab * h * jnp.clip(k.tp - 1.0, 0.0, 1.0)
     zero = jnp.zeros_like(h)
     return {
-        "rep": jnp.where(tf > 0, rep, plain),
+        "rep": jnp.where(tf > 0, rep, gathered),
         "proj": jnp.where(tf > 0, proj, zero),
-        "tp": jnp.where(tf > 0, tp, zero),
+        "tp": jnp.where(tf > 0, tp, ab * h),
         "scores": jnp.where(tf > 0, scores, zero),
-        "input": ((1.0 - mixed) * ab + mixed * n["param_bytes"]) * h,
+        # (an MLP stack's stream is in the compute dtype: it casts its input once)
+        "input": jnp.where(tf > 0, ((1.0 - mixed) * ab + mixed * n["param_bytes"]) * h, ab * h),
         "sel_rep": jnp.where(tf > 0, sel_rep, ab * h),
         "sel_tp": jnp.where(tf > 0, sel_tp, zero),
         "whole": jnp.where(tf > 0, latent + dispatch, zero),
@@ -321,6 +331,12 @@ def backward_transient_points(k: Knobs, n: dict, tokens) -> dict:
                           + frozen_rule * (2.0 + n["gated"]))
            * mlp_width(n) / k.tp)
     stream = tokens * stream_bytes(n) * 2.0 * n["h"] * shard(k.sp, k.tp)
+    # (an MLP stack has no residual stream: its layer's backward writes the input's gradient
+    # while the incoming one is recomputed from the saved output inside the GEMMs that read
+    # it, the loss's gradient at the top layer too; with tp > 1 the incoming gradient, whole,
+    # is a tensor of its own, as rand0-124's backward holds it)
+    plain = tokens * ab * n["h"] * shard(k.sp, k.tp) * (1.0 + jnp.clip(k.tp - 1.0, 0.0, 1.0))
+    stream = jnp.where(tf > 0, stream, plain)
     # ``score_grad_after_release``: the score gradients of materialised attention peak in the
     # softmax's backward, after the MLP's backward released its saved tensors and the
     # probabilities' copies downstream of the softmax (the compute-dtype cast, dropout's mask

@@ -427,6 +427,13 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     rep_div = shard(k.sp, k.tp)
     # the stage's input edge, kept for every micro-batch in flight on the first stage
     edge = tokens * (stream_bytes(n) + n["hidden_dropout"]) * n["h"] * rep_div
+    # (an MLP stack's first layer reads the batch itself, an argument in the compute dtype:
+    # no stage input of its own; with tp > 1 and accumulation XLA hoists a transposed copy
+    # of every micro-batch's inputs out of the loop and slices one a micro-batch: rand0-124,
+    # tp 4, accumulation 2: bf16[512, 2, 2, 512] and a [1, 2, 512, 512] slice)
+    batch_copies = (step_at_least(k.tp, 2.0) * step_at_least(k.grad_accum, 2.0)
+                    * (k.grad_accum + 1.0))
+    edge = jnp.where(n["mlp"] > 0, batch_copies * tokens * n["act_bytes"] * n["h"], edge)
     edge_bytes = edge * (first * edge_in_flight + (1.0 - first))
     # (offloaded, it is on the host but while the first block is differentiated)
     edge_kept = (1.0 - ao) * edge_bytes
