@@ -21,7 +21,8 @@ parallel layout; precision; activation checkpointing) and is predicted with its 
 runtime profile as it ships (``llm-foundry``, ``torchtitan``, ``megatron``, ``maxtext``). The rows check the model; nothing is fitted to them. A row whose
 setup capopt cannot express (HSDP, a framework knob it has no word for) is
 listed with the reason instead of a prediction, and a row predicted not to fit its GPU is
-counted as such. Prints a table per source and writes ``benchmarks/results/published_runs.json``.
+counted as such. Prints a table per source and writes ``benchmarks/results/published_runs.json``
+and the printed table beside it (``published_runs.txt``).
 """
 
 from __future__ import annotations
@@ -418,6 +419,12 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     sources = args.source or [s for s in CONVERTERS if (DATA / f"{s}.json").exists()]
     records, summaries = [], {}
+    lines: list[str] = []          # the table as printed, written beside the JSON
+
+    def say(text: str) -> None:
+        print(text)
+        lines.append(text)
+
     for src in sources:
         doc = json.loads((DATA / f"{src}.json").read_text())
         runs = CONVERTERS[src](doc)
@@ -434,12 +441,12 @@ def main(argv=None) -> int:
                          "notes": run.notes, **p})
         records += rows
         if not args.quiet:
-            print(f"\n{src}: {len(rows)} rows")
-            print(f"{'row':<62} {'published':>9} {'predicted':>9} {'error':>7}  note")
+            say(f"\n{src}: {len(rows)} rows")
+            say(f"{'row':<62} {'published':>9} {'predicted':>9} {'error':>7}  note")
             for r in rows:
                 pub = r["published"]["tokens_per_gpu"]
                 if r["status"] != "ok":
-                    print(f"{r['row']:<62} {pub or 0:>9.0f} {'':>9} {'':>7}  "
+                    say(f"{r['row']:<62} {pub or 0:>9.0f} {'':>9} {'':>7}  "
                           f"{r['status']}: {r['why']}")
                     continue
                 err = r.get("throughput_error")
@@ -448,7 +455,7 @@ def main(argv=None) -> int:
                 mem = ("" if "memory_error" not in r else
                        f"  memory {r['published']['memory_gib']:.1f} GiB, predicted "
                        f"{r[kind]:.1f} ({100 * r['memory_error']:+.0f}%)")
-                print(f"{r['row']:<62} {pub or 0:>9.0f} {r['tokens_per_gpu']:>9.0f} "
+                say(f"{r['row']:<62} {pub or 0:>9.0f} {r['tokens_per_gpu']:>9.0f} "
                       f"{'' if err is None else f'{100 * err:+6.1f}%':>7}  "
                       f"{'' if r['fits'] else 'predicted not to fit'}{mem}")
     groups: dict[str, list[dict]] = {}
@@ -461,7 +468,7 @@ def main(argv=None) -> int:
         gen = generation(get_hardware(r["gpu"]).compute_capability) or "other"
         groups.setdefault(f"all {gen}", []).append(r)
     groups["all"] = records
-    print("\nthroughput (tokens/s per GPU), predicted against published:")
+    say("\nthroughput (tokens/s per GPU), predicted against published:")
     for name, rows in groups.items():
         ok = [r for r in rows if r["status"] == "ok" and "throughput_error" in r]
         s = _summary([r["throughput_error"] for r in ok])
@@ -469,20 +476,22 @@ def main(argv=None) -> int:
                  refused=sum(r["status"] == "refused" for r in rows),
                  not_fitting=sum(r["status"] == "ok" and not r["fits"] for r in rows))
         summaries[name] = {"throughput": s}
-        print(f"  {name:<28} {_fmt(s)}  (unexpressed {s['unexpressed']}, refused "
+        say(f"  {name:<28} {_fmt(s)}  (unexpressed {s['unexpressed']}, refused "
               f"{s['refused']}, predicted not to fit {s['not_fitting']})")
         mem = [r for r in rows if r["status"] == "ok" and "memory_error" in r]
         if mem:
             m = _summary([r["memory_error"] for r in mem])
             summaries[name]["memory"] = m
-            print(f"  {'':<28} memory: {_fmt(m)}")
+            say(f"  {'':<28} memory: {_fmt(m)}")
     out = {"sources": sources, "within": WITHIN, "summaries": summaries, "rows": records,
            "profiles": {src: sorted({r["runtime"] for r in records
                                      if r["source"] == src and r["runtime"]})
                         for src in dict.fromkeys(r["source"] for r in records)},
            "total_s": time.perf_counter() - t0}
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"\nwrote {args.out} in {time.perf_counter() - t0:.0f} s")
+    table = Path(args.out).with_suffix(".txt")
+    table.write_text("\n".join(lines) + "\n")
+    print(f"\nwrote {args.out} and {table.name} in {time.perf_counter() - t0:.0f} s")
     return 0
 
 
