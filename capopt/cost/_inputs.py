@@ -74,6 +74,11 @@ def runtime_knobs(k: Knobs, n: dict) -> Knobs:
     return k.replace(flash=k.flash * n["flash_ok"])
 
 
+def step_at_least(x, threshold):
+    """0 at ``x <= threshold - 1``, 1 at ``x >= threshold``, linear between (exact at integers)."""
+    return jnp.clip(x - (threshold - 1.0), 0.0, 1.0)
+
+
 def rank_sequences(k: Knobs):
     """Sequences' worth of tokens one rank computes per micro-batch: ``micro_batch / cp``.
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ._inputs import Knobs
+from ._inputs import Knobs, step_at_least
 
 
 def shard(fraction, degree):
@@ -241,7 +241,7 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # bf16[2048, 384] dot outputs for five layers; rand0-124 and rand0-178, tp 4, each layer's
     # tp-split output beside its all-gather's whole output. Only the xla-gpu tier runs the
     # stack: these are XLA's rules.)
-    gathered = ab * h * jnp.clip(k.tp - 1.0, 0.0, 1.0)
+    gathered = ab * h * step_at_least(k.tp, 2.0)
     zero = jnp.zeros_like(h)
     return {
         "rep": jnp.where(tf > 0, rep, gathered),
@@ -335,7 +335,7 @@ def backward_transient_points(k: Knobs, n: dict, tokens) -> dict:
     # while the incoming one is recomputed from the saved output inside the GEMMs that read
     # it, the loss's gradient at the top layer too; with tp > 1 the incoming gradient, whole,
     # is a tensor of its own, as rand0-124's backward holds it)
-    plain = tokens * ab * n["h"] * shard(k.sp, k.tp) * (1.0 + jnp.clip(k.tp - 1.0, 0.0, 1.0))
+    plain = tokens * ab * n["h"] * shard(k.sp, k.tp) * (1.0 + step_at_least(k.tp, 2.0))
     stream = jnp.where(tf > 0, stream, plain)
     # ``score_grad_after_release``: the score gradients of materialised attention peak in the
     # softmax's backward, after the MLP's backward released its saved tensors and the

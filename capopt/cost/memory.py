@@ -42,17 +42,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ._inputs import Knobs, rank_sequences, shard_group
+from ._inputs import Knobs, rank_sequences, shard_group, step_at_least
 from .flops import fused_linear_chunk
 from .activations import (backward_transient_points, block_inventory, first_block_unsaved,
                           mlp_width, saved_bytes, shard, split_over, stream_bytes)
 
 PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
-
-
-def step_at_least(x, threshold):
-    """0 at ``x <= threshold - 1``, 1 at ``x >= threshold``, linear between (exact at integers)."""
-    return jnp.clip(x - (threshold - 1.0), 0.0, 1.0)
 
 
 def indivisible(count, degree):
