@@ -1414,3 +1414,48 @@ def test_a_plain_mlp_stack_keeps_one_output_a_layer_under_xla(tp, ga, tensors):
     assert int(mem["peak_phase"]) == PHASES.index("top")
     one = 8 * 128 * 512 * 2                          # tokens x h x bf16
     assert float(mem["activations_bytes"]) == pytest.approx(tensors * one, rel=F32_RTOL)
+
+
+@pytest.mark.parametrize("bits", [4, 8, 16])
+@pytest.mark.parametrize("runtime", ["xla-gpu", "pytorch"])
+def test_a_quantised_base_is_kept_dequantised_for_the_backward_under_xla(bits, runtime):
+    """XLA (Llama-2-7B shape, 4 blocks, 4- and 8-bit bases, remat none): the forward pass's
+    dequantisation of a quantised base and the backward's are one value, so each stored block
+    keeps its base matrices in the compute dtype to its backward pass, at the loss all of
+    them; a rebuilt block dequantises again, one block's worth. bitsandbytes dequantises again
+    in the backward (`lora_dequant_in_backward`): nothing kept. A 16-bit base is the compute
+    dtype already."""
+    m = llama_like(layers=4)
+    lora = LoRA(rank=8, targets=("attn", "mlp"), base_bits=bits)
+    sc = make_scenario(m, runtime=runtime, count=1, seq_len=512, global_batch=4,
+                       precision="bf16", grad_clip=False, lora=lora)
+    from capopt._inventory import inventory
+    base = sum(t.elements for t in inventory(m, lora) if t.lora in ("base", "quant"))
+    kept = base * 2.0 if (runtime == "xla-gpu" and bits < 16) else 0.0    # bf16 copies
+    none = estimate(Config(micro_batch=4), sc).memory
+    assert int(none["peak_phase"]) == PHASES.index("loss")
+    assert float(none["weight_copy_bytes"]) == pytest.approx(kept, rel=F32_RTOL, abs=0.0)
+    full = estimate(Config(micro_batch=4, remat="full"), sc).memory
+    if int(full["peak_phase"]) == PHASES.index("top"):
+        assert float(full["weight_copy_bytes"]) == pytest.approx(kept / 4, rel=F32_RTOL)
+
+
+def test_selective_recomputation_keeps_every_lora_product_under_xla():
+    """jax.checkpoint_policies.dots_with_no_batch_dims_saveable saves every dot without batch
+    dimensions: of a wrapped matmul y = x W + (x A) B, (x A) B and x A beside x W (the
+    validation step's Linear; Llama-2-7B shape, 4 blocks, selective: gate and up keep two
+    bf16[8192, 11008] dot outputs each). Against the same profile without that rule, each
+    block keeps every wrapped matrix's output width (q, k, v, o, gate, up, down) and the
+    adapter's rank once more per token, in the compute dtype: at the loss, all four blocks."""
+    m = llama_like(layers=4)
+    sc = make_scenario(m, count=1, seq_len=512, global_batch=4, precision="bf16",
+                       grad_clip=False, lora=LoRA(rank=8, targets=("attn", "mlp")))
+    without = sc.replace(runtime=sc.runtime.with_coeffs(selective_saves_adapters=0.0))
+    cfg = Config(micro_batch=4, remat="selective")
+    added = float(estimate(cfg, sc).memory["phase_loss_bytes"]
+                  - estimate(cfg, without).memory["phase_loss_bytes"])
+    heads, kv = m.num_attention_heads, m.num_key_value_heads
+    d = m.hidden_size // heads
+    widths = (heads + 2 * kv) * d + m.hidden_size + 2 * m.intermediate_size + m.hidden_size
+    per_token = widths + 7 * 8                       # (x A)B of each and x A, rank 8
+    assert added == pytest.approx(m.num_hidden_layers * 4 * 512 * per_token * 2.0, rel=1e-5)

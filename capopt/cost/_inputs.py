@@ -398,6 +398,8 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
         # (a 4-bit base is dequantised before its matmuls: ``lora_dequant``; these wrapped
         # matrices a block, each of them one dequantisation a pass)
         "base_nf4": float(lora.base_bits == 4),
+        # (stored in 8 or 4 bits: dequantised to the compute dtype where a matmul reads it)
+        "base_quantised": float(lora.base_bits < 16),
         # (an expert-stacked base: one matrix an expert; ``lora_base_expert_mats`` of them,
         # split over ep)
         "lora_base_mats": sum(t.count * (t.shape[0] if t.expert else 1)
@@ -612,7 +614,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                  base_bytes=0.0, base_scale_tp_bytes=0.0, base_scale_rep_bytes=0.0,
                  frozen_bytes=0.0, lora_rank=0.0, lora_attn_in=0.0, lora_qk=0.0, lora_o=0.0,
                  lora_mlp_in=0.0, lora_down=0.0, lora_out_width=0.0,
-                 base_nf4=0.0, lora_base_mats=0.0, lora_expert=0.0, lora_base_expert=0.0,
+                 base_nf4=0.0, base_quantised=0.0, lora_base_mats=0.0, lora_expert=0.0, lora_base_expert=0.0,
                  lora_base_expert_mats=0.0, lora_cast_rep=0.0, lora_in_width=0.0,
                  lora_dropout=0.0, lora_in_total=0.0, lora_in_attn=0.0,
                  lora_in_mlp=0.0, lora_in_o=0.0, lora_in_down=0.0,

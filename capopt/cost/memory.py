@@ -529,7 +529,16 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # under LoRA the frozen model is in the compute dtype already; autocast casts the
     # adapters (float32) instead
     lora_casts = lora * n["rt_autocast_casts"] * lora_tp
-    cast_layer = wcf * ((1 - lora) * per_layer + lora_casts) * cast_share
+    # A quantised (8- or 4-bit) base is dequantised to the compute dtype before its matmuls,
+    # whole; a runtime whose backward pass reads the forward's copies (``lora_dequant`` and
+    # not ``lora_dequant_in_backward``) keeps them as it keeps a stored block's casts, and a
+    # rebuilt block dequantises again (XLA: the forward's and the backward's dequantisations
+    # are one value; Llama-2-7B shape, 4 blocks, 4- and 8-bit bases, remat none: every
+    # block's bf16[45088768] gate/up/down and q/k/v/o copies live at the loss)
+    dequant_kept = (lora * n["base_quantised"] * n["rt_lora_dequant"]
+                    * (1.0 - n["rt_lora_dequant_in_backward"]))
+    dequant_layer = dequant_kept * wrapped_base_per_device(k, n) * n["act_bytes"]
+    cast_layer = wcf * ((1 - lora) * per_layer + lora_casts) * cast_share + dequant_layer
     cast_head = logits_mb * wcb * cast_share * (
         n["P_head_tp"] + n["tied"] * n["P_embed_tp"]) * vocab_share
     # (offloaded with the activations, a stored block's casts come back with its window)
