@@ -52,7 +52,7 @@ def test_the_profile_is_an_xla_step_built_on_xla_gpu():
     assert changed == {"selective_saves_down", "remat_policy_every_block", "hybrid_shard",
                        "fsdp_or_replicated_only", "megatron_sequence_parallel",
                        "lora_training", "logits_fp32_copies", "scan_grad_stacks",
-                       "scan_grad_zero3_copies"}
+                       "scan_grad_zero3_copies", "grads_compute_dtype"}
     # written back and read again, a profile keeps its base and its optimizers
     again = _parse(tomllib.loads(prof.to_toml()), "x.toml")
     assert again.lineage == ("xla-gpu",) and again.optimizers == prof.optimizers

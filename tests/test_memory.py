@@ -16,7 +16,7 @@ from capopt._model import ModelSpec
 from capopt._specs import Config, LoRA
 from capopt.cost import estimate, knobs_from_config, numbers_pytree, scenario_numbers
 from capopt.cost.activations import saved_bytes
-from capopt.cost.memory import PHASES, memory, splitk_tile_limit
+from capopt.cost.memory import PHASES, held_grad_bytes, memory, splitk_tile_limit
 from conftest import (END_STAGE_CONFIGS, RELAXED_KNOBS, TEST_GPU, gpt_like, llama_like,
                       make_scenario)
 
@@ -191,8 +191,10 @@ def test_fused_update_keeps_few_gradients_live_unless_clipped_or_accumulated():
     fused = end_stage_memory(k, n_f)
     kept = end_stage_memory(k, n_c)
     grads_all = float(fused["trainable_params"][0]) * float(n_f["grad_bytes"])
+    # (as held: the weight-gradient dots' compute dtype, `held_grad_bytes`)
+    held_all = float(fused["trainable_params"][0]) * float(held_grad_bytes(n_f))
     bottom_f = float(fused["phase_bottom_bytes"][0] - kept["phase_bottom_bytes"][0])
-    assert bottom_f < -0.5 * grads_all          # clipping keeps the other blocks' gradients
+    assert bottom_f < -0.5 * held_all           # clipping keeps the other blocks' gradients
     acc = estimate(Config(micro_batch=2, grad_accum=2), sc).memory
     assert float(acc["grads_bytes"]) >= grads_all * (1 - F32_RTOL)
     # PyTorch keeps .grad to the end whatever the clipping: no fused update
@@ -348,7 +350,10 @@ def test_data_parallel_gradients_wait_for_their_combined_collective():
     m1 = estimate(Config(micro_batch=2), sc1).memory
     m2 = estimate(Config(micro_batch=2, dp=2), sc2).memory
     n = scenario_numbers(sc2)
-    grads = float(m2["trainable_params"]) * n["grad_bytes"]
+    # (held in the weight-gradient dots' compute dtype but the embedding's float32 table)
+    embed = float(n["embed_grad_tp"] + n["embed_grad_rep"])
+    held = float(held_grad_bytes(n))
+    grads = (float(m2["trainable_params"]) - embed) * held + embed * n["grad_bytes"]
     pending = min(grads, n["rt_grad_combine_bytes"])
     assert float(m2["phase_update_bytes"]) - float(m1["phase_update_bytes"]) == pytest.approx(
         2 * pending, rel=1e-5)
@@ -1389,8 +1394,13 @@ def test_clipped_update_holds_every_gradient_once_without_sharded_gradients(zero
     mem = estimate(Config(micro_batch=1, dp=2, zero_stage=zero), sc).memory
     assert int(mem["peak_phase"]) == PHASES.index("update")
     copies = 1.0 + get_profile("xla-gpu").coeff("grad_combine_copy")
-    assert float(mem["grads_bytes"]) == pytest.approx(copies * float(mem["grads_all_bytes"]),
-                                                      rel=F32_RTOL)
+    # (every gradient as held: the weight-gradient dots' compute dtype, the embedding's
+    # float32 scatter-add table)
+    n = scenario_numbers(sc)
+    embed = float(n["embed_grad_tp"] + n["embed_grad_rep"])
+    elems = float(mem["grads_all_bytes"]) / n["grad_bytes"]
+    held = (elems - embed) * float(held_grad_bytes(n)) + embed * n["grad_bytes"]
+    assert float(mem["grads_bytes"]) == pytest.approx(copies * held, rel=F32_RTOL)
 
 
 @pytest.mark.parametrize("tp, ga, tensors", [
@@ -1459,3 +1469,29 @@ def test_selective_recomputation_keeps_every_lora_product_under_xla():
     widths = (heads + 2 * kv) * d + m.hidden_size + 2 * m.intermediate_size + m.hidden_size
     per_token = widths + 7 * 8                       # (x A)B of each and x A, rank 8
     assert added == pytest.approx(m.num_hidden_layers * 4 * 512 * per_token * 2.0, rel=1e-5)
+
+
+@pytest.mark.parametrize("dp, zero", [(1, 0), (2, 0), (2, 3)])
+def test_xla_holds_weight_gradients_in_the_compute_dtype(dp, zero):
+    """XLA keeps a weight's gradient as its weight-gradient dot wrote it, in the compute
+    dtype, and reduces it over the data-parallel group in that dtype; the cast to the float32
+    parameter's dtype is fused into what reads it (optimized HLO: Llama-3.2-1B shape one
+    device, bf16 dW outputs at the backward's end; all-reduces and reduce-scatters of bf16
+    matrices in fitting configs). At a clipped update every gradient is live: against the
+    same profile without the rule, 2 of the 4 bytes of every gradient but the embedding's
+    (its scatter-add table, float32 either way) are gone."""
+    m = llama_like(vocab=1024, layers=2, hidden=256)
+    sc = make_scenario(m, count=dp, seq_len=8, global_batch=dp, grad_clip=True)
+    without = sc.replace(runtime=sc.runtime.with_coeffs(grads_compute_dtype=0.0))
+    cfg = Config(micro_batch=1, dp=dp, zero_stage=zero)
+    a, b = estimate(cfg, sc).memory, estimate(cfg, without).memory
+    n = scenario_numbers(sc)
+    embed = float(n["embed_grad_tp"] + n["embed_grad_rep"])          # (tp 1: the table)
+    # (every trainable element, as a replicated layout holds them; float32 parameters)
+    whole = estimate(Config(micro_batch=1, dp=dp), sc).memory["trainable_bytes"]
+    elems = float(whole) / float(n["param_bytes"])
+    # (one device: the kept gradients; under dp every gradient waits, unsharded, for its
+    # combined collective beside the flat copy it is reduced in: twice, whatever ZeRO keeps)
+    copies = 1.0 if dp == 1 else 2.0
+    saved = float(b["phase_update_bytes"] - a["phase_update_bytes"])
+    assert saved == pytest.approx(copies * 2.0 * (elems - embed), rel=1e-5)

@@ -85,6 +85,16 @@ def compute_weight_bytes(n):
     return jnp.where(n["weight_copy_bytes"] > 0, n["weight_copy_bytes"], n["param_bytes"])
 
 
+def held_grad_bytes(n):
+    """Bytes per element of a weight's gradient as it is held and reduced over the
+    data-parallel group: the gradient dtype, or the compute dtype where the runtime keeps
+    the weight-gradient matmul's output and casts it only where it is read
+    (``grads_compute_dtype``). An accumulator, and the embedding's scatter-add target, are
+    in the gradient dtype either way."""
+    gb = n["grad_bytes"]
+    return gb - n["rt_grads_compute_dtype"] * jnp.maximum(gb - n["act_bytes"], 0.0)
+
+
 def gathered_param_bytes(n):
     """Bytes per trainable parameter as ZeRO-2/3 gathers it: the parameter's dtype, or the
     compute dtype where the runtime casts each shard before its all-gather
@@ -353,7 +363,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (a gradient before its ZeRO-2/3 reduce-scatter is in its unsharded parameter's dtype:
     # the compute dtype under FSDP's mixed precision, ``fsdp_mixed_precision``)
     ugb = gb + n["rt_fsdp_mixed_precision"] * f_grad * (compute_weight_bytes(n) - gb)
-    grad_layer = zero_shard(f_grad, trainable_layer, trainable_layer_expert, k) * gb
+    # (the block and head gradients as held, waiting for a collective and by the update,
+    # `held_grad_bytes`; the accumulator and the embedding's table in ``gb``)
+    ghb = held_grad_bytes(n)
+    grad_layer = zero_shard(f_grad, trainable_layer, trainable_layer_expert, k) * ghb
     grads_all = (zero_shard(f_grad, trainable, trainable_expert, k) + embed_whole) * gb
     accumulating = step_at_least(k.grad_accum, 2.0)
     # (under accumulation the embedding's accumulator is that buffer, counted in ``accum``)
@@ -372,7 +385,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     embed_grad = (embed_table * n["rt_embed_grad_early"]
                   * (1.0 - accumulating * n["rt_accum_buffer"]))
     head_grad = logits_mb * (1 - lora) * (n["P_head_tp"] * vocab_share + n["P_head_rep"]) \
-        * shard(f_grad, dp) * gb
+        * shard(f_grad, dp) * ghb
     # every gradient must stay live to the end of the backward pass: clipping's global norm,
     # a runtime that keeps .grad; accumulation keeps the accumulator instead (counted apart)
     fused = n["rt_grads_fused"]
@@ -390,7 +403,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # and reduce-scatter combiners, up to ``grad_combine_bytes`` per collective) keeps each
     # gradient (before its reduce-scatter: unsharded) until its group's collective runs, and
     # the group is copied into one flat buffer for it.
-    unsharded_all = zero_shard(0.0, trainable, trainable_expert, k) * gb
+    # (the embedding's gradient, its scatter-add's float32 table, reduced in that dtype)
+    embed_wider = (gb - ghb) * embed_elems
+    unsharded_all = zero_shard(0.0, trainable, trainable_expert, k) * ghb + embed_wider
     multi_dp = step_at_least(dp, 2.0)
     combine = n["rt_grad_combine_bytes"]
     pending = multi_dp * jnp.minimum(unsharded_all, combine)
@@ -754,7 +769,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (a runtime whose ZeRO-1 keeps only the device's partition of the gradients by the
     # update, ``zero1_step_grad_partition``: the rest are reduced and freed at the boundary)
     f_step = f_grad + k.zero[..., 1] * n["rt_zero1_step_grad_partition"]
-    grads_step = (zero_shard(f_step, trainable, trainable_expert, k) + embed_whole) * gb
+    grads_step = (zero_shard(f_step, trainable, trainable_expert, k) * ghb
+                  + embed_wider * shard(f_step, dp) + embed_whole * gb)
     # stepped in the backward pass (``opt_in_bwd``), the update runs one tensor at a time:
     # the largest trainable tensor on the device (the vocabulary table or head on their
     # stages, else a block's largest matrix; LoRA: a block's adapters together, a bound)

@@ -65,9 +65,9 @@ from ._inputs import Knobs, rank_sequences, shard_group
 from .activations import autocast_mixed, mlp_width
 from .flops import compute_times, fused_linear_chunk, model_flops, recompute_flops, step_tokens
 from .memory import (compute_weight_bytes, expert_layer_params, gathered_param_bytes,
-                     lora_per_device, loss_copies,
-                     pp_nosync, shard, stage_blocks, stage_params, step_at_least,
-                     wrapped_base_per_device, zero_shard, zero_shares)
+                     held_grad_bytes, lora_per_device, loss_copies, pp_nosync, shard,
+                     stage_blocks, stage_params, step_at_least, wrapped_base_per_device,
+                     zero_shard, zero_shares)
 
 # The kinds of communication priced (their names and the step's terms, `STEP_TERMS`, are in
 # `capopt._terms`): exposed communication by kind adds up to the step; hidden communication,
@@ -345,10 +345,11 @@ def stage_time(k: Knobs, n: dict, *, layers, c: dict, mb: dict, extra_compute, e
     w_layer = (lora * (base_tp * n["base_bytes"] + (per_layer - base_tp) * n["frozen_bytes"]
                        + lora_tp * n["param_bytes"])
                + (1.0 - lora) * per_layer * gathered_param_bytes(n))
-    # (the gradients reduce-scattered in their own dtype, or in the compute dtype where FSDP's
-    # mixed precision reduces in it, ``fsdp_reduce_compute_dtype``)
-    rgb = n["grad_bytes"] + (n["rt_fsdp_mixed_precision"] * n["rt_fsdp_reduce_compute_dtype"]
-                             * (compute_weight_bytes(n) - n["grad_bytes"]))
+    # (the gradients reduce-scattered as they are held, `held_grad_bytes`, or in the compute
+    # dtype where FSDP's mixed precision reduces in it, ``fsdp_reduce_compute_dtype``)
+    hgb = held_grad_bytes(n)
+    rgb = hgb + (n["rt_fsdp_mixed_precision"] * n["rt_fsdp_reduce_compute_dtype"]
+                 * (compute_weight_bytes(n) - hgb))
     g_layer = (lora * lora_tp + (1.0 - lora) * per_layer) * rgb
     gather_once = layers * w_layer + extra_params * _weight_bytes(n)
     # (a fully recomputed block's parameters gathered again for its recomputation, where the
@@ -547,7 +548,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     zdp_per, zdp_nodes = comm.group_layout(zdp, tp, per_node)
     rep_per, rep_nodes = comm.group_layout(k.dpr, tp * zdp, per_node)
     trainable = mem["trainable_params"]
-    grads = trainable * n["grad_bytes"]
+    grads = trainable * held_grad_bytes(n)
     # buckets of dp_bucket_bytes, each collective bucketed on its own bytes; or, where the
     # runtime buckets by elements (``dp_bucket_elems``: Megatron-Core's buffers, the larger of
     # dp_bucket_elems and dp x dp_bucket_elems_per_rank, which keeps large rings bandwidth-
