@@ -276,10 +276,10 @@ SCHEMA: dict[str, Coeff] = {
                          "clipping or accumulation needs every gradient"),
     "accum_buffer": _c(1, "gradient accumulation keeps one accumulator of every gradient"),
     "grads_compute_dtype": _c(0, "1: a weight's gradient is held as its weight-gradient "
-                                 "matmul wrote it, in the compute dtype, the cast to the "
-                                 "parameter's dtype fused into what reads it (clipping's "
-                                 "norm, the update, the accumulator's add), where no "
-                                 "data-parallel collective reduces it"),
+                                 "matmul wrote it, in the compute dtype, and reduced over "
+                                 "the data-parallel group in it; the cast to the "
+                                 "parameter's dtype is fused into what reads it (clipping's "
+                                 "norm, the update, the accumulator's add)"),
     "scan_grad_stacks": _c(0, "blocks' gradients held as whole stacks through the blocks' "
                               "backward pass (a scan over the layers carries every block's "
                               "gradient): that many stacks at least, beside the accumulator "

@@ -614,8 +614,9 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                  base_bytes=0.0, base_scale_tp_bytes=0.0, base_scale_rep_bytes=0.0,
                  frozen_bytes=0.0, lora_rank=0.0, lora_attn_in=0.0, lora_qk=0.0, lora_o=0.0,
                  lora_mlp_in=0.0, lora_down=0.0, lora_out_width=0.0,
-                 base_nf4=0.0, base_quantised=0.0, lora_base_mats=0.0, lora_expert=0.0, lora_base_expert=0.0,
-                 lora_base_expert_mats=0.0, lora_cast_rep=0.0, lora_in_width=0.0,
+                 base_nf4=0.0, base_quantised=0.0, lora_base_mats=0.0, lora_expert=0.0,
+                 lora_base_expert=0.0, lora_base_expert_mats=0.0, lora_cast_rep=0.0,
+                 lora_in_width=0.0,
                  lora_dropout=0.0, lora_in_total=0.0, lora_in_attn=0.0,
                  lora_in_mlp=0.0, lora_in_o=0.0, lora_in_down=0.0,
                  lora_base16=0.0)
