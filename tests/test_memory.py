@@ -178,6 +178,13 @@ def _with(sc, **wl):
     return sc.replace(workload=dataclasses.replace(sc.workload, **wl))
 
 
+def _held_grads(n, elems):
+    """Bytes of ``elems`` gradient elements as XLA holds them (`held_grad_bytes`: the
+    weight-gradient dots' compute dtype), the embedding's float32 scatter-add table apart."""
+    embed = float(n["embed_grad_tp"] + n["embed_grad_rep"])
+    return (elems - embed) * float(held_grad_bytes(n)) + embed * float(n["grad_bytes"])
+
+
 def test_fused_update_keeps_few_gradients_live_unless_clipped_or_accumulated():
     """XLA applies each update as its gradient is produced: at the bottom of the backward
     pass one block's gradients are live, not every block's, unless clipping's global norm
@@ -350,10 +357,7 @@ def test_data_parallel_gradients_wait_for_their_combined_collective():
     m1 = estimate(Config(micro_batch=2), sc1).memory
     m2 = estimate(Config(micro_batch=2, dp=2), sc2).memory
     n = scenario_numbers(sc2)
-    # (held in the weight-gradient dots' compute dtype but the embedding's float32 table)
-    embed = float(n["embed_grad_tp"] + n["embed_grad_rep"])
-    held = float(held_grad_bytes(n))
-    grads = (float(m2["trainable_params"]) - embed) * held + embed * n["grad_bytes"]
+    grads = _held_grads(n, float(m2["trainable_params"]))
     pending = min(grads, n["rt_grad_combine_bytes"])
     assert float(m2["phase_update_bytes"]) - float(m1["phase_update_bytes"]) == pytest.approx(
         2 * pending, rel=1e-5)
@@ -1394,12 +1398,9 @@ def test_clipped_update_holds_every_gradient_once_without_sharded_gradients(zero
     mem = estimate(Config(micro_batch=1, dp=2, zero_stage=zero), sc).memory
     assert int(mem["peak_phase"]) == PHASES.index("update")
     copies = 1.0 + get_profile("xla-gpu").coeff("grad_combine_copy")
-    # (every gradient as held: the weight-gradient dots' compute dtype, the embedding's
-    # float32 scatter-add table)
+    # (every gradient as held)
     n = scenario_numbers(sc)
-    embed = float(n["embed_grad_tp"] + n["embed_grad_rep"])
-    elems = float(mem["grads_all_bytes"]) / n["grad_bytes"]
-    held = (elems - embed) * float(held_grad_bytes(n)) + embed * n["grad_bytes"]
+    held = _held_grads(n, float(mem["grads_all_bytes"]) / n["grad_bytes"])
     assert float(mem["grads_bytes"]) == pytest.approx(copies * held, rel=F32_RTOL)
 
 
@@ -1486,7 +1487,6 @@ def test_xla_holds_weight_gradients_in_the_compute_dtype(dp, zero):
     cfg = Config(micro_batch=1, dp=dp, zero_stage=zero)
     a, b = estimate(cfg, sc).memory, estimate(cfg, without).memory
     n = scenario_numbers(sc)
-    embed = float(n["embed_grad_tp"] + n["embed_grad_rep"])          # (tp 1: the table)
     # (every trainable element, as a replicated layout holds them; float32 parameters)
     whole = estimate(Config(micro_batch=1, dp=dp), sc).memory["trainable_bytes"]
     elems = float(whole) / float(n["param_bytes"])
@@ -1494,4 +1494,5 @@ def test_xla_holds_weight_gradients_in_the_compute_dtype(dp, zero):
     # combined collective beside the flat copy it is reduced in: twice, whatever ZeRO keeps)
     copies = 1.0 if dp == 1 else 2.0
     saved = float(b["phase_update_bytes"] - a["phase_update_bytes"])
-    assert saved == pytest.approx(copies * 2.0 * (elems - embed), rel=1e-5)
+    assert saved == pytest.approx(copies * (elems * n["grad_bytes"] - _held_grads(n, elems)),
+                                  rel=1e-5)

@@ -1477,9 +1477,9 @@ def test_activation_offloading_is_exposed_where_its_copies_outlast_the_matmuls()
 
 
 def test_xla_reduces_gradients_in_the_compute_dtype():
-    """Data parallelism under XLA's mixed precision all-reduces every gradient but the
-    embedding's in the dtype its weight-gradient dot wrote (the optimized HLO: bf16 matrices
-    in the combined all-reduces, `held_grad_bytes`): less exposed synchronisation than the
+    """Data parallelism under XLA's mixed precision all-reduces the gradients in the dtype
+    their weight-gradient dots wrote (the optimized HLO: bf16 matrices in the combined
+    all-reduces, `held_grad_bytes`): less exposed synchronisation than the
     same step reducing float32 gradients, and equal where the profile says the gradients
     stay float32 (MaxText's float32 scan stacks)."""
     sc = make_scenario(llama_like(layers=8, hidden=1024, vocab=1024), count=8, global_batch=8)
