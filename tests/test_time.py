@@ -18,7 +18,7 @@ from capopt._runtime import get_profile
 from capopt.cost import (Knobs, estimate, estimate_numbers, knobs_from_config, numbers_pytree,
                          scenario_numbers, stack_knobs)
 from capopt.cost import comm
-from capopt.cost.memory import gathered_param_bytes
+from capopt.cost.memory import gathered_param_bytes, held_grad_bytes
 from capopt.cost.flops import (block_flops, hardware_flops, matmul_efficiency, model_flops,
                                recompute_flops)
 from conftest import (END_STAGE_CONFIGS, RELAXED_KNOBS, TEST_GPU, gpt_like, llama_like,
@@ -1489,3 +1489,24 @@ def test_xla_reduces_gradients_in_the_compute_dtype():
     mt = sc.replace(runtime=get_profile("maxtext"))
     mt_without = mt.replace(runtime=mt.runtime.with_coeffs(grads_compute_dtype=0.0))
     assert est(cfg, mt)["time"]["comm_dp_s"] == est(cfg, mt_without)["time"]["comm_dp_s"]
+
+
+def test_xla_reduces_the_embedding_gradient_in_its_float32_table():
+    """The data-parallel collectives carry every gradient as memory holds it: the block and
+    head gradients in the compute dtype, the embedding's scatter-add table in float32 (the
+    optimized HLO of fitting rand0-038 all-reduces f32[V, h] beside the bf16 matrices). One
+    number serves both: what the step reduces is the memory model's unsharded gradients."""
+    vocab, hidden = 1024, 1024
+    sc = make_scenario(llama_like(layers=4, hidden=hidden, vocab=vocab), count=8,
+                       global_batch=8)
+    out = estimate(Config(micro_batch=1, dp=8), sc)
+    n = numbers_pytree(sc)
+    held, gb = float(held_grad_bytes(n)), float(n["grad_bytes"])
+    assert gb > held                       # a bf16 gradient beside a float32 table
+    reduced = float(out.memory["grads_reduced_bytes"])
+    trainable = float(out.memory["trainable_params"])
+    assert reduced == pytest.approx(trainable * held + vocab * hidden * (gb - held), rel=1e-6)
+    # (gradients held in float32, MaxText's rule: every one reduced in float32, the table too)
+    narrow = sc.replace(runtime=sc.runtime.with_coeffs(grads_compute_dtype=0.0))
+    assert float(estimate(Config(micro_batch=1, dp=8), narrow).memory["grads_reduced_bytes"]) \
+        == pytest.approx(trainable * gb, rel=1e-6)

@@ -959,6 +959,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "offloaded_activation_bytes": ao * layers * (w_none * (a_none + cast_layer)
                                                      + (w_sel + w_full) * a_full),
         "trainable_params": trainable, "device_params": dense_params,
+        # one replica's gradients as the data-parallel collectives reduce them (unsharded, as
+        # held: `held_grad_bytes`, the embedding's float32 table apart)
+        "grads_reduced_bytes": unsharded_all,
         # every gradient on this device (ZeRO-2/3: its slice): the model states' gradients
         "grads_all_bytes": grads_all,
         # the trainable state's bytes on this device (ZeRO-3 splits it, experts over dp / ep)
