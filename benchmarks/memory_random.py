@@ -112,7 +112,8 @@ def predicted_peak(case: Case, rec: dict) -> dict:
     from capopt.validation.predict import predicted_terms
     m = rec["measured"]
     return predicted_terms(case.config, case.scenario, input_bytes=m["input_bytes"],
-                           output_leaves=int(rec["details"].get("output_leaves", 0)))
+                           output_leaves=int(rec["details"].get("output_leaves", 0)),
+                           compiler_options=rec["details"].get("compiler_options"))
 
 
 def target_checks(splits: dict, groups: dict) -> dict:

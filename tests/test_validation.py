@@ -137,6 +137,25 @@ def _exact(sc, cfg):
     return pred, out["measured"]
 
 
+def test_cublas_gemms_put_one_workspace_in_xlas_temp():
+    """Compiled with Triton GEMMs off (the xla-gpu tier's retry after a GEMM-tiling failure),
+    every dot is a cuBLAS custom call whose output tuple carries the runtime's workspace: the
+    predicted temporaries grow by one ``workspace_bytes`` (the calls share its slot); with
+    Triton GEMMs, or options that leave them on, nothing changes."""
+    from capopt.validation.tiers import GEMM_RETRY_OPTIONS
+    sc = make_scenario(load_card("tiny-llama"), runtime="xla-gpu", count=1, global_batch=4)
+    cfg = Config(micro_batch=4)
+    triton = predicted_terms(cfg, sc)
+    assert predicted_terms(cfg, sc, compiler_options=NO_LATENCY_HIDING_OPTIONS) == triton
+    cublas = predicted_terms(cfg, sc, compiler_options={**NO_LATENCY_HIDING_OPTIONS,
+                                                        **GEMM_RETRY_OPTIONS})
+    ws = sc.runtime.coeff("workspace_bytes")
+    assert ws > 0
+    for key in ("temp_bytes", "peak_bytes"):
+        assert cublas[key] - triton[key] == pytest.approx(ws, rel=1e-6)
+    assert cublas["argument_bytes"] == triton["argument_bytes"]
+
+
 @pytest.mark.parametrize("card,training,cfg", [
     ("tiny-llama", {}, Config(micro_batch=8)),
     ("tiny-gpt", {"precision": "fp32", "optimizer": "lion"},

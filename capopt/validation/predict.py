@@ -22,7 +22,8 @@ The cost model's per-device terms map onto them as follows (``Estimate.memory`` 
 ``temp_bytes``       ``grads_bytes + activations_bytes + logits_bytes + comm_bytes +
                      weight_copy_bytes``; the weight copies are the part of ``overhead_bytes``
                      that is not context, workspace or fragmentation (those live outside
-                     XLA's buffers)
+                     XLA's buffers), + one cuBLAS workspace where the step's GEMMs run on
+                     cuBLAS (`cublas_workspace_bytes`)
 ``peak_bytes``       ``argument + output + temp - alias``
 ``step_s``           ``time.step_s``
 ===================  ============================================================================
@@ -46,15 +47,29 @@ LOSS_BYTES = 4            # the float32 loss
 TUPLE_ENTRY_BYTES = 8     # one address per output array in the output tuple
 
 
+def cublas_workspace_bytes(scenario: Scenario, compiler_options: dict | None) -> float:
+    """The part of the runtime's library scratch (``workspace_bytes``) that XLA allocates in
+    its own buffers: compiled with Triton GEMMs off (``xla_gpu_enable_triton_gemm`` false, the
+    xla-gpu tier's retry after a GEMM-tiling failure), every dot is a cuBLAS custom call whose
+    output tuple carries its workspace (s8[33554432] on an H100 target: the optimized HLO of
+    rand0-104 and rand0-194, jaxlib 0.10.2), a temporary of that call; the calls' workspaces
+    share one slot, live at a peak that falls on a GEMM. With Triton GEMMs, none."""
+    if (compiler_options or {}).get("xla_gpu_enable_triton_gemm", True) is not False:
+        return 0.0
+    return scenario.runtime.coeff("workspace_bytes")
+
+
 def predicted_terms(config: Config, scenario: Scenario, *, input_bytes: int = 0,
-                    output_leaves: int = 0) -> dict[str, float]:
-    """The cost model's prediction of every measured term, per device (bytes; ``step_s``)."""
+                    output_leaves: int = 0,
+                    compiler_options: dict | None = None) -> dict[str, float]:
+    """The cost model's prediction of every measured term, per device (bytes; ``step_s``),
+    for a step compiled with ``compiler_options`` (the tier's record of them)."""
     est = estimate(config, scenario)
     m = {k: float(v) for k, v in est.memory.items()}
     trainable_bytes = m["trainable_bytes"]
     weight_copy = m["weight_copy_bytes"]
     temp = (m["activations_bytes"] + m["logits_bytes"] + m["grads_bytes"] + m["comm_bytes"]
-            + weight_copy)
+            + weight_copy + cublas_workspace_bytes(scenario, compiler_options))
     argument = m["params_bytes"] + m["optimizer_bytes"] + input_bytes
     alias = trainable_bytes + m["optimizer_bytes"]
     output = alias + LOSS_BYTES + TUPLE_ENTRY_BYTES * output_leaves

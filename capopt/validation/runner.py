@@ -259,7 +259,8 @@ def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int
             batch = (measured.get("input_bytes", 0) if tier == "maxtext"
                      else input_bytes(sc, config))
             predicted = predicted_terms(config, sc, input_bytes=batch,
-                                        output_leaves=int(details.get("output_leaves", 0)))
+                                        output_leaves=int(details.get("output_leaves", 0)),
+                                        compiler_options=details.get("compiler_options"))
     except Exception as e:   # a prediction that fails is itself a finding; keep going
         predicted = {}
         details["prediction_error"] = f"{type(e).__name__}: {e}"
