@@ -502,11 +502,25 @@ def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int 
     ok = lambda i: cols["total_bytes"][i] <= usable and np.isfinite(cols["objective"][i])  # noqa
     score = lambda i: cols["objective"][i] if ok(i) else -np.inf  # noqa
 
+    def leaders(pool, key):
+        """The best ``seeds`` of ``pool`` by ``key``, one per parallel layout (dp, tp, pp)
+        first, so that the walk starts from as many layouts as it can: two layouts a near
+        tie apart may be more than one move from each other."""
+        ranked = sorted(pool, key=key, reverse=True)
+        firsts, layouts = [], set()
+        for i in ranked:
+            lay = rows[i][2:5]
+            if lay not in layouts:
+                layouts.add(lay)
+                firsts.append(i)
+        rest = [i for i in ranked if i not in set(firsts)]
+        return (firsts + rest)[:seeds]
+
     fits = [i for i in range(len(rows)) if ok(i)]
     if not fits:   # start from the least memory: walk towards feasibility
-        current = sorted(range(len(rows)), key=lambda i: cols["total_bytes"][i])[:seeds]
+        current = leaders(range(len(rows)), lambda i: -cols["total_bytes"][i])
     else:
-        current = sorted(fits, key=lambda i: -cols["objective"][i])[:seeds]
+        current = leaders(fits, score)
     for _ in range(rounds):
         new_rows = []
         for i in current:
@@ -524,7 +538,7 @@ def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int 
         fits = [i for i in range(len(rows)) if ok(i)]
         pool = fits or list(range(len(rows)))
         key = score if fits else (lambda i: -cols["total_bytes"][i])
-        nxt = sorted(pool, key=key, reverse=True)[:seeds]
+        nxt = leaders(pool, key)
         if set(nxt) == set(current):
             break
         current = nxt
