@@ -513,8 +513,8 @@ def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int 
             if lay not in layouts:
                 layouts.add(lay)
                 firsts.append(i)
-        rest = [i for i in ranked if i not in set(firsts)]
-        return (firsts + rest)[:seeds]
+        chosen = set(firsts)
+        return (firsts + [i for i in ranked if i not in chosen])[:seeds]
 
     fits = [i for i in range(len(rows)) if ok(i)]
     if not fits:   # start from the least memory: walk towards feasibility
