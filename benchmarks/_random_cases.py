@@ -1,6 +1,8 @@
-"""What the random-config benchmarks share: measuring cases in worker processes (resumable
-JSONL) and summarising signed relative errors. Imported by ``memory_random.py``,
-``torch_random.py`` and ``deepspeed_random.py`` from this folder."""
+"""What the random-config benchmarks share: their worker options, the xla-gpu tier's
+availability check, measuring cases in worker processes (resumable JSONL) and summarising
+signed relative errors. Imported by ``memory_random.py``, ``torch_random.py``,
+``deepspeed_random.py``, ``xla_liveness.py``, ``xla_headroom.py`` and ``xla_splitk.py`` from
+this folder."""
 
 from __future__ import annotations
 
@@ -13,6 +15,22 @@ from typing import Callable
 import numpy as np
 
 from capopt.validation.random_configs import Case, describe
+
+
+def add_worker_args(ap, timeout_s: float = 900.0) -> None:
+    """``--jobs`` (worker processes at once) and ``--timeout`` (seconds a case may take)."""
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=timeout_s)
+
+
+def xla_gpu_refusal() -> int | None:
+    """2, after saying why on stderr, where the xla-gpu tier cannot run here; else None."""
+    from capopt.validation.tiers import xla_gpu_available
+    ok, why = xla_gpu_available()
+    if ok:
+        return None
+    print(f"error: {why}", file=sys.stderr)
+    return 2
 
 
 def measure(cases: list[Case], path: Path, *, tier: str, key: Callable[[Case], str],

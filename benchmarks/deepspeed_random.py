@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _random_cases import measure, pct, summary  # noqa: E402
+from _random_cases import add_worker_args, measure, pct, summary  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
 from capopt._specs import stable_text  # noqa: E402
 from capopt.validation.random_configs import describe, draw_deepspeed_cases  # noqa: E402
@@ -50,8 +50,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=900.0)
+    add_worker_args(ap)
     ap.add_argument("--runtime", default="deepspeed",
                     help="the profile judged (default deepspeed; e.g. pytorch)")
     ap.add_argument("--measurements", default=None, help="JSONL of measurements (resumed)")

@@ -36,7 +36,8 @@ from capopt._hardware import get_hardware  # noqa: E402
 from capopt._runtime import get_profile  # noqa: E402
 from capopt._specs import Budget, Config, Scenario, Workload, LoRA, stable_text  # noqa: E402
 from capopt.validation.tiers import devices_needed  # noqa: E402
-from _random_cases import by_feature, measure, pct, print_splits, summary  # noqa: E402
+from _random_cases import (add_worker_args, by_feature, measure, pct, print_splits,  # noqa: E402
+                           summary, xla_gpu_refusal)
 from capopt.validation.random_configs import (EXTRA_STYLES, STYLES, Case, describe,  # noqa: E402
                                               draw_cases, features)
 
@@ -135,8 +136,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=900.0)
+    add_worker_args(ap)
     ap.add_argument("--full-size", action="store_true", help="add configs of shipped cards")
     ap.add_argument("--styles", default="",
                     help="comma-separated card styles to draw instead of the default ones "
@@ -158,11 +158,9 @@ def main(argv=None) -> int:
     stem = "memory_random" + ("" if styles == STYLES else "_" + "_".join(styles))
     args.measurements = args.measurements or str(RESULTS / f"{stem}.jsonl")
     args.out = args.out or str(RESULTS / f"{stem}.json")
-    from capopt.validation.tiers import xla_gpu_available
-    ok, why = xla_gpu_available()
-    if not ok and not args.no_measure:
-        print(f"error: {why}", file=sys.stderr)
-        return 2
+    refused = None if args.no_measure else xla_gpu_refusal()
+    if refused:
+        return refused
     t0 = time.perf_counter()
     cases = draw_cases(args.cases, args.seed, styles=styles)
     if args.full_size:

@@ -43,7 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _random_cases import by_feature, measure, pct, print_splits, summary  # noqa: E402
+from _random_cases import (add_worker_args, by_feature, measure, pct, print_splits,  # noqa: E402
+                           summary)
 from capopt._specs import stable_text  # noqa: E402
 from capopt.validation.random_configs import Case, describe, draw_torch_cases  # noqa: E402
 
@@ -107,8 +108,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=120)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=900.0)
+    add_worker_args(ap)
     ap.add_argument("--lora", action="store_true",
                     help="LoRA and QLoRA cases on one device (results: torch_lora.json[l])")
     ap.add_argument("--lora-targets", default="groups", choices=["groups", "single"],

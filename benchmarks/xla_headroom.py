@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _random_cases import measure  # noqa: E402
+from _random_cases import add_worker_args, measure, xla_gpu_refusal  # noqa: E402
 from capopt.validation.random_configs import Case, describe, draw_cases  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -69,16 +69,13 @@ def memory_for(need: int, io: int, k: float) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=6)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=900.0)
+    add_worker_args(ap)
     ap.add_argument("--measurements", default=str(RESULTS / "xla_headroom.jsonl"))
     ap.add_argument("--out", default=str(RESULTS / "xla_headroom.json"))
     args = ap.parse_args(argv)
-    from capopt.validation.tiers import xla_gpu_available
-    ok, why = xla_gpu_available()
-    if not ok:
-        print(f"error: {why}", file=sys.stderr)
-        return 2
+    refused = xla_gpu_refusal()
+    if refused:
+        return refused
     t0 = time.perf_counter()
     chosen = [c for c in draw_cases(200, 0) if c.split == "fit"
               and c.features["layout"] != "1 device"][:args.cases]

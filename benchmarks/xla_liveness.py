@@ -148,22 +148,19 @@ def other_blocks(points: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
+    from _random_cases import add_worker_args, pct, summary, xla_gpu_refusal
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--split", default="fit", choices=["fit", "heldout"])
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=900.0)
+    add_worker_args(ap)
     ap.add_argument("--limit", type=int, default=0, help="only the first N cases of the split")
     ap.add_argument("--measurements", default=str(RESULTS / "xla_liveness.jsonl"))
     ap.add_argument("--out", default=str(RESULTS / "xla_liveness.json"))
     args = ap.parse_args(argv)
-    from capopt.validation.tiers import xla_gpu_available
-    ok, why = xla_gpu_available()
-    if not ok:
-        print(f"error: {why}", file=sys.stderr)
-        return 2
-    from _random_cases import pct, summary
+    refused = xla_gpu_refusal()
+    if refused:
+        return refused
     from memory_random import measurement_key, predicted_peak
     from capopt.validation.random_configs import describe, draw_cases
     from capopt.validation.runner import _append, load_results

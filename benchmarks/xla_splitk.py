@@ -163,11 +163,10 @@ def main(argv=None) -> int:
         return 0
     from capopt._runtime import get_profile
     from capopt.cost.memory import splitk_tile_limit
-    from capopt.validation.tiers import xla_gpu_available
-    ok, why = xla_gpu_available()
-    if not ok:
-        print(f"error: {why}", file=sys.stderr)
-        return 2
+    from _random_cases import xla_gpu_refusal
+    refused = xla_gpu_refusal()
+    if refused:
+        return refused
     t0 = time.perf_counter()
     grid = QUICK if args.quick else GRID
     rows = measure(grid, RESULTS / "xla_splitk.jsonl")
