@@ -548,7 +548,7 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     zdp_per, zdp_nodes = comm.group_layout(zdp, tp, per_node)
     rep_per, rep_nodes = comm.group_layout(k.dpr, tp * zdp, per_node)
     trainable = mem["trainable_params"]
-    grads = mem["grads_reduced_bytes"]
+    grads = mem["grads_reduced_bytes"]      # as memory holds them (the embedding's table in f32)
     # buckets of dp_bucket_bytes, each collective bucketed on its own bytes; or, where the
     # runtime buckets by elements (``dp_bucket_elems``: Megatron-Core's buffers, the larger of
     # dp_bucket_elems and dp x dp_bucket_elems_per_rank, which keeps large rings bandwidth-
