@@ -501,6 +501,7 @@ def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int 
     cols = {k: list(v) for k, v in res.items()}
     ok = lambda i: cols["total_bytes"][i] <= usable and np.isfinite(cols["objective"][i])  # noqa
     score = lambda i: cols["objective"][i] if ok(i) else -np.inf  # noqa
+    least = lambda i: -cols["total_bytes"][i]  # noqa  (the least memory first)
 
     def leaders(pool, key):
         """The best ``seeds`` of ``pool`` by ``key``, one per parallel layout (dp, tp, pp)
@@ -518,7 +519,7 @@ def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int 
 
     fits = [i for i in range(len(rows)) if ok(i)]
     if not fits:   # start from the least memory: walk towards feasibility
-        current = leaders(range(len(rows)), lambda i: -cols["total_bytes"][i])
+        current = leaders(range(len(rows)), least)
     else:
         current = leaders(fits, score)
     for _ in range(rounds):
@@ -537,7 +538,7 @@ def _polish(space: Space, lat: Lattice, res: dict, n, mode, usable, rounds: int 
                 cols[k].append(nr[k][j])
         fits = [i for i in range(len(rows)) if ok(i)]
         pool = fits or list(range(len(rows)))
-        key = score if fits else (lambda i: -cols["total_bytes"][i])
+        key = score if fits else least
         nxt = leaders(pool, key)
         if set(nxt) == set(current):
             break
