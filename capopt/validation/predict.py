@@ -54,9 +54,7 @@ def cublas_workspace_bytes(scenario: Scenario, compiler_options: dict | None) ->
     output tuple carries its workspace (s8[33554432] on an H100 target: the optimized HLO of
     rand0-104 and rand0-194, jaxlib 0.10.2), a temporary of that call; the calls' workspaces
     share one slot, live at a peak that falls on a GEMM. With Triton GEMMs, none."""
-    from .tiers import GEMM_RETRY_OPTIONS
-    options = compiler_options or {}
-    if any(k not in options or options[k] != v for k, v in GEMM_RETRY_OPTIONS.items()):
+    if (compiler_options or {}).get("xla_gpu_enable_triton_gemm", True) is not False:
         return 0.0
     return scenario.runtime.coeff("workspace_bytes")
 
