@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from .._specs import Config, Scenario
 from ..cost import estimate
+from .compiler_options import GEMM_RETRY_OPTIONS
 
 TERMS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes")
 PARTS = ("params_bytes", "optimizer_bytes", "input_bytes")
@@ -54,7 +55,7 @@ def cublas_workspace_bytes(scenario: Scenario, compiler_options: dict | None) ->
     output tuple carries its workspace (s8[33554432] on an H100 target: the optimized HLO of
     rand0-104 and rand0-194, jaxlib 0.10.2), a temporary of that call; the calls' workspaces
     share one slot, live at a peak that falls on a GEMM. With Triton GEMMs, none."""
-    if (compiler_options or {}).get("xla_gpu_enable_triton_gemm", True) is not False:
+    if not set(GEMM_RETRY_OPTIONS.items()) <= set((compiler_options or {}).items()):
         return 0.0
     return scenario.runtime.coeff("workspace_bytes")
 

@@ -374,7 +374,7 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
             candidate runs there as a task (`capopt.validation.cluster`) instead of here.
         options: passed to the tier (device: ``warmup``, ``steps``, ``monitor``; xla-gpu:
             ``latency_hiding=False`` compiles without XLA's latency-hiding scheduler,
-            `capopt.validation.tiers.NO_LATENCY_HIDING_OPTIONS`).
+            `capopt.validation.compiler_options.NO_LATENCY_HIDING_OPTIONS`).
 
     Returns:
         A `ValidationReport`; ``to_dict()`` is ``{"results": [{"config", "tier", "status",

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .compiler_options import (GEMM_RETRY_OPTIONS, GEMM_TILING_ERROR,  # noqa: F401 (re-exported)
+                               NO_LATENCY_HIDING_OPTIONS)
 from .plugin import PLUGIN_PATH_ENV, has_plugin, plugin_path
 from .targets import gpu_target_text
 from .xla_log import capture, log_environment, schedule_report
@@ -160,23 +162,6 @@ def run_exact(scenario, config) -> dict[str, Any]:
     t0 = time.perf_counter()
     compiled = step.lower().compile()
     return _analyse(step, compiled, time.perf_counter() - t0)
-
-
-# XLA's GPU compiler with autotuning off can fail to tile a small float32 or pure-bf16 GEMM for
-# its Triton emitter (``INTERNAL: Couldn't find output tile sizes that satisfy hlo``); the same
-# step compiles with Triton GEMMs off (cuBLAS for every dot). The tier then retries once with
-# these options and records them, so no measurement is lost.
-GEMM_TILING_ERROR = "Couldn't find output tile sizes"
-GEMM_RETRY_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
-
-
-# XLA's latency-hiding scheduler reorders a step that has collectives to overlap them with
-# compute, and spends the card's spare memory doing it (`capopt.validation.xla_log`). It runs
-# for Hopper and Blackwell targets because its analytical ("speed of light") latency estimator
-# supports them (``IsLHSEnabled``, xla/service/gpu/gpu_hlo_schedule.cc; the
-# ``xla_gpu_enable_latency_hiding_scheduler`` flag is off already). With this option off the
-# memory scheduler's order is compiled as it is: the step's peak without the overlap.
-NO_LATENCY_HIDING_OPTIONS = {"xla_gpu_enable_analytical_sol_latency_estimator": False}
 
 
 def compile_retrying_gemm_tiling(lowered, options: dict[str, Any] | None = None
