@@ -12,7 +12,8 @@ aliased) x ``xla_gpu_memory_limit_slop_factor`` (95%) (``GetSchedulerMemoryLimit
 the memory its schedule uses and that limit. On a card with room to spare the compiled peak
 is therefore the latency-hiding scheduler's and can sit well above what the step needs; the
 xla-gpu tier can compile without it
-(`capopt.validation.compiler_options.NO_LATENCY_HIDING_OPTIONS`), and `benchmarks/xla_headroom.py` measures the peak on cards of several sizes.
+(`capopt.validation.compiler_options.NO_LATENCY_HIDING_OPTIONS`), and
+`benchmarks/xla_headroom.py` measures the peak on cards of several sizes.
 
 The xla-gpu tier turns the lines on (`log_environment`), captures the compile's log
 (`capture`) and records `schedule_report` of it beside XLA's buffer assignment.
