@@ -33,11 +33,20 @@ ADAFACTOR_MIN_DIM = 128        # optax.adafactor's min_dim_size_to_factor (its d
 # the optimizers capopt prices (training.optimizer); a profile may name the ones it runs
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor", "lion", "adamw-8bit")
 INT8_SCALE_BYTES = 4           # 8-bit frozen base: one float32 scale per output column
-# QLoRA's NF4 base (Dettmers et al. 2023): two 4-bit codes per byte, one 8-bit absmax per
-# block of NF4_BLOCK weights, one float32 second-level scale per NF4_BLOCK2 absmax codes
+# QLoRA's NF4 base (Dettmers et al. 2023): two 4-bit codes per byte and one absmax per block
+# of NF4_BLOCK weights; with double quantisation (the paper's, ``training.lora.double_quant``)
+# each absmax is an 8-bit code under one float32 second-level scale per NF4_BLOCK2 of them,
+# without it a float32 (bitsandbytes functional.quantize_4bit, blocksize 64; its
+# compress_statistics quantises the absmax with quantize_blockwise in blocks of 256)
 NF4_BLOCK = 64
 NF4_BLOCK2 = 256
-NF4_BYTES_PER_WEIGHT = 0.5 + 1.0 / NF4_BLOCK + 4.0 / (NF4_BLOCK * NF4_BLOCK2)   # 0.51660...
+NF4_BYTES_PER_WEIGHT = 0.5 + 1.0 / NF4_BLOCK + 4.0 / (NF4_BLOCK * NF4_BLOCK2)   # 0.51587...
+NF4_PLAIN_BYTES_PER_WEIGHT = 0.5 + 4.0 / NF4_BLOCK                               # 0.5625
+
+
+def nf4_bytes_per_weight(double_quant: bool) -> float:
+    """Bytes a weight of an NF4 base takes, with or without double quantisation."""
+    return NF4_BYTES_PER_WEIGHT if double_quant else NF4_PLAIN_BYTES_PER_WEIGHT
 
 
 def adam8bit_moment_bytes(size: int) -> int:
@@ -416,6 +425,9 @@ SCHEMA: dict[str, Coeff] = {
                                       "non-matmul values under a policy that saves matmul "
                                       "outputs only)"),
     "lora_dequant_kernels": _c(0, "kernels per dequantisation of one wrapped 4-bit matrix"),
+    "lora_dequant_nested_kernels": _c(0, "kernels a dequantisation of one 4-bit matrix adds "
+                                         "under double quantisation (its absmax codes "
+                                         "dequantised first)"),
     "lora_input_cast": _c(0, "1: a wrapped matrix of a 16-bit base casts its input to the "
                              "adapters' dtype before them (PEFT's lora.Linear): under "
                              "autocast with float32 adapters each keeps its own compute-dtype "

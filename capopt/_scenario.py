@@ -207,10 +207,11 @@ def _lora(raw, file) -> LoRA | None:
     if not isinstance(raw, dict):
         raise CapoptError("must be a table like { rank = 16, targets = [...], base_bits = 4 }",
                           file=file, field="training.lora")
-    unknown = set(raw) - {"rank", "targets", "base_bits", "dropout"}
+    keys = ("rank", "targets", "base_bits", "dropout", "double_quant")
+    unknown = set(raw) - set(keys)
     if unknown:
         raise CapoptError(f"unknown key {sorted(unknown)[0]!r}", file=file,
-                          field="training.lora", allowed="rank, targets, base_bits, dropout")
+                          field="training.lora", allowed=", ".join(keys))
     targets = raw.get("targets", ("attn", "mlp"))
     if isinstance(targets, str):                    # one name: a list of one
         targets = (targets,)
@@ -219,7 +220,8 @@ def _lora(raw, file) -> LoRA | None:
                           field="training.lora.targets", allowed=", ".join(LORA_TARGETS))
     try:
         return LoRA(rank=raw.get("rank", 16), targets=tuple(targets),
-                    base_bits=raw.get("base_bits", 16), dropout=raw.get("dropout", 0.0))
+                    base_bits=raw.get("base_bits", 16), dropout=raw.get("dropout", 0.0),
+                    double_quant=raw.get("double_quant", True))
     except CapoptError as e:
         raise e.in_file(file) from None
 

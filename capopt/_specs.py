@@ -105,6 +105,10 @@ class LoRA:
     targets: tuple[str, ...] = ("attn", "mlp")
     base_bits: int = 16       # 16: base weights in the compute dtype; 8; 4: NF4 (QLoRA)
     dropout: float = 0.0      # PEFT's lora_dropout: on each wrapped matrix's adapter input
+    # an NF4 base's block absmax in 8 bits under a second-level scale (the QLoRA paper's
+    # double quantisation, bitsandbytes' compress_statistics) or in float32 (transformers'
+    # BitsAndBytesConfig default, bnb_4bit_use_double_quant=False); 4-bit bases only
+    double_quant: bool = True
 
     def __post_init__(self):
         if not _is_int(self.rank) or self.rank < 1:
@@ -125,6 +129,13 @@ class LoRA:
                 or not 0.0 <= self.dropout < 1.0):
             raise CapoptError(f"got {self.dropout!r}", field="training.lora.dropout",
                               allowed="a probability from 0 (none) to below 1")
+        if not isinstance(self.double_quant, bool):
+            raise CapoptError(f"got {self.double_quant!r}", field="training.lora.double_quant",
+                              allowed="true or false")
+        if not self.double_quant and self.base_bits != 4:
+            raise CapoptError(f"false with base_bits = {self.base_bits}",
+                              field="training.lora.double_quant",
+                              allowed="false only with a 4-bit (NF4) base, base_bits = 4")
 
 
 @dataclass(frozen=True)

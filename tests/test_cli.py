@@ -213,6 +213,13 @@ BAD = [  # (description, text or None, argv extra, words the one line must conta
      GOOD.replace("seq_len = 128", 'seq_len = 128\npaged_optimizer = true\nruntime = "hf"')
          .replace("pp = 1", "pp = 1\nzero_stage = 3"),
      [], ["s.toml", "config.zero_stage", "0 (or auto)"]),
+    ("double quantisation not a boolean",
+     GOOD.replace("seq_len = 128", 'seq_len = 128\n'
+                  'lora = { rank = 8, base_bits = 4, double_quant = "no" }'),
+     [], ["s.toml", "training.lora.double_quant", "true or false"]),
+    ("double quantisation turned off on a 16-bit base",
+     GOOD.replace("seq_len = 128", "seq_len = 128\nlora = { rank = 8, double_quant = false }"),
+     [], ["s.toml", "training.lora.double_quant", "base_bits = 4"]),
     ("bad knob value", GOOD.replace("tp = 1", "tp = 0"), [], ["s.toml", "config.tp"]),
     ("unknown knob", GOOD + "", ["--set", "warp=3"], ["--set", "warp", "micro_batch"]),
     ("no field to choose", GOOD, ["--choose", ","], ["--choose", "activation_offload"]),

@@ -793,6 +793,27 @@ def test_trl_parser_takes_the_file_and_builds_the_lora_priced(targets, tmp_path)
     assert quant.bnb_4bit_use_double_quant
 
 
+def test_trl_file_turns_double_quantisation_off_as_priced(tmp_path):
+    """``training.lora.double_quant = false``: TRL's use_bnb_nested_quant false, so
+    BitsAndBytesConfig keeps a float32 absmax per block (bnb_4bit_use_double_quant off)."""
+    import dataclasses
+
+    from trl import ModelConfig, SFTConfig, TrlParser
+    from trl.trainer.utils import get_quantization_config
+    sc = load_scenario("qlora-llama2-7b-24gb")
+    sc = sc.replace(workload=dataclasses.replace(
+        sc.workload, lora=dataclasses.replace(sc.workload.lora, double_quant=False)))
+    d = yaml.safe_load(emit("trl-sft", Config(micro_batch=4, grad_accum=4, remat="full"), sc))
+    assert d["use_bnb_nested_quant"] is False
+    d["use_cpu"] = True
+    path = tmp_path / "sft.yaml"
+    path.write_text(yaml.safe_dump(d))
+    _, model_args = TrlParser((SFTConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(path), "--output_dir", str(tmp_path / "out")])
+    quant = get_quantization_config(model_args)
+    assert quant.load_in_4bit and not quant.bnb_4bit_use_double_quant
+
+
 @pytest.mark.skipif(not _installed("accelerate"), reason="accelerate is not installed")
 @pytest.mark.parametrize("name", ["dp-only", "zero3-full", "zero1", "offload"])
 def test_accelerate_loads_the_file(name, tmp_path):

@@ -434,6 +434,34 @@ def test_qlora_base_is_quantised_and_only_adapters_train():
     assert float(ml["optimizer_bytes"]) < 0.05 * float(mf["optimizer_bytes"])
 
 
+@pytest.mark.parametrize("runtime", ["pytorch", "xla-gpu"])
+def test_nf4_without_double_quantisation_stores_a_float32_absmax_and_nothing_else(runtime):
+    """``training.lora.double_quant = false``: each 64-weight block of the NF4 base keeps a
+    float32 absmax (4 bytes) where double quantisation keeps an 8-bit code and 1/256 of a
+    float32 scale (bitsandbytes quantize_4bit with and without compress_statistics): the
+    base's bytes grow by (4 - 1 - 4/256) / 64 a stored weight, and no other term moves."""
+    from capopt._runtime import NF4_BYTES_PER_WEIGHT, NF4_PLAIN_BYTES_PER_WEIGHT
+    model = llama_like(layers=4, hidden=512, heads=8, kv=8)
+    cfg = Config(micro_batch=2, remat="full")
+    out = {}
+    for dq in (True, False):
+        sc = make_scenario(model, count=1, global_batch=2, runtime=runtime,
+                           lora=LoRA(rank=8, targets=("q", "v"), base_bits=4, double_quant=dq))
+        out[dq] = (estimate(cfg, sc).memory, scenario_numbers(sc))
+    (m_dq, n_dq), (m_plain, n_plain) = out[True], out[False]
+    assert n_dq["base_bytes"] == pytest.approx(NF4_BYTES_PER_WEIGHT)
+    assert n_plain["base_bytes"] == pytest.approx(NF4_PLAIN_BYTES_PER_WEIGHT)
+    # every block matmul is stored in 4 bits, wrapped (q, v) or not
+    stored = n_dq["L"] * n_dq["lora_base_layer"]
+    assert stored > 0.9 * n_dq["L"] * (4 * 512 * 512 + 3 * 512 * n_dq["f"])
+    grown = stored * (NF4_PLAIN_BYTES_PER_WEIGHT - NF4_BYTES_PER_WEIGHT)
+    assert float(m_plain["params_bytes"]) - float(m_dq["params_bytes"]) == pytest.approx(
+        grown, rel=1e-4)    # a difference of float32 sums (~1e-7 each), 60x smaller here
+    for key in ("trainable_bytes", "optimizer_bytes", "grads_bytes", "activations_bytes",
+                "logits_bytes", "comm_bytes", "weight_copy_bytes"):
+        assert float(m_plain[key]) == float(m_dq[key]), key
+
+
 def test_moe_expert_parallelism_divides_expert_weights():
     moe = llama_like(num_local_experts=8, num_experts_per_tok=2)
     sc = make_scenario(moe, count=8, global_batch=8)

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from capopt._errors import CapoptError
-from capopt._runtime import NF4_BYTES_PER_WEIGHT, SCHEMA, get_profile, list_profiles
+from capopt._runtime import (NF4_BYTES_PER_WEIGHT, SCHEMA, get_profile, list_profiles,
+                             nf4_bytes_per_weight)
 
 
 def test_every_builtin_profile_sets_only_schema_keys_and_gets_every_key():
@@ -107,6 +108,9 @@ def test_nf4_bytes_are_computed_from_the_layout():
     # 4-bit codes, an 8-bit absmax per 64 weights, a float32 scale per 256 absmax codes
     assert NF4_BYTES_PER_WEIGHT == pytest.approx(0.5 + 1 / 64 + 4 / (64 * 256))
     assert round(NF4_BYTES_PER_WEIGHT, 4) == 0.5159
+    # without double quantisation: a float32 absmax per 64 weights
+    assert nf4_bytes_per_weight(False) == 0.5 + 4 / 64 == 0.5625
+    assert nf4_bytes_per_weight(True) == NF4_BYTES_PER_WEIGHT
 
 
 def test_with_coeffs_checks_like_a_file():

@@ -213,6 +213,39 @@ def test_a_4bit_base_adds_its_dequantisation_traffic_and_nothing_else(runtime, r
     assert tq["step_s"] > t16["step_s"]
 
 
+@pytest.mark.parametrize("runtime, kernels_saved", [
+    # bitsandbytes without compress_statistics: dequantize_4bit alone, not the absmax
+    # codes' dequantize_blockwise and += offset first; XLA fuses the scales into its
+    # dequantising fusions either way
+    ("pytorch", 2), ("xla-gpu", 0)])
+def test_double_quantisation_changes_the_dequantisation_traffic_and_kernels_only(
+        runtime, kernels_saved):
+    m = llama_like(layers=4, hidden=256, heads=8, kv=8, intermediate_size=704, vocab=1000)
+    cfg = Config(micro_batch=2, grad_accum=3, remat="none")
+    out = {}
+    for dq in (True, False):
+        lora = LoRA(rank=8, targets=("attn", "mlp"), base_bits=4, double_quant=dq)
+        sc = make_scenario(m, runtime=runtime, count=1, seq_len=512, global_batch=6, lora=lora)
+        out[dq] = (est(cfg, sc)["time"], scenario_numbers(sc))
+    (t_dq, n_dq), (t_plain, n_plain) = out[True], out[False]
+    # the dequantisation reads the codes and their scales: a float32 absmax a block of 64
+    # weights is 0.047 bytes a weight more than double quantisation's (nothing else changes)
+    ratio = (n_plain["base_bytes"] + 2.0) / (n_dq["base_bytes"] + 2.0)
+    assert t_plain["dequant_s"] == pytest.approx(t_dq["dequant_s"] * ratio, rel=F32)
+    # kernels a micro-batch launches: each of a block's 7 wrapped matrices is dequantised
+    # before its forward and again before its backward matmul (bitsandbytes; XLA's backward
+    # reads the forward's copy), each time with ``kernels_saved`` kernels fewer
+    from capopt.cost.time import dequant_passes, stage_kernels
+    k = py_knobs(mb=2, ga=3, dp=1)
+    passes = float(dequant_passes(k, n_dq))
+    assert passes == (2.0 if runtime == "pytorch" else 1.0)
+    assert n_dq["lora_base_mats"] == 7.0
+    saved = float(stage_kernels(k, n_dq, 4.0)) - float(stage_kernels(k, n_plain, 4.0))
+    assert saved == pytest.approx(4 * passes * 7 * kernels_saved, abs=1e-9)
+    for key in ("compute_s", "optimizer_s", "bubble_s", "comm_exposed_s", "grad_accum_s"):
+        assert t_plain[key] == pytest.approx(t_dq[key], rel=F32), key
+
+
 # ---------------------------------------------------------------------------------------------
 # Eager element-wise ops, and torch.compile fusing them
 # ---------------------------------------------------------------------------------------------

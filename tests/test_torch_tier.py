@@ -340,27 +340,28 @@ def _errors_with_and_without(sc, cfg, **off) -> tuple[float, float]:
                  for s in (sc, sc.replace(runtime=rt)))
 
 
-def _lora_scenario(spec, bits, **kw):
+def _lora_scenario(spec, bits, double_quant=True, **kw):
     import dataclasses
 
     from capopt._specs import LoRA
     sc = _scenario(spec, **kw)
-    lora = LoRA(rank=8, targets=("attn", "mlp"), base_bits=bits)
+    lora = LoRA(rank=8, targets=("attn", "mlp"), base_bits=bits, double_quant=double_quant)
     return sc.replace(workload=dataclasses.replace(sc.workload, lora=lora))
 
 
 @needs_torch
-@pytest.mark.parametrize("bits", [16, 4])
-def test_lora_freezes_the_base_and_trains_the_adapters_the_inventory_lists(bits):
+@pytest.mark.parametrize("bits, double_quant", [(16, True), (4, True), (4, False)])
+def test_lora_freezes_the_base_and_trains_the_adapters_the_inventory_lists(bits, double_quant):
     """LoRA: only the inventory's adapters train (have optimizer state); the frozen
     model sits in the compute dtype (bf16 under bf16-mixed) and an NF4 base in exactly the
-    bytes `NF4_BYTES_PER_WEIGHT` says (the widths here are whole 64-weight blocks). Both are
-    counts, so the cost model's parameter and gradient bytes must equal the tier's."""
+    bytes `nf4_bytes_per_weight` says, with or without double quantisation (the widths here
+    are whole 64-weight blocks). Both are counts, so the cost model's parameter and
+    gradient bytes must equal the tier's."""
     from capopt._inventory import inventory, trainable
     from capopt.validation.predict import predicted_torch_terms
     from capopt.validation.torch_step import run_torch
     spec = _spec()
-    sc = _lora_scenario(spec, bits)
+    sc = _lora_scenario(spec, bits, double_quant)
     cfg = Config(micro_batch=4)
     out = run_torch(sc, cfg)
     m, d = out["measured"], out["details"]
@@ -371,15 +372,22 @@ def test_lora_freezes_the_base_and_trains_the_adapters_the_inventory_lists(bits)
                                     + 4 * d["param_tensors"])
     p = predicted_torch_terms(cfg, sc)
     # an NF4 matrix keeps whole groups of 256 block scales; the cost model counts the groups
-    # as a fraction: under 4 bytes a wrapped matrix
+    # as a fraction: under 4 bytes a wrapped matrix (without double quantisation, none)
     wrapped = sum(t.count for t in inventory(spec, sc.workload.lora) if t.lora == "base")
-    assert 0 <= m["params_bytes"] - p["params_bytes"] < (4 * wrapped if bits == 4 else 1)
+    assert 0 <= m["params_bytes"] - p["params_bytes"] < (
+        4 * wrapped if bits == 4 and double_quant else 1)
     assert p["grads_bytes"] == m["grads_bytes"]
     # the cost model leaves out AdamW's 4-byte step count per tensor, and only that
     assert 0 <= m["optimizer_bytes"] - p["optimizer_bytes"] <= 4 * d["param_tensors"]
     if bits == 4:
+        # against the same model on a 16-bit base: each stored weight 2 bytes less the NF4
+        # bytes (up to the whole scale groups above)
+        from capopt._runtime import nf4_bytes_per_weight
         full = run_torch(_lora_scenario(spec, 16), cfg)["measured"]["params_bytes"]
-        assert m["params_bytes"] < 0.5 * full
+        stored = sum(t.elements for t in inventory(spec, sc.workload.lora)
+                     if t.lora in ("base", "quant"))
+        saved = stored * (2 - nf4_bytes_per_weight(double_quant))
+        assert 0 <= saved - (full - m["params_bytes"]) < (4 * wrapped if double_quant else 1)
 
 
 @needs_torch
@@ -399,6 +407,11 @@ def test_nf4_dequantisation_reads_codes_blocks_and_scales():
     first = [NF4_CODE[15], NF4_CODE[0], NF4_CODE[7], NF4_CODE[15]]
     assert w[0, :4].tolist() == pytest.approx([2.0 * v for v in first])
     assert w[1, :4].tolist() == pytest.approx([2.0 * 51 / 255 * v for v in first])
+    # without double quantisation each block's absmax is a float32 of its own
+    plain = nf4_dequantize_op()(codes, torch.tensor([3.0, 0.5]), torch.ones(0), rows, cols,
+                                torch.float32)
+    assert plain[0, :4].tolist() == pytest.approx([3.0 * v for v in first])
+    assert plain[1, :4].tolist() == pytest.approx([0.5 * v for v in first])
 
 
 @needs_torch

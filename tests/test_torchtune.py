@@ -218,12 +218,15 @@ def test_emit_one_device_lora_and_every_nth_layer():
 @pytest.mark.parametrize("change, knob", [
     ({"precision": "bf16-mixed"}, "training.precision"),
     ({"lora": LoRA(rank=8, targets=("q", "v"), base_bits=8)}, "training.lora.base_bits"),
+    ({"lora": LoRA(rank=8, targets=("q", "v"), base_bits=4, double_quant=False)},
+     "training.lora.double_quant"),
     ({"lora": LoRA(rank=8, targets=("q", "gate"))}, "training.lora.targets"),
     ({"lora": LoRA(rank=8, targets=("mlp",))}, "training.lora.targets"),
     ({"loss": "fused"}, "training.loss"),
 ])
 def test_emit_refuses_what_the_recipes_refuse(change, knob):
-    """Mixed precision, an 8-bit base (torchtune's QLoRA is NF4), LoRA on part of the MLP
+    """Mixed precision, an 8-bit base (torchtune's QLoRA is NF4, its block scales always
+    quantised again: torchao's NF4Tensor), LoRA on part of the MLP
     (apply_lora_to_mlp wraps all three or none) or on no attention projection (its builders
     raise on an empty lora_attn_modules), a loss it has not: the error names the knob."""
     sc = _sc(runtime="pytorch-eager")

@@ -123,6 +123,29 @@ def test_lora_adapters_are_the_cost_models_count(bits, targets):
     assert bits == 16 or stored == 7 * spec.num_hidden_layers
 
 
+@pytest.mark.parametrize("double_quant", [True, False], ids=["double-quant", "plain"])
+def test_an_nf4_base_takes_the_bytes_the_cost_model_counts(double_quant):
+    """The Flax model's 4-bit codes and absmax (8-bit codes and their float32 scales, or a
+    float32 absmax per block without double quantisation) are `nf4_bytes_per_weight` a
+    stored weight."""
+    from flax import nnx
+
+    from capopt._runtime import nf4_bytes_per_weight
+    from capopt.validation.models import QuantCodes, QuantScale
+    spec = load_card("tiny-llama")
+    lora = LoRA(rank=8, base_bits=4, double_quant=double_quant)
+    model = abstract_model(spec, Policy(lora=lora))
+    leaves = (jax.tree.leaves(nnx.state(model, QuantCodes))
+              + jax.tree.leaves(nnx.state(model, QuantScale)))
+    got = sum(math.prod(x.shape) * x.dtype.itemsize for x in leaves)
+    stored = [t for t in inventory(spec, lora) if t.lora in ("base", "quant")]
+    want = sum(t.elements for t in stored) * nf4_bytes_per_weight(double_quant)
+    # a matrix keeps whole groups of 256 block scales under double quantisation, which the
+    # cost model counts as a fraction: under 4 bytes a matrix; without, every byte
+    mats = sum(t.count for t in stored)
+    assert 0 <= got - want < (4 * mats if double_quant else 1e-6)
+
+
 def test_abstract_model_allocates_nothing():
     m = abstract_model(load_card("llama-3-70b"))
     leaves = jax.tree.leaves(m)
@@ -233,6 +256,9 @@ cases = {
     "adamw-8bit-big": ("wide", 1, {"optimizer": "adamw-8bit"}, Config(micro_batch=1)),
     # 8-bit frozen base: int8 codes + a float32 scale per output column
     "lora-8bit": ("tiny-llama", 1, {"lora": LoRA(rank=8, base_bits=8)}, Config(micro_batch=8)),
+    # NF4 base without double quantisation: a float32 absmax per 64 weights
+    "qlora-plain": ("tiny-llama", 1, {"lora": LoRA(rank=8, base_bits=4, double_quant=False)},
+                    Config(micro_batch=4)),
 }
 specs = {"vit": tv.TINY_VIT, "moe": tv.TINY_MOE.replace(num_key_value_heads=2),
          "mla": tv.TINY_MLA,
@@ -272,7 +298,7 @@ def layout_cases():
 @pytest.mark.parametrize("case", [
     "kv-replicated", "row-bias-gpt", "row-bias-vit", "vocab-replicated", "moe-ep-zero1",
     "moe-ep-zero3", "mla-tp", "mla-ep-zero3", "mla-lora-tp", "adafactor", "adafactor-big",
-    "adamw-8bit", "adamw-8bit-big", "lora-8bit"])
+    "adamw-8bit", "adamw-8bit-big", "lora-8bit", "qlora-plain"])
 def test_cost_model_describes_the_validation_layout(layout_cases, case):
     pred, meas = layout_cases[case]
     assert_state_matches((pred, meas))

@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._runtime import (ADAM8BIT_MIN_SIZE, INT8_SCALE_BYTES, NF4_BYTES_PER_WEIGHT,
-                        PAGED_STATE_MIN_SIZE, adafactor_state_elems, adam8bit_moment_bytes,
-                        flash_share_sm90)
+from .._runtime import (ADAM8BIT_MIN_SIZE, INT8_SCALE_BYTES, PAGED_STATE_MIN_SIZE,
+                        adafactor_state_elems, adam8bit_moment_bytes, flash_share_sm90,
+                        nf4_bytes_per_weight)
 from .._inventory import inventory, trainable
 from .._specs import CHUNKED_LOSS_CHUNKS, Config, LoRA, Scenario, lora_adapters_bf16
 
@@ -393,11 +393,14 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
         # (of which in experts: split over ep with the experts)
         "lora_expert": per([t for t in adapters if t.expert]),
         "lora_base_expert": per([t for t in stored if t.expert]),
-        "base_bytes": {4: NF4_BYTES_PER_WEIGHT, 8: coeffs["base_bytes_8bit"],
+        "base_bytes": {4: nf4_bytes_per_weight(lora.double_quant), 8: coeffs["base_bytes_8bit"],
                        16: float(prec["act_bytes"])}[lora.base_bits],
         # (a 4-bit base is dequantised before its matmuls: ``lora_dequant``; these wrapped
         # matrices a block, each of them one dequantisation a pass)
         "base_nf4": float(lora.base_bits == 4),
+        # (its absmax codes double-quantised: dequantised before the weight,
+        # ``lora_dequant_nested_kernels``)
+        "base_nested": float(lora.base_bits == 4 and lora.double_quant),
         # (stored in 8 or 4 bits: dequantised to the compute dtype where a matmul reads it)
         "base_quantised": float(lora.base_bits < 16),
         # (an expert-stacked base: one matrix an expert; ``lora_base_expert_mats`` of them,
@@ -614,9 +617,9 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                  base_bytes=0.0, base_scale_tp_bytes=0.0, base_scale_rep_bytes=0.0,
                  frozen_bytes=0.0, lora_rank=0.0, lora_attn_in=0.0, lora_qk=0.0, lora_o=0.0,
                  lora_mlp_in=0.0, lora_down=0.0, lora_out_width=0.0,
-                 base_nf4=0.0, base_quantised=0.0, lora_base_mats=0.0, lora_expert=0.0,
-                 lora_base_expert=0.0, lora_base_expert_mats=0.0, lora_cast_rep=0.0,
-                 lora_in_width=0.0,
+                 base_nf4=0.0, base_nested=0.0, base_quantised=0.0, lora_base_mats=0.0,
+                 lora_expert=0.0, lora_base_expert=0.0, lora_base_expert_mats=0.0,
+                 lora_cast_rep=0.0, lora_in_width=0.0,
                  lora_dropout=0.0, lora_in_total=0.0, lora_in_attn=0.0,
                  lora_in_mlp=0.0, lora_in_o=0.0, lora_in_down=0.0,
                  lora_base16=0.0)

@@ -262,7 +262,8 @@ def stage_kernels(k: Knobs, n: dict, layers):
     (``1 / (1 + ew_bwd_factor)``); ``kernels_per_micro_batch`` for the embedding, head and loss;
     under gradient accumulation ``accum_kernels_per_layer`` adds into the accumulator per
     block, and under QLoRA ``lora_dequant_kernels`` per dequantisation of each 4-bit matrix
-    (`dequant_passes`).
+    (`dequant_passes`), ``lora_dequant_nested_kernels`` more where its absmax is
+    double-quantised.
     """
     chunk = n.get("rt_attn_chunk_queries", 0.0)
     chunks = jnp.where(chunk > 0.0, jnp.ceil(n["s"] / jnp.maximum(chunk, 1.0)), 0.0)
@@ -271,7 +272,8 @@ def stage_kernels(k: Knobs, n: dict, layers):
              + k.flash * (1.0 - n["mlp"]) * chunks * _coeff(n, "kernels_per_attn_chunk"))
     block = block * (1.0 + k.remat[2] * fwd_share)
     mats = n["lora_base_mats"] - (1.0 - 1.0 / k.ep) * n["lora_base_expert_mats"]
-    block = block + dequant_passes(k, n) * mats * n["rt_lora_dequant_kernels"]
+    block = block + dequant_passes(k, n) * mats * (
+        n["rt_lora_dequant_kernels"] + n["base_nested"] * n["rt_lora_dequant_nested_kernels"])
     per_mb_adds = accum_adds(k, n) / jnp.maximum(k.grad_accum, 1.0)
     return (layers * (block + per_mb_adds * _coeff(n, "accum_kernels_per_layer"))
             + _coeff(n, "kernels_per_micro_batch"))

@@ -812,8 +812,10 @@ def _emit_trl_sft(c: Config, sc: Scenario) -> str:
         out.update(use_peft=True, lora_r=lora.rank, lora_dropout=float(lora.dropout),
                    lora_target_modules=modules)
         if lora.base_bits == 4:
-            # NF4 with its block scales quantised again, as capopt counts NF4's bytes
-            out.update(load_in_4bit=True, bnb_4bit_quant_type="nf4", use_bnb_nested_quant=True)
+            # NF4, its block scales quantised again or not (TRL's use_bnb_nested_quant, passed
+            # to BitsAndBytesConfig's bnb_4bit_use_double_quant), as capopt counts NF4's bytes
+            out.update(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                       use_bnb_nested_quant=lora.double_quant)
         elif lora.base_bits == 8:
             out["load_in_8bit"] = True
     launch = ("# trl sft --config FILE --model_name_or_path <the model's Hub id> "
@@ -1102,6 +1104,10 @@ def _emit_torchtune(c: Config, sc: Scenario) -> str:
         if lora.base_bits == 8:
             raise _Unexpressible("training.lora.base_bits", 8, "torchtune's QLoRA base is "
                                  "NF4 (4-bit)")
+        if not lora.double_quant:
+            raise _Unexpressible("training.lora.double_quant", False, "torchtune's NF4 base "
+                                 "(torchao's NF4Tensor) always quantises its block scales "
+                                 "again (double_quantize_scalers)")
         present, wrapped = _lora_matrices(sc)
         mlp = wrapped & {"gate", "up", "down"}
         if mlp and mlp != present & {"gate", "up", "down"}:

@@ -110,6 +110,8 @@ def training_label(sc, chosen: bool = True) -> str:
     lora, parts = sc.workload.lora, []
     if lora is not None:
         kind = {4: "QLoRA", 8: "LoRA (8-bit base)", 16: "LoRA"}[lora.base_bits]
+        if not lora.double_quant:
+            kind += " (NF4 without double quantisation)"
         parts.append(f"{kind} r{lora.rank} on {'+'.join(lora.targets)}"
                      + (f", dropout {lora.dropout:g}" if lora.dropout else ""))
     searched = sc.choices if chosen else ()

@@ -26,7 +26,9 @@ wrapped base matrices are stored per ``lora.base_bits``:
 - 4: QLoRA as a *documented approximation* of NF4 with double quantisation: two 4-bit codes
   packed per uint8 (out/2 columns), one uint8 absmax code per 64 weights and one float32
   second-level scale per 256 absmax blocks, dequantised through the 16-entry NF4 table.
-  Bytes per weight: 1/2 + 1/64 + 4/16384 (`capopt._runtime.NF4_BYTES_PER_WEIGHT`).
+  Bytes per weight: 1/2 + 1/64 + 4/16384 (`capopt._runtime.NF4_BYTES_PER_WEIGHT`). Without
+  double quantisation (``lora.double_quant`` false) one float32 absmax per 64 weights:
+  1/2 + 4/64 (`capopt._runtime.NF4_PLAIN_BYTES_PER_WEIGHT`).
 """
 
 from __future__ import annotations
@@ -169,10 +171,14 @@ class Linear(nnx.Module):
                                  f"weights, got ({din}, {dout})")
             self.codes = QuantCodes(jax.random.randint(rngs(), (din, dout // 2), 0, 256,
                                                        jnp.int32).astype(jnp.uint8))
-            self.absmax = QuantScale(jax.random.randint(
-                rngs(), (n // NF4_BLOCK,), 0, 256, jnp.int32).astype(jnp.uint8))
-            self.absmax_scale = QuantScale(
-                jnp.full((math.ceil(n / NF4_BLOCK / NF4_BLOCK2),), INIT_STD / 255, jnp.float32))
+            if policy.lora.double_quant:
+                self.absmax = QuantScale(jax.random.randint(
+                    rngs(), (n // NF4_BLOCK,), 0, 256, jnp.int32).astype(jnp.uint8))
+                self.absmax_scale = QuantScale(jnp.full(
+                    (math.ceil(n / NF4_BLOCK / NF4_BLOCK2),), INIT_STD / 255, jnp.float32))
+            else:
+                self.absmax = QuantScale(jnp.full((n // NF4_BLOCK,), INIT_STD, jnp.float32))
+                self.absmax_scale = None
         self.bias = nnx.Param(jnp.zeros((dout,), dtype)) if bias else None
         if lora and frozen:
             r = policy.lora.rank
@@ -192,8 +198,9 @@ class Linear(nnx.Module):
         lo, hi = packed & 0xF, packed >> 4
         idx = jnp.stack([lo, hi], axis=-1).reshape(self.din, self.dout)
         vals = jnp.asarray(NF4_TABLE)[idx.astype(jnp.int32)]
-        scale2 = jnp.repeat(self.absmax_scale[...], NF4_BLOCK2)[: self.absmax.shape[0]]
-        absmax = self.absmax[...].astype(jnp.float32) * scale2
+        absmax = self.absmax[...].astype(jnp.float32)
+        if self.absmax_scale is not None:        # double quantisation: 8-bit absmax codes
+            absmax = absmax * jnp.repeat(self.absmax_scale[...], NF4_BLOCK2)[: absmax.shape[0]]
         w = vals.reshape(-1, NF4_BLOCK) * absmax[:, None]
         return w.reshape(self.din, self.dout).astype(cd)
 

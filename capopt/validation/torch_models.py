@@ -77,10 +77,11 @@ def build_torch_model(spec: ModelSpec, *, flash: bool = True, checkpoint: tuple 
             if name in wrapped:
                 return LoRALinear(i, o, b, rank=lora.rank, bits=lora.base_bits,
                                   base_dtype=base, adapter_dtype=adapters,
-                                  cast_input=peft_cast, dropout=lora.dropout)
+                                  cast_input=peft_cast, dropout=lora.dropout,
+                                  double_quant=lora.double_quant)
             if lora.base_bits < 16:          # quantised at load, not wrapped
                 return LoRALinear(i, o, b, rank=0, bits=lora.base_bits, base_dtype=base,
-                                  adapter_dtype=adapters)
+                                  adapter_dtype=adapters, double_quant=lora.double_quant)
             return nn.Linear(i, o, bias=b, dtype=base)
     else:
         def linear(name, i, o, b):
@@ -273,7 +274,8 @@ NF4_CODE = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453
 def nf4_dequantize_op():
     """``capopt::dequantize_nf4``: a weight stored as QLoRA stores it (two NF4 codes per
     byte; one 8-bit absmax per `NF4_BLOCK` weights, dequantised by one float32 scale per
-    `NF4_BLOCK2` absmax codes) back in the compute dtype. An operator of its own, as
+    `NF4_BLOCK2` absmax codes, or without double quantisation a float32 absmax and no
+    scales) back in the compute dtype. An operator of its own, as
     bitsandbytes registers ``dequantize_4bit``: its fake kernel allocates the output only, as
     the one CUDA kernel does (the CPU composite's temporaries are no GPU's)."""
     import torch
@@ -287,8 +289,10 @@ def nf4_dequantize_op():
     def dequantize_nf4(codes, absmax, scale2, rows, cols, dtype):
         code = torch.tensor(NF4_CODE, dtype=torch.float32, device=codes.device)
         idx = torch.stack([codes >> 4, codes & 0xF], dim=-1).reshape(-1).long()
-        block_max = absmax.float() / 255.0 * scale2.repeat_interleave(NF4_BLOCK2)[
-            :absmax.numel()]
+        block_max = absmax.float()
+        if absmax.dtype == torch.uint8:          # double quantisation: codes under scales
+            block_max = block_max / 255.0 * scale2.repeat_interleave(NF4_BLOCK2)[
+                :absmax.numel()]
         w = code[idx].view(-1, NF4_BLOCK) * block_max[:, None]
         return w.reshape(-1)[:rows * cols].view(rows, cols).to(dtype)
 
@@ -330,7 +334,7 @@ def lora_linear_module():
 
     class LoRALinear(nn.Module):
         def __init__(self, din, dout, bias, *, rank, bits, base_dtype, adapter_dtype,
-                     cast_input=False, dropout=0.0):
+                     cast_input=False, dropout=0.0, double_quant=True):
             super().__init__()
             self.dropout = dropout              # PEFT's lora_dropout, on the adapter's input
             # PEFT's lora.Linear (16-bit base) casts x to the adapters' dtype before them
@@ -347,9 +351,13 @@ def lora_linear_module():
                 blocks = -(-n // NF4_BLOCK)
                 self.register_buffer("codes", torch.zeros(blocks * NF4_BLOCK // 2,
                                                           dtype=torch.uint8))
-                self.register_buffer("absmax", torch.zeros(blocks, dtype=torch.uint8))
-                self.register_buffer("scale2", torch.ones(-(-blocks // NF4_BLOCK2),
-                                                          dtype=torch.float32))
+                if double_quant:
+                    self.register_buffer("absmax", torch.zeros(blocks, dtype=torch.uint8))
+                    self.register_buffer("scale2", torch.ones(-(-blocks // NF4_BLOCK2),
+                                                              dtype=torch.float32))
+                else:                           # a float32 absmax a block, no scales
+                    self.register_buffer("absmax", torch.zeros(blocks, dtype=torch.float32))
+                    self.register_buffer("scale2", torch.ones(0, dtype=torch.float32))
             self.bias = (nn.Parameter(torch.zeros(dout, dtype=base_dtype), requires_grad=False)
                          if bias else None)
             # (rank 0: no adapters, a frozen quantised matmul: bitsandbytes' Linear4bit alone)
