@@ -65,3 +65,21 @@ def test_activation_offloading_is_a_remedy_where_the_runtime_runs_it():
     changes = dict(candidate_changes(hf))
     assert changes[OFFLOAD_ACTIVATIONS].workload.activation_offload is True
     assert OFFLOAD_ACTIVATIONS not in dict(candidate_changes(load_scenario("llama3-8b-8xh100")))
+
+
+def test_double_quantisation_is_a_remedy_for_a_base_without_it():
+    """An NF4 base without double quantisation is offered it (workload and explain changes,
+    the rest of the LoRA as it was); a base with it, or none, is not."""
+    import dataclasses
+
+    from capopt._specs import Config
+    from capopt.search.remedies import DOUBLE_QUANT, candidate_changes, config_changes
+    sc = load_scenario("qlora-llama2-7b-24gb")
+    plain = sc.replace(workload=dataclasses.replace(
+        sc.workload, lora=dataclasses.replace(sc.workload.lora, double_quant=False)))
+    changed = dict(candidate_changes(plain))[DOUBLE_QUANT].workload.lora
+    assert changed == dataclasses.replace(plain.workload.lora, double_quant=True)
+    cfg = Config(micro_batch=4, grad_accum=4, remat="full")
+    assert DOUBLE_QUANT in [d for d, _, _ in config_changes(plain, cfg)]
+    assert DOUBLE_QUANT not in dict(candidate_changes(sc))
+    assert DOUBLE_QUANT not in [d for d, _, _ in config_changes(sc, cfg)]

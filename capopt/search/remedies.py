@@ -50,6 +50,7 @@ def _can_offload_activations(sc: Scenario) -> bool:
             and sc.runtime.coeff("activation_offload") >= 0.5)
 
 
+DOUBLE_QUANT = "NF4 double quantisation (lora.double_quant: 8-bit block scales)"
 PAGED_OPTIMIZER = ("paged optimizer state (paged_optimizer: bitsandbytes' Paged*, the "
                    "Trainer's optim = \"paged_...\"; ZeRO 0, tp 1)")
 
@@ -115,6 +116,9 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
     elif w.lora is not None and w.lora.base_bits > 4:
         out.append(("QLoRA: 4-bit base", _workload(sc, lora=dataclasses.replace(w.lora,
                                                                                  base_bits=4))))
+    elif w.lora is not None and not w.lora.double_quant:
+        out.append((DOUBLE_QUANT, _workload(sc, lora=dataclasses.replace(w.lora,
+                                                                          double_quant=True))))
     if sc.model.native_seq_len == 0 and w.seq_len >= 256:
         out.append((f"halve the sequence length ({w.seq_len // 2})",
                     _workload(sc, seq_len=w.seq_len // 2)))
@@ -228,6 +232,10 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
     if w.lora is None and sc.model.family != "mlp":
         out.append(("LoRA rank 16", _workload(sc, lora=LoRA(16)), cfg))
         out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4)),
+                    cfg))
+    elif w.lora is not None and not w.lora.double_quant:
+        out.append((DOUBLE_QUANT, _workload(sc, lora=dataclasses.replace(w.lora,
+                                                                          double_quant=True)),
                     cfg))
     if sc.model.native_seq_len == 0 and w.seq_len >= 256:
         out.append((f"sequence length {w.seq_len} -> {w.seq_len // 2}",
