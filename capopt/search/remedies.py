@@ -51,6 +51,13 @@ def _can_offload_activations(sc: Scenario) -> bool:
 
 
 DOUBLE_QUANT = "NF4 double quantisation (lora.double_quant: 8-bit block scales)"
+
+
+def _double_quant(sc: Scenario) -> Scenario | None:
+    """The scenario with its NF4 base's block scales quantised again."""
+    return _workload(sc, lora=dataclasses.replace(sc.workload.lora, double_quant=True))
+
+
 PAGED_OPTIMIZER = ("paged optimizer state (paged_optimizer: bitsandbytes' Paged*, the "
                    "Trainer's optim = \"paged_...\"; ZeRO 0, tp 1)")
 
@@ -117,8 +124,7 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
         out.append(("QLoRA: 4-bit base", _workload(sc, lora=dataclasses.replace(w.lora,
                                                                                  base_bits=4))))
     elif w.lora is not None and not w.lora.double_quant:
-        out.append((DOUBLE_QUANT, _workload(sc, lora=dataclasses.replace(w.lora,
-                                                                          double_quant=True))))
+        out.append((DOUBLE_QUANT, _double_quant(sc)))
     if sc.model.native_seq_len == 0 and w.seq_len >= 256:
         out.append((f"halve the sequence length ({w.seq_len // 2})",
                     _workload(sc, seq_len=w.seq_len // 2)))
@@ -234,9 +240,7 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
         out.append(("QLoRA: 4-bit base + LoRA rank 16", _workload(sc, lora=LoRA(16, base_bits=4)),
                     cfg))
     elif w.lora is not None and not w.lora.double_quant:
-        out.append((DOUBLE_QUANT, _workload(sc, lora=dataclasses.replace(w.lora,
-                                                                          double_quant=True)),
-                    cfg))
+        out.append((DOUBLE_QUANT, _double_quant(sc), cfg))
     if sc.model.native_seq_len == 0 and w.seq_len >= 256:
         out.append((f"sequence length {w.seq_len} -> {w.seq_len // 2}",
                     _workload(sc, seq_len=w.seq_len // 2), cfg))
