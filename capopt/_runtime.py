@@ -49,6 +49,15 @@ def nf4_bytes_per_weight(double_quant: bool) -> float:
     return NF4_BYTES_PER_WEIGHT if double_quant else NF4_PLAIN_BYTES_PER_WEIGHT
 
 
+def nf4_scale_bytes(double_quant: bool) -> tuple[float, float]:
+    """Of `nf4_bytes_per_weight`, the bytes a weight of the blocks' absmax takes (an 8-bit
+    code, or a float32 without double quantisation) and of the absmax codes' float32 scales
+    (none without); the rest is the 4-bit code."""
+    if double_quant:
+        return 1.0 / NF4_BLOCK, 4.0 / (NF4_BLOCK * NF4_BLOCK2)
+    return 4.0 / NF4_BLOCK, 0.0
+
+
 def adam8bit_moment_bytes(size: int) -> int:
     """Bytes of one 8-bit Adam moment of a tensor with ``size`` elements: int8/uint8 codes
     padded to whole blocks plus a float32 absmax per block, or float32 below the threshold."""
@@ -424,6 +433,9 @@ SCHEMA: dict[str, Coeff] = {
                                       "dequantised copy (recomputed with the block's other "
                                       "non-matmul values under a policy that saves matmul "
                                       "outputs only)"),
+    "nf4_scales_whole_over_tp": _c(0, "1: a tensor-parallel 4-bit matrix keeps its block "
+                                      "absmax whole on every rank beside column-split codes, "
+                                      "and the absmax codes' scales whole whatever the split"),
     "lora_dequant_kernels": _c(0, "kernels per dequantisation of one wrapped 4-bit matrix"),
     "lora_dequant_nested_kernels": _c(0, "kernels a dequantisation of one 4-bit matrix adds "
                                          "under double quantisation (its absmax codes "

@@ -462,6 +462,30 @@ def test_nf4_without_double_quantisation_stores_a_float32_absmax_and_nothing_els
         assert float(m_plain[key]) == float(m_dq[key]), key
 
 
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_nf4_scales_stay_whole_over_tp_where_the_runtime_lays_them_out_so(double_quant):
+    """The xla-gpu step keeps a column-parallel (and split k/v) matrix's block absmax whole on
+    every tensor-parallel rank beside its split codes, and every split matrix's absmax-code
+    scales whole (``nf4_scales_whole_over_tp``): tp 2 adds half of those bytes a block to the
+    split base; a profile without the rule splits them with the matrix. (The layout's bytes
+    against the step's own: tests/test_validation.py, qlora-tp.)"""
+    from capopt._runtime import nf4_scale_bytes
+    model = llama_like(layers=4, hidden=512, heads=8, kv=8)
+    lora = LoRA(rank=8, targets=("attn", "mlp"), base_bits=4, double_quant=double_quant)
+    cfg = Config(micro_batch=2, tp=2)
+    sc = make_scenario(model, count=2, global_batch=2, runtime="xla-gpu", lora=lora)
+    split = sc.replace(runtime=sc.runtime.with_coeffs(nf4_scales_whole_over_tp=0.0))
+    whole, apart = (float(estimate(cfg, s).memory["params_bytes"]) for s in (sc, split))
+    absmax, scale2 = nf4_scale_bytes(double_quant)
+    h, f = 512, scenario_numbers(sc)["f"]
+    col, kv, row = h * h + 2 * h * f, 2 * h * h, h * h + f * h    # q gate up; k v; o down
+    want = 4 * 0.5 * (absmax * (col + kv) + scale2 * (col + kv + row))
+    assert whole - apart == pytest.approx(want, rel=1e-4)   # float32 sums' difference
+    # nothing else in the state moves
+    for key in ("optimizer_bytes", "grads_bytes", "trainable_bytes"):
+        assert float(estimate(cfg, sc).memory[key]) == float(estimate(cfg, split).memory[key])
+
+
 def test_moe_expert_parallelism_divides_expert_weights():
     moe = llama_like(num_local_experts=8, num_experts_per_tok=2)
     sc = make_scenario(moe, count=8, global_batch=8)

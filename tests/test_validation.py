@@ -259,6 +259,12 @@ cases = {
     # NF4 base without double quantisation: a float32 absmax per 64 weights
     "qlora-plain": ("tiny-llama", 1, {"lora": LoRA(rank=8, base_bits=4, double_quant=False)},
                     Config(micro_batch=4)),
+    # ... under tp: the block absmax split with a row-parallel matrix's codes, whole beside a
+    # column-parallel one's; the absmax codes' scales whole
+    "qlora-tp": ("tiny-llama", 2, {"lora": LoRA(rank=8, base_bits=4)},
+                 Config(micro_batch=4, tp=2)),
+    "qlora-plain-tp": ("tiny-llama", 2, {"lora": LoRA(rank=8, base_bits=4, double_quant=False)},
+                       Config(micro_batch=4, tp=2)),
 }
 specs = {"vit": tv.TINY_VIT, "moe": tv.TINY_MOE.replace(num_key_value_heads=2),
          "mla": tv.TINY_MLA,
@@ -298,7 +304,8 @@ def layout_cases():
 @pytest.mark.parametrize("case", [
     "kv-replicated", "row-bias-gpt", "row-bias-vit", "vocab-replicated", "moe-ep-zero1",
     "moe-ep-zero3", "mla-tp", "mla-ep-zero3", "mla-lora-tp", "adafactor", "adafactor-big",
-    "adamw-8bit", "adamw-8bit-big", "lora-8bit", "qlora-plain"])
+    "adamw-8bit", "adamw-8bit-big", "lora-8bit", "qlora-plain", "qlora-tp",
+    "qlora-plain-tp"])
 def test_cost_model_describes_the_validation_layout(layout_cases, case):
     pred, meas = layout_cases[case]
     assert_state_matches((pred, meas))

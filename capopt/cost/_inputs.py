@@ -19,7 +19,7 @@ import numpy as np
 
 from .._runtime import (ADAM8BIT_MIN_SIZE, INT8_SCALE_BYTES, PAGED_STATE_MIN_SIZE,
                         adafactor_state_elems, adam8bit_moment_bytes, flash_share_sm90,
-                        nf4_bytes_per_weight)
+                        nf4_bytes_per_weight, nf4_scale_bytes)
 from .._inventory import inventory, trainable
 from .._specs import CHUNKED_LOSS_CHUNKS, Config, LoRA, Scenario, lora_adapters_bf16
 
@@ -382,6 +382,12 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
     # every other block matmul too (``quant``, `capopt._inventory.inventory`)
     stored = [t for t in tensors if t.lora in ("base", "quant")]
     eight = float(lora.base_bits == 8) * INT8_SCALE_BYTES
+    # an NF4 base's scale bytes a weight (`nf4_scale_bytes`), for a runtime that keeps them
+    # whole over tp (``nf4_scales_whole_over_tp``): the absmax of column-parallel and k/v
+    # matrices, the absmax codes' scales of every split one
+    absmax, scale2 = (nf4_scale_bytes(lora.double_quant) if lora.base_bits == 4
+                      else (0.0, 0.0))
+    role = lambda *roles: per([t for t in stored if t.tp in roles and not t.expert])  # noqa
     cols = lambda t: t.count * t.shape[-1] * (t.shape[0] if t.expert else 1)  # noqa: E731
     return {
         "lora_layer": per(adapters),
@@ -412,6 +418,8 @@ def lora_numbers(tensors, layers: int, lora: LoRA, prec: dict, coeffs: dict) -> 
                                            if t.tp not in ("row", "rep")) / layers,
         "base_scale_rep_bytes": eight * sum(cols(t) for t in stored
                                             if t.tp in ("row", "rep")) / layers,
+        "base_whole_bytes": absmax * role("col") + scale2 * role("col", "row"),
+        "base_whole_kv_bytes": (absmax + scale2) * role("kv"),
         "frozen_bytes": float(prec["act_bytes"]),
         # which matrices' inputs an adapter keeps for its gradient (a runtime that keeps no
         # input for a frozen matmul, ``frozen_inputs_dropped``, keeps only these): the first
@@ -615,6 +623,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
         n.update(lora=0.0, lora_layer=0.0, lora_base_layer=0.0, lora_base_kv=0.0,
                  lora_base_rep=0.0, lora_rep=0.0, lora_out_width_rep=0.0,
                  base_bytes=0.0, base_scale_tp_bytes=0.0, base_scale_rep_bytes=0.0,
+                 base_whole_bytes=0.0, base_whole_kv_bytes=0.0,
                  frozen_bytes=0.0, lora_rank=0.0, lora_attn_in=0.0, lora_qk=0.0, lora_o=0.0,
                  lora_mlp_in=0.0, lora_down=0.0, lora_out_width=0.0,
                  base_nf4=0.0, base_nested=0.0, base_quantised=0.0, lora_base_mats=0.0,

@@ -310,7 +310,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     lora = n["lora"]
     lora_tp, _ = lora_per_device(n, k.tp, k.ep)
     base_wrapped = wrapped_base_per_device(k, n) * layers
-    base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"]) * layers
+    # (an NF4 base's scales kept whole beside its split codes, ``nf4_scales_whole_over_tp``;
+    # the k/v part only where k/v are split, whole matrices being counted whole already)
+    kv_rep, _ = tp_replication(k, n)
+    whole = n["rt_nf4_scales_whole_over_tp"] * (1.0 - 1.0 / k.tp) * (
+        n["base_whole_bytes"] + (1.0 - kv_rep) * n["base_whole_kv_bytes"])
+    base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"] + whole) * layers
     # (ZeRO-2 as FSDP2 runs it keeps each group's unsharded copy, ``zero2_keeps_shards``: in
     # the dtype its all-gather carries, `gathered_param_bytes`)
     z2_copy = n["rt_zero2_keeps_shards"] * z2_kept
