@@ -40,22 +40,24 @@ INT8_SCALE_BYTES = 4           # 8-bit frozen base: one float32 scale per output
 # compress_statistics quantises the absmax with quantize_blockwise in blocks of 256)
 NF4_BLOCK = 64
 NF4_BLOCK2 = 256
-NF4_BYTES_PER_WEIGHT = 0.5 + 1.0 / NF4_BLOCK + 4.0 / (NF4_BLOCK * NF4_BLOCK2)   # 0.51587...
-NF4_PLAIN_BYTES_PER_WEIGHT = 0.5 + 4.0 / NF4_BLOCK                               # 0.5625
+NF4_CODE_BYTES = 0.5           # two 4-bit codes a byte
+
+
+def nf4_scale_bytes(double_quant: bool) -> tuple[float, float]:
+    """The bytes a weight of an NF4 base's block absmax takes (an 8-bit code, or a float32
+    without double quantisation) and of the absmax codes' float32 scales (none without)."""
+    if double_quant:
+        return 1.0 / NF4_BLOCK, 4.0 / (NF4_BLOCK * NF4_BLOCK2)
+    return 4.0 / NF4_BLOCK, 0.0
 
 
 def nf4_bytes_per_weight(double_quant: bool) -> float:
     """Bytes a weight of an NF4 base takes, with or without double quantisation."""
-    return NF4_BYTES_PER_WEIGHT if double_quant else NF4_PLAIN_BYTES_PER_WEIGHT
+    return NF4_CODE_BYTES + sum(nf4_scale_bytes(double_quant))
 
 
-def nf4_scale_bytes(double_quant: bool) -> tuple[float, float]:
-    """Of `nf4_bytes_per_weight`, the bytes a weight of the blocks' absmax takes (an 8-bit
-    code, or a float32 without double quantisation) and of the absmax codes' float32 scales
-    (none without); the rest is the 4-bit code."""
-    if double_quant:
-        return 1.0 / NF4_BLOCK, 4.0 / (NF4_BLOCK * NF4_BLOCK2)
-    return 4.0 / NF4_BLOCK, 0.0
+NF4_BYTES_PER_WEIGHT = nf4_bytes_per_weight(True)              # 0.51587...
+NF4_PLAIN_BYTES_PER_WEIGHT = nf4_bytes_per_weight(False)       # 0.5625
 
 
 def adam8bit_moment_bytes(size: int) -> int:
