@@ -195,11 +195,14 @@ def calibrate(samples: list[Sample], *, coeffs: Iterable[str] = DEFAULT_COEFFS,
     theta0 = jnp.zeros(len(coeffs), jnp.float32)
     theta, hist = solve(theta0)
 
+    @jax.jit
+    def _mean_err(th, idx):
+        return jnp.mean(jnp.abs(predict(th, idx) / meas[idx] - 1.0))
+
     def mean_err(th, idx):
         if len(idx) == 0:
             return float("nan")
-        idx = jnp.asarray(idx)
-        return float(jnp.mean(jnp.abs(predict(th, idx) / meas[idx] - 1.0)))
+        return float(_mean_err(th, jnp.asarray(idx)))
 
     fitted = {c: float(v) for c, v in zip(coeffs, np.asarray(init_vec * jnp.exp(theta)))}
     te = {"before": mean_err(theta0, train_idx), "after": mean_err(theta, train_idx)}
