@@ -548,10 +548,11 @@ def test_calibrate_recovers_known_coefficients():
                                                            logits_fp32_copies=3.0))
     cfgs = [Config(micro_batch=mb, grad_accum=64 // mb, remat=r, flash_attention=f)
             for mb in (1, 2, 4, 8, 16, 32) for r in ("none", "full") for f in (True, False)]
+    predict = jax.jit(_predict, static_argnums=4)      # one program for the 24 configs
     samples = []
     for c in cfgs:
-        true_temp = float(_predict(knobs_from_config(c), numbers_pytree(truth), 0.0, 0.0,
-                                   "temp_bytes"))
+        true_temp = float(predict(knobs_from_config(c), numbers_pytree(truth), 0.0, 0.0,
+                                  "temp_bytes"))
         samples.append(Sample(base, c, true_temp))
     res = calibrate(samples, coeffs=("resid_saved", "logits_fp32_copies"), steps=1500,
                     learning_rate=0.05)
