@@ -178,10 +178,13 @@ def _first_values_note(sc, command: str) -> None:
 
 def cmd_optimize(args) -> int:
     sc = _scenario(args)
-    from .search._space import knob_refusal, no_layout_reason
+    from .search._space import knob_refusal, no_layout_reason, pinned_layout_refusal
     refused = knob_refusal(sc)
     if refused:
         raise CapoptError(refused[1], file=sc.path, field=refused[0])
+    pinned = pinned_layout_refusal(sc)
+    if pinned:
+        raise CapoptError(pinned[1], file=sc.path, field=pinned[0], allowed=pinned[2])
     reason = no_layout_reason(sc)
     if reason:
         raise CapoptError(reason, file=sc.path, field="config",

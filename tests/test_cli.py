@@ -376,6 +376,28 @@ def test_no_valid_layout_is_said_to_be_that(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("pins, field, words, allowed", [
+    # (gpt2-124m: 12 heads, 12 layers)
+    ("tp = 16", "config.tp", "tp 16 leaves no dp x tp x pp = 8", "1, 2, 4"),
+    ("tp = 2\npp = 8", "config.pp", "pp 8 leaves no dp x tp x pp = 8 devices that the model "
+     "and the scenario allow (beside tp 2)", "1, 2, 4"),
+    ("dp = [3, 5]", "config.dp", "dp [3, 5] leaves no", "1, 2, 4, 8"),
+])
+def test_a_pinned_degree_that_leaves_no_layout_is_named(tmp_path, capsys, pins, field, words,
+                                                        allowed):
+    """dp, tp or pp pinned to values no layout of the devices takes: exit 2, one line naming
+    that field and the degrees the layouts of the same scenario with it free do take (before,
+    "no dp x tp x pp = 8 devices suits the model", naming no field)."""
+    path = _write(tmp_path, '[model]\ncard = "gpt2-124m"\n[hardware]\ngpu = "rtx-4090-24gb"\n'
+                            'count = 8\n[training]\nseq_len = 512\nglobal_batch = 32\n'
+                            f'[config]\n{pins}\n')
+    code, out, err = run(["optimize", path], capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert f": {field}: " in lines[0] and words in lines[0], lines[0]
+    assert lines[0].endswith(f"(allowed: {allowed})"), lines[0]
+
+
 def test_output_into_a_closed_pipe_is_quiet():
     cmd = (f"{sys.executable} -m capopt.cli catalog models | head -1")
     done = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], capture_output=True,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
-from .._specs import REMAT_POLICIES, Config, Scenario, remat_weights
+from .._specs import REMAT_POLICIES, Config, KnobDomain, Scenario, remat_weights
 from .._validity import broken
 from ..cost._inputs import DTYPE, Knobs
 
@@ -91,6 +91,31 @@ def no_layout_reason(sc: Scenario) -> str | None:
             f"{b // dp}" + (" (training.optimizer_in_backward takes one micro-batch a step)"
                             if sc.workload.optimizer_in_backward else "")))
     return "no valid layout: " + "; ".join(why[:4]) + ("; ..." if len(why) > 4 else "")
+
+
+def pinned_layout_refusal(sc: Scenario) -> tuple[str, str, str] | None:
+    """(field, why, allowed) where the dp, tp or pp values the scenario pins leave no
+    dp x tp x pp layout of its devices that the same scenario, with that degree left free,
+    has: the first such degree and the values of it those layouts use; None otherwise."""
+    if factorizations(sc):
+        return None
+    pins = [k for k in ("dp", "tp", "pp") if sc.knob(k).values is not None]
+    for name in pins:
+        free = sc.replace(knobs=tuple(k for k in sc.knobs if k.name != name)
+                          + (KnobDomain(name, None),))
+        usable = sorted({f[("dp", "tp", "pp").index(name)] for f in factorizations(free)})
+        if usable:
+            beside = [f"{o} {_listed(sc.knob(o).values)}" for o in pins if o != name]
+            return (f"config.{name}",
+                    f"{name} {_listed(sc.knob(name).values)} leaves no dp x tp x pp = "
+                    f"{sc.count} devices that the model and the scenario allow"
+                    + (f" (beside {', '.join(beside)})" if beside else ""),
+                    ", ".join(map(str, usable)))
+    return None
+
+
+def _listed(values) -> str:
+    return str(values[0]) if len(values) == 1 else str(list(values))
 
 
 def knob_refusal(sc: Scenario) -> tuple[str, str] | None:
