@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from capopt._specs import Config
-from capopt.validation.liveset import read_peak, summarize
+from capopt.validation.liveset import read_peak, read_temp_heap, summarize
 from capopt.validation.tiers import environment, xla_gpu_available
 
 _OK, _WHY = xla_gpu_available()
@@ -24,28 +24,35 @@ SCRIPT = textwrap.dedent("""
     from capopt._runtime import get_profile
     configure_jax_for("xla-gpu")
     remat, flash, layers, seq = sys.argv[1], sys.argv[2] == "flash", *map(int, sys.argv[3:5])
+    batch = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     m = ModelSpec(name="t", family="decoder", hidden_size=128, num_hidden_layers=layers,
                   num_attention_heads=2, intermediate_size=256, vocab_size=500,
                   max_position_embeddings=seq)
     hw = get_hardware("h100-sxm-80gb")
     sc = Scenario(name="t", model=m, hardware=hw, count=1, per_node=1,
-                  workload=Workload(seq_len=seq, global_batch=2, precision="bf16-mixed",
+                  workload=Workload(seq_len=seq, global_batch=batch, precision="bf16-mixed",
                                     grad_clip=False),
                   budget=Budget(vram_bytes=hw.memory_bytes), runtime=get_profile("xla-gpu"))
-    out = run_xla_gpu(sc, Config(micro_batch=2, remat=remat, flash_attention=flash))
+    out = run_xla_gpu(sc, Config(micro_batch=2, grad_accum=batch // 2, remat=remat,
+                                 flash_attention=flash))
     print(out["measured"]["peak_bytes"], out["measured"]["temp_bytes"],
           out["measured"]["argument_bytes"])
 """)
 
 
-def _compile_and_read(tmp_path, remat, flash=False, layers=2, seq=128):
+def _compile(tmp_path, remat, flash=False, layers=2, seq=128, batch=2):
+    """(peak, temp, argument bytes) of the step compiled with a dump in ``tmp_path``."""
     env = environment("xla-gpu", Config(micro_batch=2))
     env["XLA_FLAGS"] += f" --xla_dump_to={tmp_path} --xla_dump_hlo_module_re=jit_step"
     done = subprocess.run([sys.executable, "-c", SCRIPT, remat, "flash" if flash else "mat",
-                           str(layers), str(seq)], env=env, capture_output=True, text=True,
-                          timeout=300)
+                           str(layers), str(seq), str(batch)], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    peak, temp, arg = map(int, done.stdout.split()[-3:])
+    return tuple(map(int, done.stdout.split()[-3:]))
+
+
+def _compile_and_read(tmp_path, remat, flash=False, layers=2, seq=128):
+    peak, temp, arg = _compile(tmp_path, remat, flash, layers, seq)
     return peak, read_peak(tmp_path)
 
 
@@ -67,6 +74,24 @@ def test_peak_live_set_is_read_block_by_block(tmp_path, remat):
         # survives to the peak (block 0 is rebuilt last)
         assert not any(v.block == 0 and v.phase == "forward" and v.module == "mlp"
                        for v in p.unique())
+
+
+@pytest.mark.xla_gpu
+@pytest.mark.skipif(not _OK, reason=_WHY or "xla-gpu plugin absent")
+def test_a_loop_holds_its_bodys_peak_and_the_temp_allocation_is_that(tmp_path):
+    """Two micro-batches a step: the step is a while loop over them. The dump's flattened
+    live ranges place the loop body before the while instruction, where the values held
+    across the loop (the gradient accumulators) are not live, so their most bytes at once
+    fall short of XLA's temporary allocation; held as XLA's heap simulator holds a loop (the
+    body's own peak at the while, beside what is live across it) they are that allocation.
+    Within 1%: the heap's packing over XLA's own buffers, a median 0.15% (90th percentile
+    4.3%) on 230 dumps of the random draw and named configs."""
+    peak, temp, _ = _compile(tmp_path, "none", batch=4)
+    h = read_temp_heap(tmp_path)
+    assert h.temp_bytes == temp and h.loops >= 1
+    assert h.flat_live_bytes < 0.95 * temp
+    assert h.nested_live_bytes == pytest.approx(temp, rel=0.01)
+    assert 0 <= h.packing_bytes
 
 
 @pytest.mark.xla_gpu

@@ -180,6 +180,137 @@ def read_peak(dump_dir: str | Path) -> Peak:
                 values=tuple(values))
 
 
+_TEMP = re.compile(r"^allocation \d+: size (\d+), preallocated-temp")
+_TEMP_VALUE = re.compile(r"^ value: <\d+ (?P<name>[^\s{@]+)(?:\{(?P<index>[^}]*)\})? @\d+> "
+                         r"\(size=(?P<size>\d+),offset=(?P<offset>\d+)\)")
+_RANGE = re.compile(r"^\s+(?P<name>[^\s{]+)\{(?P<index>[^}]*)\}:(?P<start>\d+)-(?P<end>\d+)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
+_PARAMETER = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .* parameter\(\d+\)")
+_WHILE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .* while\(.*condition=%([\w.\-]+), "
+                    r"body=%([\w.\-]+)")
+
+
+@dataclass(frozen=True)
+class TempHeap:
+    """XLA's temporary allocation of a compiled step against the live bytes of its buffers.
+
+    ``flat_live_bytes`` is the most bytes live at once over the live ranges as the dump lists
+    them: one flattened sequence, each while loop's condition and body placed just before
+    the while instruction. That undercounts a loop: the values the caller holds across it
+    are not live at the body's positions there. ``nested_live_bytes`` counts each loop as
+    XLA's heap simulator does, the largest called computation's own peak held at the while
+    instruction beside what is live across it (``NoFragmentationStatsHeap::
+    AccountForSubcomputationMemory``, heap_simulator.cc), innermost loops first. What
+    ``temp_bytes`` holds beyond it is the heap's packing."""
+
+    temp_bytes: int
+    flat_live_bytes: int
+    nested_live_bytes: int
+    loops: int
+
+    @property
+    def packing_bytes(self) -> int:
+        return self.temp_bytes - self.nested_live_bytes
+
+
+def _max_live(intervals) -> int:
+    """The most bytes live at once over (bytes, first, last) position ranges."""
+    events: dict[int, int] = defaultdict(int)
+    for size, start, end in intervals:
+        events[start] += size
+        events[end + 1] -= size
+    now = best = 0
+    for t in sorted(events):
+        now += events[t]
+        best = max(best, now)
+    return best
+
+
+def _nested_live(buffers: list, loops: list[tuple[int, int]]) -> int:
+    """`_max_live` with each loop (its condition and body at positions [first, at - 1], run
+    at position ``at``) reduced to its own nested peak held at ``at``."""
+    outer = [lp for lp in loops
+             if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in loops)]
+    rest = list(buffers)
+    for first, at in outer:
+        inside = [b for b in rest if b[1] >= first and b[2] < at]
+        if not inside:
+            continue
+        rest = [b for b in rest if not (b[1] >= first and b[2] < at)]
+        inner = [lp for lp in loops if lp != (first, at) and first <= lp[0] and lp[1] < at]
+        rest.append((_nested_live(inside, inner), at, at))
+    return _max_live(rest)
+
+
+def read_temp_heap(dump_dir: str | Path) -> TempHeap:
+    """`TempHeap` of the compiled step dumped in ``dump_dir``: XLA's own buffers of its
+    temporary allocation, each over its live range (values sharing an offset and size over
+    touching ranges, a loop's carried state, counted as one buffer)."""
+    d = Path(dump_dir)
+    temp, values, in_temp = 0, [], False
+    for line in _dump_file(d, "buffer-assignment.txt").read_text().splitlines():
+        if line.startswith("allocation"):
+            m = _TEMP.match(line)
+            in_temp = m is not None
+            temp = int(m.group(1)) if m else temp
+            continue
+        m = _TEMP_VALUE.match(line) if in_temp else None
+        if m:
+            values.append(((m.group("name"), m.group("index") or ""), int(m.group("size")),
+                           int(m.group("offset"))))
+    position, ranges, in_seq, in_ranges = {}, {}, False, False
+    for line in _dump_file(d, "live-range.txt").read_text().splitlines():
+        s = line.strip()
+        if s == "InstructionSequence:":
+            in_seq = True
+        elif s.startswith("BufferLiveRange:"):
+            in_seq, in_ranges = False, True
+        elif s.startswith("Live ranges at"):
+            break
+        elif in_seq and ":" in s:
+            i, name = s.split(":", 1)
+            position[name] = int(i)
+        elif in_ranges:
+            m = _RANGE.match(line)
+            if m:
+                ranges[(m.group("name"), m.group("index"))] = (int(m.group("start")),
+                                                               int(m.group("end")))
+    slots: dict[tuple[int, int], list] = defaultdict(list)
+    for key, size, offset in values:
+        if key in ranges:
+            slots[(offset, size)].append(list(ranges[key]))
+    buffers = []
+    for (_, size), spans in slots.items():
+        spans.sort()
+        cur = spans[0]
+        for start, end in spans[1:]:
+            if start <= cur[1] + 1:
+                cur[1] = max(cur[1], end)
+            else:
+                buffers.append((size, cur[0], cur[1]))
+                cur = [start, end]
+        buffers.append((size, cur[0], cur[1]))
+    params, whiles, comp = defaultdict(list), {}, None
+    for line in _dump_file(d, "after_optimizations.txt").read_text().splitlines():
+        m = _COMPUTATION.match(line)
+        if m:
+            comp = m.group(1)
+            continue
+        m = _PARAMETER.match(line)
+        if m and comp:
+            params[comp].append(m.group(1))
+        m = _WHILE.match(line)
+        if m:
+            whiles[m.group(1)] = (m.group(2), m.group(3))
+    loops = []
+    for name, called in whiles.items():
+        firsts = [position[p] for c in called for p in params.get(c, ()) if p in position]
+        if name in position and firsts:
+            loops.append((min(firsts), position[name]))
+    return TempHeap(temp_bytes=temp, flat_live_bytes=_max_live(buffers),
+                    nested_live_bytes=_nested_live(buffers, loops), loops=len(loops))
+
+
 def summarize(peak: Peak) -> dict[str, int]:
     """Bytes at the peak by (phase, block or '-', module)."""
     out: dict[str, int] = defaultdict(int)
@@ -189,4 +320,4 @@ def summarize(peak: Peak) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-__all__ = ["LiveValue", "Peak", "read_peak", "summarize"]
+__all__ = ["LiveValue", "Peak", "TempHeap", "read_peak", "read_temp_heap", "summarize"]
