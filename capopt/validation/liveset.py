@@ -26,6 +26,12 @@ _PEAK = re.compile(r"Live ranges at (\d+) \(peak\):")
 _ALLOC = re.compile(r"^allocation (\d+): size (\d+)")
 _ASSIGNED = re.compile(r"^ value: <\d+ (?P<name>[^\s{@]+)(?:\{(?P<index>[^}]*)\})? @\d+> "
                        r"\(size=(?P<size>\d+),offset=(?P<offset>\d+)\)")
+_TEMP = re.compile(r"^allocation \d+: size (\d+), preallocated-temp")
+_RANGE = re.compile(r"^\s+(?P<name>[^\s{]+)\{(?P<index>[^}]*)\}:(?P<start>\d+)-(?P<end>\d+)$")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
+_PARAMETER = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .* parameter\(\d+\)")
+_WHILE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .* while\(.*condition=%([\w.\-]+), "
+                    r"body=%([\w.\-]+)")
 
 
 @dataclass(frozen=True)
@@ -180,16 +186,6 @@ def read_peak(dump_dir: str | Path) -> Peak:
                 values=tuple(values))
 
 
-_TEMP = re.compile(r"^allocation \d+: size (\d+), preallocated-temp")
-_TEMP_VALUE = re.compile(r"^ value: <\d+ (?P<name>[^\s{@]+)(?:\{(?P<index>[^}]*)\})? @\d+> "
-                         r"\(size=(?P<size>\d+),offset=(?P<offset>\d+)\)")
-_RANGE = re.compile(r"^\s+(?P<name>[^\s{]+)\{(?P<index>[^}]*)\}:(?P<start>\d+)-(?P<end>\d+)$")
-_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
-_PARAMETER = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .* parameter\(\d+\)")
-_WHILE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .* while\(.*condition=%([\w.\-]+), "
-                    r"body=%([\w.\-]+)")
-
-
 @dataclass(frozen=True)
 class TempHeap:
     """XLA's temporary allocation of a compiled step against the live bytes of its buffers.
@@ -254,7 +250,7 @@ def read_temp_heap(dump_dir: str | Path) -> TempHeap:
             in_temp = m is not None
             temp = int(m.group(1)) if m else temp
             continue
-        m = _TEMP_VALUE.match(line) if in_temp else None
+        m = _ASSIGNED.match(line) if in_temp else None
         if m:
             values.append(((m.group("name"), m.group("index") or ""), int(m.group("size")),
                            int(m.group("offset"))))
