@@ -28,7 +28,9 @@ peak of XLA's own schedule (`capopt.validation.liveset`) and splits the peak int
 and compares the ``xla-gpu`` profile's prediction with each: ``error`` (against the measured
 peak, as `memory_random.py`) and ``liveness error`` (against ``live``, what a model of XLA's
 schedule without packing would be judged on). Where the peak falls in XLA's schedule is its
-phase (the peak instruction's scope: forward, loss, backward or rebuild of block i, update).
+phase (the scope of the nested peak's instruction, inside the innermost loop body at its own
+peak: forward, loss, backward or rebuild of block i, update), and ``other blocks`` are read
+from the temporary values live there.
 
 Which order XLA scheduled is recorded too: its memory scheduler (``DefaultMemoryScheduler`` in
 ``xla/hlo/transforms/simplifiers/hlo_memory_scheduler.cc``, the XLA of jaxlib 0.10.2) builds a
@@ -90,24 +92,25 @@ def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> 
         out = json.load(open(res))
         peak = read_peak(Path(tmp) / "dump")
         heap = read_temp_heap(Path(tmp) / "dump")
-        # the peak instruction's scope says its phase and block
-        where = LiveValue(name=peak.at, index="", bytes=0, shape="", op_name=peak.at_op_name,
-                          parameter=False)
+        # the peak instruction's scope says its phase and block: the instruction of the
+        # nested peak (inside the innermost loop body at its own peak), the values there
+        where = LiveValue(name=heap.peak_at, index="", bytes=0, shape="",
+                          op_name=heap.peak_op_name, parameter=False)
         sched = out["details"].get("xla_schedule") or {}
         peaks = {k: v / 2 ** 30 for k, v in sched.get("sequences_bytes", {}).items()}
-        other = sum(v.bytes for v in peak.unique() if v.phase in ("backward", "rebuild")
+        other = sum(v.bytes for v in heap.peak_values if v.phase in ("backward", "rebuild")
                     and v.block is not None and v.block != where.block)
         return {"status": "ok", "measured": out["measured"], "details": out["details"],
                 "xla_scheduler": sched.get("order", "?"), "scheduler_peaks_gib": peaks,
                 "live_bytes": peak.total_bytes,
                 "live_all_bytes": sum(v.bytes for v in peak.values),
-                "peak_index": peak.index, "schedule_length": peak.length,
+                "peak_index": heap.peak_index, "schedule_length": peak.length,
                 "peak_phase": where.phase, "peak_block": where.block,
                 "peak_module": where.module, "other_blocks_bytes": other,
                 "temp_heap": {"temp_bytes": heap.temp_bytes,
                               "flat_live_bytes": heap.flat_live_bytes,
                               "nested_live_bytes": heap.nested_live_bytes,
-                              "loops": heap.loops}}
+                              "loops": heap.loops, "peak_at": heap.peak_at}}
     except subprocess.TimeoutExpired:
         return {"status": "error", "error": f"timeout after {timeout_s:g} s"}
     finally:
@@ -184,7 +187,7 @@ def main(argv=None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     done = {r["key"]: r for r in load_results(path)
             if r.get("status") == "ok" and r.get("xla_scheduler", "?") != "?"
-            and "temp_heap" in r}
+            and "peak_at" in r.get("temp_heap", {})}
     todo = [(i, c) for i, c in chosen if measurement_key(c) not in done]
     if todo:
         print(f"compiling {len(todo)} case(s) with a dump ({len(done)} already in "

@@ -92,6 +92,9 @@ def test_a_loop_holds_its_bodys_peak_and_the_temp_allocation_is_that(tmp_path):
     assert h.flat_live_bytes < 0.95 * temp
     assert h.nested_live_bytes == pytest.approx(temp, rel=0.01)
     assert 0 <= h.packing_bytes
+    # the nested peak is inside the loop over micro-batches, and its values are its bytes
+    assert "while/body" in h.peak_op_name
+    assert sum(v.bytes for v in h.peak_values) == h.nested_live_bytes
 
 
 @pytest.mark.xla_gpu

@@ -197,45 +197,79 @@ class TempHeap:
     XLA's heap simulator does, the largest called computation's own peak held at the while
     instruction beside what is live across it (``NoFragmentationStatsHeap::
     AccountForSubcomputationMemory``, heap_simulator.cc), innermost loops first. What
-    ``temp_bytes`` holds beyond it is the heap's packing."""
+    ``temp_bytes`` holds beyond it is the heap's packing. ``peak_at`` and ``peak_values`` are
+    where that nested peak is (the instruction inside the innermost loop body at its own
+    peak) and the temporary values live there (arguments are not in the allocation)."""
 
     temp_bytes: int
     flat_live_bytes: int
     nested_live_bytes: int
     loops: int
+    peak_index: int = -1
+    peak_at: str = "?"
+    peak_op_name: str = ""
+    peak_values: tuple[LiveValue, ...] = ()
 
     @property
     def packing_bytes(self) -> int:
         return self.temp_bytes - self.nested_live_bytes
 
 
-def _max_live(intervals) -> int:
-    """The most bytes live at once over (bytes, first, last) position ranges."""
+@dataclass(frozen=True)
+class _Span:
+    """Bytes live over positions [start, end]: a buffer's values, or a loop held at its while
+    (``inner``: the loop's own peak, its position and the spans live there)."""
+
+    size: int
+    start: int
+    end: int
+    values: tuple = ()
+    inner: tuple | None = None
+
+
+def _max_live(spans) -> tuple[int, int]:
+    """(the most bytes live at once over the spans, the first position where they are)."""
     events: dict[int, int] = defaultdict(int)
-    for size, start, end in intervals:
-        events[start] += size
-        events[end + 1] -= size
-    now = best = 0
+    for sp in spans:
+        events[sp.start] += sp.size
+        events[sp.end + 1] -= sp.size
+    now, best, at = 0, 0, -1
     for t in sorted(events):
         now += events[t]
-        best = max(best, now)
-    return best
+        if now > best:
+            best, at = now, t
+    return best, at
 
 
-def _nested_live(buffers: list, loops: list[tuple[int, int]]) -> int:
-    """`_max_live` with each loop (its condition and body at positions [first, at - 1], run
-    at position ``at``) reduced to its own nested peak held at ``at``."""
+def _nested_peak(spans: list, loops: list[tuple[int, int]]) -> tuple[int, int, list]:
+    """(bytes, position, spans live there) of the most bytes live at once, each loop (its
+    condition and body at positions [first, at - 1], run at position ``at``) held at ``at``
+    at its own nested peak."""
     outer = [lp for lp in loops
              if not any(o != lp and o[0] <= lp[0] and lp[1] <= o[1] for o in loops)]
-    rest = list(buffers)
+    rest = list(spans)
     for first, at in outer:
-        inside = [b for b in rest if b[1] >= first and b[2] < at]
+        inside = [sp for sp in rest if sp.start >= first and sp.end < at]
         if not inside:
             continue
-        rest = [b for b in rest if not (b[1] >= first and b[2] < at)]
+        rest = [sp for sp in rest if not (sp.start >= first and sp.end < at)]
         inner = [lp for lp in loops if lp != (first, at) and first <= lp[0] and lp[1] < at]
-        rest.append((_nested_live(inside, inner), at, at))
-    return _max_live(rest)
+        size, where, live = _nested_peak(inside, inner)
+        rest.append(_Span(size, at, at, inner=(where, live)))
+    best, t = _max_live(rest)
+    return best, t, [sp for sp in rest if sp.start <= t <= sp.end]
+
+
+def _innermost(t: int, live: list) -> tuple[int, list]:
+    """The position and the buffers' spans of a nested peak, loops opened."""
+    out = []
+    for sp in live:
+        if sp.inner is None:
+            out.append(sp)
+        else:
+            t, inner = _innermost(*sp.inner)
+            out.extend(inner)
+    return t, out
 
 
 def read_temp_heap(dump_dir: str | Path) -> TempHeap:
@@ -274,20 +308,22 @@ def read_temp_heap(dump_dir: str | Path) -> TempHeap:
     slots: dict[tuple[int, int], list] = defaultdict(list)
     for key, size, offset in values:
         if key in ranges:
-            slots[(offset, size)].append(list(ranges[key]))
-    buffers = []
-    for (_, size), spans in slots.items():
-        spans.sort()
-        cur = spans[0]
-        for start, end in spans[1:]:
-            if start <= cur[1] + 1:
-                cur[1] = max(cur[1], end)
+            slots[(offset, size)].append((*ranges[key], key))
+    spans = []
+    for (_, size), held in slots.items():
+        held.sort()
+        start, end, keys = held[0][0], held[0][1], [held[0][2]]
+        for s0, e0, key in held[1:]:
+            if s0 <= end + 1:
+                end = max(end, e0)
+                keys.append(key)
             else:
-                buffers.append((size, cur[0], cur[1]))
-                cur = [start, end]
-        buffers.append((size, cur[0], cur[1]))
+                spans.append(_Span(size, start, end, tuple(keys)))
+                start, end, keys = s0, e0, [key]
+        spans.append(_Span(size, start, end, tuple(keys)))
+    hlo = _dump_file(d, "after_optimizations.txt").read_text()
     params, whiles, comp = defaultdict(list), {}, None
-    for line in _dump_file(d, "after_optimizations.txt").read_text().splitlines():
+    for line in hlo.splitlines():
         m = _COMPUTATION.match(line)
         if m:
             comp = m.group(1)
@@ -303,8 +339,20 @@ def read_temp_heap(dump_dir: str | Path) -> TempHeap:
         firsts = [position[p] for c in called for p in params.get(c, ()) if p in position]
         if name in position and firsts:
             loops.append((min(firsts), position[name]))
-    return TempHeap(temp_bytes=temp, flat_live_bytes=_max_live(buffers),
-                    nested_live_bytes=_nested_live(buffers, loops), loops=len(loops))
+    nested, t, live = _nested_peak(spans, loops)
+    t, live = _innermost(t, live)
+    instrs = _instructions(hlo)
+    at = next((n for n, i in position.items() if i == t), "?")
+    peak_values = []
+    for sp in live:
+        name, index = sp.values[0]
+        shape, op, _ = instrs.get(name, ("?", "", False))
+        peak_values.append(LiveValue(name=name, index=index, bytes=sp.size, shape=shape,
+                                     op_name=op, parameter=False))
+    return TempHeap(temp_bytes=temp, flat_live_bytes=_max_live(spans)[0],
+                    nested_live_bytes=nested, loops=len(loops), peak_index=t, peak_at=at,
+                    peak_op_name=instrs.get(at, ("", "", False))[1],
+                    peak_values=tuple(peak_values))
 
 
 def summarize(peak: Peak) -> dict[str, int]:
