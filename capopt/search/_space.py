@@ -99,11 +99,12 @@ def pinned_layout_refusal(sc: Scenario) -> tuple[str, str, str] | None:
     has: the first such degree and the values of it those layouts use; None otherwise."""
     if factorizations(sc):
         return None
-    pins = [k for k in ("dp", "tp", "pp") if sc.knob(k).values is not None]
+    degrees = ("dp", "tp", "pp")                    # the order of a factorization's entries
+    pins = [k for k in degrees if sc.knob(k).values is not None]
     for name in pins:
         free = sc.replace(knobs=tuple(k for k in sc.knobs if k.name != name)
                           + (KnobDomain(name, None),))
-        usable = sorted({f[("dp", "tp", "pp").index(name)] for f in factorizations(free)})
+        usable = sorted({f[degrees.index(name)] for f in factorizations(free)})
         if usable:
             beside = [f"{o} {_listed(sc.knob(o).values)}" for o in pins if o != name]
             return (f"config.{name}",
