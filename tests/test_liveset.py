@@ -137,3 +137,20 @@ def test_the_schedulers_peaks_are_read_from_xlas_log():
     no_lhs = schedule_report(log.split("I1202 latency")[0])
     assert no_lhs["lhs_bytes"] is None and no_lhs["scheduled_bytes"] == r["scheduled_bytes"]
     assert schedule_report("no scheduler lines") is None
+
+
+def test_a_loop_is_held_at_its_while_at_its_own_peak_innermost_first():
+    """`_nested_peak` on spans by hand: a loop whose condition and body sit at positions
+    [2, 5] and run at 6, with a loop inside it at [3, 3] run at 4. The flat sweep sees the
+    body's buffers beside only what is live at positions 2-5 (A); held at the while they sit
+    beside what lives across the loop (A and the carried D, defined at 6)."""
+    from capopt.validation.liveset import _max_live, _nested_peak, _Span
+    spans = [_Span(5, 0, 10, (("A", ""),)), _Span(7, 6, 10, (("D", ""),)),
+             _Span(10, 2, 4, (("B", ""),)), _Span(4, 4, 5, (("C", ""),)),
+             _Span(6, 3, 3, (("E", ""),))]       # E: inside the inner loop, beside B
+    assert _max_live(spans)[0] == 5 + 10 + 6     # flat: A, B and E at position 3
+    best, at, live = _nested_peak(spans, [(2, 6), (3, 4)])
+    # the inner loop holds E (6) at 4, beside B (10) and C (4) there: the body's peak 20,
+    # held at 6 beside A and D
+    assert (best, at) == (5 + 7 + 20, 6)
+    assert sorted(sp.size for sp in live) == [5, 7, 20]
