@@ -150,29 +150,35 @@ def _slots(text: str) -> dict[tuple[str, str], tuple[int, int, int]]:
     return out
 
 
+def _sequence(live: list[str]) -> list[str]:
+    """The instructions of a live-range dump's flattened schedule, by position."""
+    seq, in_seq = [], False
+    for line in live:
+        s = line.strip()
+        if s == "InstructionSequence:":
+            in_seq = True
+        elif s.startswith("BufferLiveRange:"):
+            break
+        elif in_seq:
+            seq.append(s.split(":", 1)[-1])
+    return seq
+
+
 def read_peak(dump_dir: str | Path) -> Peak:
     """The values live at the peak of the compiled step dumped in ``dump_dir``."""
     d = Path(dump_dir)
     live = _dump_file(d, "live-range.txt").read_text().splitlines()
     instrs = _instructions(_dump_file(d, "after_optimizations.txt").read_text())
     slots = _slots(_dump_file(d, "buffer-assignment.txt").read_text())
-    seq: list[str] = []
+    seq = _sequence(live)
     peak_at, values = -1, []
-    in_seq = in_peak = False
+    in_peak = False
     for line in live:
-        if line.strip() == "InstructionSequence:":
-            in_seq = True
-            continue
-        if line.strip().startswith("BufferLiveRange:"):
-            in_seq = False
-            continue
         m = _PEAK.search(line)
         if m:
             peak_at, in_peak = int(m.group(1)), True
             continue
-        if in_seq:
-            seq.append(line.strip().split(":", 1)[-1])
-        elif in_peak:
+        if in_peak:
             v = _VALUE.match(line)
             if v:
                 name = v.group("name")
@@ -288,18 +294,16 @@ def read_temp_heap(dump_dir: str | Path) -> TempHeap:
         if m:
             values.append(((m.group("name"), m.group("index") or ""), int(m.group("size")),
                            int(m.group("offset"))))
-    position, ranges, in_seq, in_ranges = {}, {}, False, False
-    for line in _dump_file(d, "live-range.txt").read_text().splitlines():
+    live = _dump_file(d, "live-range.txt").read_text().splitlines()
+    seq = _sequence(live)
+    position = {name: i for i, name in enumerate(seq)}
+    ranges, in_ranges = {}, False
+    for line in live:
         s = line.strip()
-        if s == "InstructionSequence:":
-            in_seq = True
-        elif s.startswith("BufferLiveRange:"):
-            in_seq, in_ranges = False, True
+        if s.startswith("BufferLiveRange:"):
+            in_ranges = True
         elif s.startswith("Live ranges at"):
             break
-        elif in_seq and ":" in s:
-            i, name = s.split(":", 1)
-            position[name] = int(i)
         elif in_ranges:
             m = _RANGE.match(line)
             if m:
@@ -342,7 +346,7 @@ def read_temp_heap(dump_dir: str | Path) -> TempHeap:
     nested, t, live = _nested_peak(spans, loops)
     t, live = _innermost(t, live)
     instrs = _instructions(hlo)
-    at = next((n for n, i in position.items() if i == t), "?")
+    at = seq[t] if 0 <= t < len(seq) else "?"
     peak_values = []
     for sp in live:
         name, index = sp.values[0]
