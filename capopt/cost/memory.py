@@ -290,7 +290,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     arguments are batched under `jax.vmap`; ``logits_mb`` is 1 on the stage with the head.
     """
     per_layer, _, _, _ = stage_params(k, n)
-    _, vocab_rep = tp_replication(k, n)
+    kv_rep, vocab_rep = tp_replication(k, n)
     vocab_share = vocab_rep + (1.0 - vocab_rep) / k.tp
     f_opt, f_grad, f_param, z2_kept = zero_shares(k, n)
     # ZeRO splits state over the data-parallel group (under hybrid sharding, over its shard
@@ -312,7 +312,6 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     base_wrapped = wrapped_base_per_device(k, n) * layers
     # (an NF4 base's scales kept whole beside its split codes, ``nf4_scales_whole_over_tp``;
     # the k/v part only where k/v are split, whole matrices being counted whole already)
-    kv_rep, _ = tp_replication(k, n)
     whole = n["rt_nf4_scales_whole_over_tp"] * (1.0 - 1.0 / k.tp) * (
         n["base_whole_bytes"] + (1.0 - kv_rep) * n["base_whole_kv_bytes"])
     base_scales = (n["base_scale_tp_bytes"] / k.tp + n["base_scale_rep_bytes"] + whole) * layers
