@@ -103,7 +103,6 @@ def measure_one(index: int, cases: int, seed: int, config, timeout_s: float) -> 
         return {"status": "ok", "measured": out["measured"], "details": out["details"],
                 "xla_scheduler": sched.get("order", "?"), "scheduler_peaks_gib": peaks,
                 "live_bytes": peak.total_bytes,
-                "live_all_bytes": sum(v.bytes for v in peak.values),
                 "peak_index": heap.peak_index, "schedule_length": peak.length,
                 "peak_phase": where.phase, "peak_block": where.block,
                 "peak_module": where.module, "other_blocks_bytes": other,
