@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,6 +185,13 @@ def _remove_stale_work_dirs() -> None:
 
 def _run_one(job: dict, timeout_s: float) -> dict[str, Any]:
     """Run one worker process; never raises for what happens inside it."""
+    # The worker starts by fork and exec (a fork, as the child sets its parent-death signal
+    # before the exec): JAX's warning that os.fork() in a multithreaded process may deadlock
+    # is about a child that goes on running JAX; this one runs one prctl call and execs.
+    # Filtered here rather than at import, so it holds under any caller's catch_warnings
+    # (idempotent: filterwarnings replaces an identical filter).
+    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                            category=RuntimeWarning, module="subprocess")
     with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
         job_path, result_path = os.path.join(tmp, "job.pkl"), os.path.join(tmp, "result.json")
         with open(job_path, "wb") as f:
