@@ -2,7 +2,8 @@
 
     python benchmarks/trust_table.py            # writes capopt/data/trust.json
 
-Reads the committed results of the random-config benchmarks and of the published runs (it
+Reads the committed results of the random-config benchmarks, of capopt's own answers compiled
+(``answers_compiled.py``) and of the published runs (it
 measures nothing and calls no cost model) and writes, per runtime profile, the held-out
 errors of its predicted peak against its own oracle, pooled over every results file of that
 runtime and oracle and grouped by layout (`capopt._trust.label_group`), and the published
@@ -43,6 +44,7 @@ ORACLES = {
     "torchtune": ("torch", "torchtune's step in PyTorch on fake tensors (the torch tier)"),
 }
 PUBLISHED = RESULTS / "published_runs.json"
+ANSWERS = RESULTS / "answers_compiled.json"
 
 
 def stats(errors: list[float]) -> dict:
@@ -111,6 +113,26 @@ def memory_section(results: Path) -> dict:
     return out
 
 
+def answers_section(path: Path) -> dict:
+    """Per runtime, the errors of its own answers compiled on its oracle
+    (``answers_compiled.py``: the top candidates of the shipped scenarios of that runtime, full
+    size and near their budgets; the compile as the tier does it by default): `stats`, with
+    how many scenarios, how many compiled peaks were within the card and how many failed."""
+    if not path.exists():
+        return {}
+    doc = json.loads(path.read_text())
+    rows = [r for r in doc["rows"] if r["compile"] == "compiled"]
+    ok = [r for r in rows if r["status"] == "ok"]
+    if not ok:
+        return {}
+    out = stats([r["error"] for r in ok])
+    out.update(scenarios=len({r["scenario"] for r in ok}),
+               within_card=sum(bool(r["within_card"]) for r in ok),
+               failed=sum(r["status"] not in ("ok", "unsupported") for r in rows),
+               source=f"benchmarks/results/{path.name}")
+    return {"xla-gpu": out}
+
+
 def throughput_section(published: Path) -> dict:
     if not published.exists():
         return {}
@@ -146,6 +168,7 @@ def throughput_section(published: Path) -> dict:
 def build(results: Path = RESULTS) -> dict:
     return {"generated_by": "benchmarks/trust_table.py",
             "memory": memory_section(results),
+            "answers": answers_section(results / ANSWERS.name),
             "throughput": throughput_section(results / PUBLISHED.name)}
 
 
@@ -169,6 +192,10 @@ def main(argv=None) -> int:
             print(f"{name:<14} {g:<27} {s['n']:>4} {pct(s['median_abs']):>7} "
                   f"{pct(s['p90_abs']):>7} {s['worst_signed'] * 100:>+7.1f}% "
                   f"{pct(s['p90_under']):>9} {s['worst_under'] * 100:>+7.1f}%")
+    for name, s in table["answers"].items():
+        print(f"\n{name}: its own answers compiled ({s['n']} of {s['scenarios']} scenarios): "
+              f"median {pct(s['median_abs'])}, p90 {pct(s['p90_abs'])}, worst "
+              f"{s['worst_signed'] * 100:+.1f}%")
     thr = table["throughput"]
     if thr:
         print("\nthroughput against published runs (median |error|, worst)")

@@ -75,7 +75,8 @@ def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) ->
     """The held-out figures for ``config`` under ``runtime`` on ``gpu``: ``memory`` (the
     oracle, the group and its figures; the runtime's figures over every layout beside them) and
     ``throughput`` (the published runs of the runtime's framework, and of the GPU or its
-    generation). A part is None where nothing was measured."""
+    generation), and ``answers`` (the runtime's own answers to the shipped scenarios compiled
+    on its oracle). A part is None where nothing was measured."""
     tab = load_table()
     out: dict = {"runtime": runtime, "memory": None, "throughput": None}
     mem = tab.get("memory", {}).get(runtime)
@@ -84,6 +85,8 @@ def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) ->
         stats = mem["groups"].get(group) if group else None
         out["memory"] = {"runtime": runtime, "oracle": mem["oracle"], "tier": mem["tier"],
                          "group": group, "stats": stats, "all": mem["all"]}
+    # the runtime's own answers compiled on its oracle (full size, near their budgets)
+    out["answers"] = tab.get("answers", {}).get(runtime)
     thr = tab.get("throughput", {})
     if thr:
         fw = thr.get("frameworks", {}).get(runtime)

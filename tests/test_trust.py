@@ -92,8 +92,10 @@ def test_figures_are_looked_up_by_runtime_layout_and_gpu():
     assert t["memory"]["stats"] == tab["memory"]["xla-gpu"]["groups"]["data parallel, sharded"]
     assert t["throughput"]["framework"] is None                  # no published JAX runs
     assert t["throughput"]["where"] == "on h100-sxm-80gb"
+    assert t["answers"] == tab["answers"]["xla-gpu"] and t["answers"]["n"] > 0
     t = trust_for("torchtitan", "b200", "10.0", cfg)
     assert t["throughput"]["framework"] == "torchtitan"
+    assert t["answers"] is None                                  # none of its answers compiled
     assert t["throughput"]["stats"] is None                      # no Blackwell rows
     t = trust_for("megatron", "a100-sxm-80gb", "8.0", cfg)
     assert t["memory"] is None                                   # none measured
@@ -129,6 +131,7 @@ def test_plan_and_optimize_print_and_return_how_far_to_trust_the_answer(capsys):
     out = " ".join(capsys.readouterr().out.split())          # (the lines are wrapped)
     assert "how far to trust it" in out and "data parallel, sharded" in out
     assert "90th percentile" in out and "published runs on h100-sxm-80gb" in out
+    assert "its own answers, full size near their budgets" in out
 
 
 def test_render_shows_it_under_a_plan_as_the_cli_does():

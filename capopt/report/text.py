@@ -250,7 +250,7 @@ def _wrapped(first: str, text: str, width: int = 100) -> str:
     """``text`` after ``first``, its further lines indented as far."""
     import textwrap
     return textwrap.fill(text, width, initial_indent=first,
-                         subsequent_indent=" " * len(first))
+                         subsequent_indent=" " * len(first), break_on_hyphens=False)
 
 
 def _pct(x: float, signed: bool = False) -> str:
@@ -301,6 +301,14 @@ def trust_lines(trust: dict) -> str:
                 lines.append(_wrapped(pad, "before launching, measure it on its oracle: capopt "
                                       f"validate --tier {mem['validate_tier']} with the same "
                                       "arguments"))
+    ans = trust.get("answers")
+    if ans:
+        lines.append(_wrapped(pad, f"its own answers, full size near their budgets: the top "
+                              f"candidates of {ans['scenarios']} shipped {trust['runtime']} "
+                              f"scenarios compiled ({ans['n']}): median |error| "
+                              f"{_pct(ans['median_abs'])}, worst "
+                              f"{_pct(ans['worst_signed'], signed=True)}, the largest "
+                              f"under-prediction {_pct(ans.get('worst_under', 0.0), True)}"))
     thr = trust.get("throughput")
     if not thr:
         lines.append(f"  throughput  no published runs of the {trust['runtime']} runtime, or on "
