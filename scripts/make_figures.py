@@ -15,6 +15,9 @@ Figures:
                         benchmarks/results/memory_random.json (no compiling)
   xla_gpu_peak_errors_no_lhs.png  the same against XLA's peak of each step compiled without
                         its latency-hiding scheduler (one-device steps: the same compile)
+  answers_compiled.png  predicted vs XLA-compiled peak of the top candidates `optimize` returns
+                        for the shipped xla-gpu scenarios (full size, near their budgets),
+                        from benchmarks/results/answers_compiled.json (no compiling)
   published_runs.png    predicted vs published throughput (by GPU generation and source) and
                         memory of real frameworks' runs, from
                         benchmarks/results/published_runs.json
@@ -94,6 +97,18 @@ def validation_no_lhs_figure():
         "without its latency-hiding scheduler"))
 
 
+def answers_figure():
+    import json
+    d = json.loads((ROOT / "benchmarks" / "results" / "answers_compiled.json").read_text())
+    pts = [dict(split=r["scenario"], measured_peak_bytes=r["measured_peak_bytes"],
+                error=r["error"])
+           for r in d["rows"] if r["compile"] == "compiled" and r["status"] == "ok"]
+    groups = {name: (name, "osD^v<>p"[i % 8], f"C{i}") for i, name in enumerate(d["scenarios"])}
+    return figures.peak_errors(pts, groups=groups, title=(
+        "capopt's own answers (the shipped xla-gpu scenarios' top candidates) against XLA's "
+        "compiled peak"))
+
+
 def torch_figure():
     import json
     results = ROOT / "benchmarks" / "results"
@@ -134,6 +149,7 @@ FIGURES = {"memory": ("memory_breakdown.png", memory_figure),
            "heatmap": ("heatmap_tp_pp.png", heatmap_figure),
            "validation": ("xla_gpu_peak_errors.png", validation_figure),
            "validation-no-lhs": ("xla_gpu_peak_errors_no_lhs.png", validation_no_lhs_figure),
+           "answers": ("answers_compiled.png", answers_figure),
            "torch": ("torch_peak_errors.png", torch_figure),
            "published": ("published_runs.png", published_figure)}
 
