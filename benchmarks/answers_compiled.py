@@ -19,8 +19,9 @@ Nothing here is fitted: the profile's rules were written before these answers we
 These are not drawn at random and not held out by card shape (the profile's notes cite
 mechanisms read off cut-down Llama-3-8B and Mixtral-8x7B steps); they say how the answers
 themselves fare. ``--no-lhs`` also compiles each answer without the latency-hiding
-scheduler, where it ran (on Ampere and Ada targets, or on one device, it does not). Results stream to a JSONL file (a rerun resumes); the table and ``--out`` (JSON)
-are rebuilt from it. A compile that fails is recorded and the rest go on.
+scheduler, where it ran (on Ampere and Ada targets, or on one device, it does not). Results
+stream to a JSONL file (a rerun resumes); the table and ``--out`` (JSON) are rebuilt from
+it. A compile that fails is recorded and the rest go on.
 """
 
 from __future__ import annotations
