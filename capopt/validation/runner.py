@@ -183,15 +183,19 @@ def _remove_stale_work_dirs() -> None:
             continue
 
 
-def _run_one(job: dict, timeout_s: float) -> dict[str, Any]:
-    """Run one worker process; never raises for what happens inside it."""
-    # The worker starts by fork and exec (a fork, as the child sets its parent-death signal
-    # before the exec): JAX's warning that os.fork() in a multithreaded process may deadlock
-    # is about a child that goes on running JAX; this one runs one prctl call and execs.
-    # Filtered here rather than at import, so it holds under any caller's catch_warnings
-    # (idempotent: filterwarnings replaces an identical filter).
+def quiet_exec_fork_warning() -> None:
+    """Filter JAX's warning that os.fork() in a multithreaded process may deadlock, for forks
+    made by `subprocess`. It is about a child that goes on running JAX; subprocess's children
+    exec at once (a worker after one prctl call, `_die_with_parent`; Ray's local processes).
+    Set where the processes start rather than at import, so it holds under any caller's
+    ``catch_warnings`` (idempotent: filterwarnings replaces an identical filter)."""
     warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
                             category=RuntimeWarning, module="subprocess")
+
+
+def _run_one(job: dict, timeout_s: float) -> dict[str, Any]:
+    """Run one worker process; never raises for what happens inside it."""
+    quiet_exec_fork_warning()
     with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-") as tmp:
         job_path, result_path = os.path.join(tmp, "job.pkl"), os.path.join(tmp, "result.json")
         with open(job_path, "wb") as f:
