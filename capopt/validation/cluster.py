@@ -31,8 +31,6 @@ def connect(address: str) -> None:
     ray = _ray()
     if ray.is_initialized():
         return
-    from .runner import quiet_exec_fork_warning
-    quiet_exec_fork_warning()          # "local" starts Ray's processes by fork and exec
     try:
         ray.init(address=None if address == "local" else address, include_dashboard=False,
                  log_to_driver=False, configure_logging=False)

@@ -445,6 +445,7 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
         notes.append(f"resumed: {len(cands) - len(todo)} result(s) from {path}")
     if ray is not None:
         from .cluster import connect
+        quiet_exec_fork_warning()      # "local" starts Ray's processes by fork and exec
         connect(ray)
     bar = Progress(len(todo), enabled=progress and bool(todo))
     results: dict[int, dict] = {}
