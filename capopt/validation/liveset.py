@@ -26,7 +26,7 @@ _PEAK = re.compile(r"Live ranges at (\d+) \(peak\):")
 _ALLOC = re.compile(r"^allocation (\d+): size (\d+)")
 _ASSIGNED = re.compile(r"^ value: <\d+ (?P<name>[^\s{@]+)(?:\{(?P<index>[^}]*)\})? @\d+> "
                        r"\(size=(?P<size>\d+),offset=(?P<offset>\d+)\)")
-_TEMP = re.compile(r"^allocation \d+: size (\d+), preallocated-temp")
+_TEMP = re.compile(r"^allocation (\d+): size (\d+), preallocated-temp")
 _RANGE = re.compile(r"^\s+(?P<name>[^\s{]+)\{(?P<index>[^}]*)\}:(?P<start>\d+)-(?P<end>\d+)$")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
 _PARAMETER = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .* parameter\(\d+\)")
@@ -283,17 +283,12 @@ def read_temp_heap(dump_dir: str | Path) -> TempHeap:
     temporary allocation, each over its live range (values sharing an offset and size over
     touching ranges, a loop's carried state, counted as one buffer)."""
     d = Path(dump_dir)
-    temp, values, in_temp = 0, [], False
-    for line in _dump_file(d, "buffer-assignment.txt").read_text().splitlines():
-        if line.startswith("allocation"):
-            m = _TEMP.match(line)
-            in_temp = m is not None
-            temp = int(m.group(1)) if m else temp
-            continue
-        m = _ASSIGNED.match(line) if in_temp else None
-        if m:
-            values.append(((m.group("name"), m.group("index") or ""), int(m.group("size")),
-                           int(m.group("offset"))))
+    assignment = _dump_file(d, "buffer-assignment.txt").read_text()
+    temps = {int(m.group(1)): int(m.group(2))
+             for m in map(_TEMP.match, assignment.splitlines()) if m}
+    temp = list(temps.values())[-1] if temps else 0
+    values = [(key, size, offset) for key, (alloc, offset, size) in _slots(assignment).items()
+              if alloc in temps]
     live = _dump_file(d, "live-range.txt").read_text().splitlines()
     seq = _sequence(live)
     position = {name: i for i, name in enumerate(seq)}
