@@ -43,7 +43,6 @@ from capopt._scenario import load_scenario  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 SCENARIOS = ROOT / "scenarios"
 GiB = 2 ** 30
-KNOBS = ("micro_batch", "grad_accum", "dp", "zero_stage", "tp", "pp", "ep", "remat")
 
 
 def xla_scenarios() -> list[str]:
