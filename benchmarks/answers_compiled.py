@@ -123,7 +123,10 @@ def main(argv=None) -> int:
     for r in rows:
         head = f"{r['scenario']:<28} {r['rank']:>1} {r['describe']:<34} {r['compile']:<8}"
         if r["status"] != "ok":
-            print(f"{head} {r['status']}: {(r['error_text'] or '')[:80]}")
+            text = r["error_text"] or ""
+            if not text.startswith(r["status"]):    # ("unsupported: ..." says it already)
+                text = f"{r['status']}: {text}"
+            print(f"{head} {text[:90]}")
             continue
         lhs = (f"{r['lhs_bytes'] / GiB:6.1f}/{r['lhs_limit_bytes'] / GiB:.1f}"
                if r.get("lhs_bytes") is not None else "-")
