@@ -296,17 +296,34 @@ def test_without_its_environment_the_tier_says_how_to_build_it(monkeypatch, tmp_
     assert not ok and "capopt setup maxtext" in why and maxtext_tier.PYTHON_ENV in why
 
 
+def _fake_python(path, status=0):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\nexit {status}\n")
+    path.chmod(0o755)
+    return path
+
+
 def test_setup_finds_a_python_312_where_pyenv_keeps_it(monkeypatch, tmp_path):
     from capopt.validation import maxtext_tier
     for v in ("3.11.7", "3.12.1"):
-        py = tmp_path / "versions" / v / "bin" / "python"
-        py.parent.mkdir(parents=True)
-        py.write_text("")
+        _fake_python(tmp_path / "versions" / v / "bin" / "python")
     monkeypatch.setattr(maxtext_tier.shutil, "which", lambda name: None)
     monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
     assert maxtext_tier.find_python() == str(tmp_path / "versions" / "3.12.1" / "bin" / "python")
     (tmp_path / "versions" / "3.12.1" / "bin" / "python").unlink()
     assert maxtext_tier.find_python() is None
+
+
+def test_setup_skips_a_python_on_the_path_that_does_not_start(monkeypatch, tmp_path):
+    """A pyenv shim of a version installed but not selected is on the path and exits with
+    an error ("pyenv: python3.13: command not found"): the installed version is taken."""
+    from capopt.validation import maxtext_tier
+    shim = _fake_python(tmp_path / "shims" / "python3.13", status=127)
+    real = _fake_python(tmp_path / "versions" / "3.13.0" / "bin" / "python")
+    monkeypatch.setattr(maxtext_tier.shutil, "which",
+                        lambda name: str(shim) if name == "python3.13" else None)
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    assert maxtext_tier.find_python() == str(real)
 
 
 def test_setup_maxtext_takes_no_target(capsys):

@@ -81,18 +81,30 @@ def maxtext_available() -> tuple[bool, str]:
     return (True, "") if found else (False, f"{py} has no maxtext: " + why)
 
 
+def _runs(python: str) -> bool:
+    """Whether ``python`` starts (a pyenv shim of a version that is installed but not
+    selected is on the path and exits with an error)."""
+    try:
+        return subprocess.run([python, "-c", "import sys"], capture_output=True,
+                              timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def find_python() -> str | None:
-    """A Python 3.12 or later on this machine: on the path, or a pyenv version."""
+    """A Python 3.12 or later on this machine that starts: on the path, or a pyenv
+    version."""
     for name in ("python3.13", "python3.12"):
         found = shutil.which(name)
-        if found:
+        if found and _runs(found):
             return found
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     if root.is_dir():
         for d in sorted(root.iterdir(), reverse=True):
             parts = d.name.split(".")
             if (len(parts) >= 2 and parts[0] == "3" and parts[1].isdigit()
-                    and int(parts[1]) >= 12 and (d / "bin" / "python").exists()):
+                    and int(parts[1]) >= 12 and (d / "bin" / "python").exists()
+                    and _runs(str(d / "bin" / "python"))):
                 return str(d / "bin" / "python")
     return None
 
