@@ -408,9 +408,10 @@ SCHEMA: dict[str, Coeff] = {
     "logits_parallel_extra_copies": _c(0, "float32 logits-sized buffers added at the loss "
                                           "when the head is split over the vocabulary "
                                           "(a vocabulary-parallel cross-entropy)"),
-    "grad_combine_bytes": _c(0, "gradient bytes one combined data-parallel collective carries "
-                                "(kept live until it runs)"),
-    "grad_combine_copy": _c(0, "1: a combined collective copies its gradients into one flat "
+    "grad_combine_bytes": _c(0, "output bytes one combined data-parallel collective carries "
+                                "(an all-reduce's gradients, a reduce-scatter's shards; its "
+                                "gradients kept live until it runs)"),
+    "grad_combine_copy": _c(0, "1: a combined all-reduce copies its gradients into one flat "
                                "buffer"),
     "logits_follow_sp": _c(0, "1: under sequence parallelism the head runs on the device's "
                               "slice of the sequence (logits split over tp)"),

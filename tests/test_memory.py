@@ -1456,6 +1456,28 @@ def test_clipped_update_holds_every_gradient_once_without_sharded_gradients(zero
     assert float(mem["grads_bytes"]) == pytest.approx(copies * held, rel=F32_RTOL)
 
 
+@pytest.mark.parametrize("dp, hidden, ffn", [(2, 640, 1792), (4, 1024, 2816)])
+def test_a_combined_reduce_scatter_runs_on_the_gradients_with_its_shards_beside_them(
+        dp, hidden, ffn):
+    """XLA, gradients sharded (ZeRO-2): the reduce-scatter combiner counts each collective's
+    output, the shard, against its 30 MiB threshold, so every gradient of a small model goes
+    into one reduce-scatter, which reads them as they are (no flat copy, which only the
+    all-reduce's AllReduceContiguous pass makes) and writes their shards beside them: at its
+    end every gradient is live once and 1/dp of them again. The copy an all-reduce makes
+    would add a whole second set; a 30 MiB cap on the unsharded gradients would leave the
+    rest out (39 MiB of gradients at dp 2 here, 94 MiB at dp 4)."""
+    m = llama_like(vocab=1024, layers=2, hidden=hidden, intermediate_size=ffn)
+    sc = make_scenario(m, count=dp, seq_len=8, global_batch=dp, grad_clip=False,
+                       optimizer="sgd", precision="fp32")
+    mem = estimate(Config(micro_batch=1, dp=dp, zero_stage=2), sc).memory
+    assert int(mem["peak_phase"]) == PHASES.index("update")
+    n = scenario_numbers(sc)
+    held = _held_grads(n, float(mem["trainable_params"]))
+    assert held > n["rt_grad_combine_bytes"]               # more than one all-reduce group
+    assert held < dp * n["rt_grad_combine_bytes"]          # one reduce-scatter group
+    assert float(mem["grads_bytes"]) == pytest.approx(held * (1.0 + 1.0 / dp), rel=F32_RTOL)
+
+
 @pytest.mark.parametrize("tp, ga, tensors", [
     (1, 1, 4 + 1),                  # each layer's matmul output; the top's input gradient
     (2, 1, 4 * (1 + 0.5) + 2),      # + each layer's gathered activation; two gradients
@@ -1543,8 +1565,9 @@ def test_xla_holds_weight_gradients_in_the_compute_dtype(dp, zero):
     whole = estimate(Config(micro_batch=1, dp=dp), sc).memory["trainable_bytes"]
     elems = float(whole) / float(n["param_bytes"])
     # (one device: the kept gradients; under dp every gradient waits, unsharded, for its
-    # combined collective beside the flat copy it is reduced in: twice, whatever ZeRO keeps)
-    copies = 1.0 if dp == 1 else 2.0
+    # combined collective: an all-reduce's beside the flat copy it is reduced in, twice; a
+    # reduce-scatter's beside the shards it writes, 1 + 1 / dp)
+    copies = 1.0 if dp == 1 else (2.0 if zero < 2 else 1.0 + 1.0 / dp)
     saved = float(b["phase_update_bytes"] - a["phase_update_bytes"])
     assert saved == pytest.approx(copies * (elems * n["grad_bytes"] - _held_grads(n, elems)),
                                   rel=1e-5)

@@ -404,16 +404,36 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # the second micro-batch on, every gradient is live in every phase
     in_grad = accumulating * (1.0 - n["rt_accum_buffer"]) * (1.0 - fused) * grads_all
     # Data parallelism: a runtime that combines the gradients' collectives (XLA's all-reduce
-    # and reduce-scatter combiners, up to ``grad_combine_bytes`` per collective) keeps each
-    # gradient (before its reduce-scatter: unsharded) until its group's collective runs, and
-    # the group is copied into one flat buffer for it.
+    # and reduce-scatter combiners, ``grad_combine_bytes`` per collective) keeps each gradient
+    # (before its reduce-scatter: unsharded) until its group's collective runs. An all-reduce
+    # group (the share not ZeRO-sharded) is at most that many bytes and runs on one flat
+    # buffer it is copied into (``grad_combine_copy``); a reduce-scatter group (the ZeRO-2/3
+    # share, ``f_grad``) counts its output, the shard, against the threshold, so it takes up
+    # to dp times as many unsharded bytes, and runs on the gradients themselves: at its end
+    # its output shards are live beside them (jaxlib 0.10.2, the optimized HLO of every
+    # multi-device step of the random draw: 272 reduce-scatters over the gradients as they
+    # are, none on a concatenation; the all-reduces on concatenations).
     # (the embedding's gradient, its scatter-add's float32 table, reduced in that dtype)
     embed_wider = (gb - ghb) * embed_elems
     unsharded_all = zero_shard(0.0, trainable, trainable_expert, k) * ghb + embed_wider
     multi_dp = step_at_least(dp, 2.0)
     combine = n["rt_grad_combine_bytes"]
-    pending = multi_dp * jnp.minimum(unsharded_all, combine)
-    flat = multi_dp * n["rt_grad_combine_copy"] * jnp.minimum(unsharded_all, combine)
+    # The reduce-scatter group waiting at the backward pass's end holds every gradient, the
+    # head's too, combined with the blocks' (rand0-111: its f32[56, 997] shard in the one
+    # reduce-scatter). Blocks run in a scan (``scan_grad_stacks``) reduce-scatter theirs
+    # inside the loop, a block at a time, into stacks of shards (``scan_grad_zero3_copies``),
+    # where the head's, produced before the loop, cannot join them: none is left to wait.
+    layer_unsharded = zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * ghb
+    waiting = (1.0 - jnp.clip(n["rt_scan_grad_stacks"], 0.0, 1.0)) * unsharded_all
+    ar_group = jnp.minimum(unsharded_all, combine)
+    rs_group = jnp.minimum(waiting, combine * dp)
+    pending = multi_dp * ((1.0 - f_grad) * ar_group + f_grad * rs_group)
+    # (while the bottom block is differentiated, what the head and the blocks above it have
+    # produced: not its own gradients nor the embedding's table, both counted apart there)
+    above = unsharded_all - layer_unsharded - embed_elems * gb
+    pending_bottom = jnp.minimum(pending, multi_dp * jnp.maximum(above, 0.0))
+    flat = multi_dp * ((1.0 - f_grad) * n["rt_grad_combine_copy"] * ar_group
+                       + f_grad * rs_group / dp)
 
     # --- activations of one micro-batch ---
     tokens = rank_sequences(k) * n["s"]
@@ -810,7 +830,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
             kept_rebuild, jnp.minimum(pending, multi_dp * (head_grad + layers * stored_share
                                                            * grad_layer))), in_grad) + dp_bwd
                    + grads_rebuild,
-        "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending),
+        "bottom": accum + jnp.maximum(embed_grad + jnp.maximum(kept_bottom, pending_bottom),
                                       in_grad) + grad_own + dp_bwd + held_above + grads_bottom,
         # (without sharded gradients the embedding's scatter-add output is its gradient,
         # reduced in place and counted in ``grads_step``; ZeRO-2/3 reduce-scatter it into a
