@@ -39,6 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _random_cases import pct, summary, xla_gpu_refusal  # noqa: E402
 
 from capopt._scenario import load_scenario  # noqa: E402
+from capopt._specs import Config  # noqa: E402
+from capopt.validation.predict import predicted_terms  # noqa: E402
+from capopt.validation.runner import input_bytes  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SCENARIOS = ROOT / "scenarios"
@@ -75,13 +78,20 @@ def row(name: str, sc, rank: int, rec: dict) -> dict:
            "error_text": rec.get("error") if rec["status"] != "ok" else None}
     if rec["status"] != "ok":
         return out
-    p, m = rec["predicted"]["peak_bytes"], rec["measured"]["peak_bytes"]
-    sched = (rec.get("details") or {}).get("xla_schedule") or {}
+    details = rec.get("details") or {}
+    # (the prediction of the current model: a record resumed from the JSONL keeps the one
+    # made when it was measured)
+    config = Config(**rec["config"])
+    p = predicted_terms(config, sc, input_bytes=input_bytes(sc, config),
+                        output_leaves=int(details.get("output_leaves", 0)),
+                        compiler_options=details.get("compiler_options"))["peak_bytes"]
+    p, m = float(p), rec["measured"]["peak_bytes"]
+    sched = details.get("xla_schedule") or {}
     out.update(predicted_peak_bytes=p, measured_peak_bytes=m, error=p / m - 1.0,
                lhs_bytes=sched.get("lhs_bytes"), lhs_limit_bytes=sched.get("lhs_limit_bytes"),
                within_card=m <= sc.hardware.memory_bytes,
                within_budget=m <= sc.budget.usable_bytes,
-               compile_s=(rec.get("details") or {}).get("compile_s"))
+               compile_s=details.get("compile_s"))
     return out
 
 
