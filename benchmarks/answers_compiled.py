@@ -40,8 +40,7 @@ from _random_cases import pct, summary, xla_gpu_refusal  # noqa: E402
 
 from capopt._scenario import load_scenario  # noqa: E402
 from capopt._specs import Config  # noqa: E402
-from capopt.validation.predict import predicted_terms  # noqa: E402
-from capopt.validation.runner import input_bytes  # noqa: E402
+from capopt.validation.runner import predicted_compiled_terms  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SCENARIOS = ROOT / "scenarios"
@@ -81,10 +80,8 @@ def row(name: str, sc, rank: int, rec: dict) -> dict:
     details = rec.get("details") or {}
     # (the prediction of the current model: a record resumed from the JSONL keeps the one
     # made when it was measured)
-    config = Config(**rec["config"])
-    p = predicted_terms(config, sc, input_bytes=input_bytes(sc, config),
-                        output_leaves=int(details.get("output_leaves", 0)),
-                        compiler_options=details.get("compiler_options"))["peak_bytes"]
+    p = predicted_compiled_terms(Config(**rec["config"]), sc, tier="xla-gpu",
+                                 measured=rec["measured"], details=details)["peak_bytes"]
     p, m = float(p), rec["measured"]["peak_bytes"]
     sched = details.get("xla_schedule") or {}
     out.update(predicted_peak_bytes=p, measured_peak_bytes=m, error=p / m - 1.0,

@@ -253,6 +253,18 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
+def predicted_compiled_terms(config: Config, sc: Scenario, *, tier: str, measured: dict,
+                             details: dict) -> dict[str, Any]:
+    """The current model's terms for a compiled tier's measurement (xla-gpu, exact,
+    maxtext): the batch the step takes (MaxText's is its own: the tier measures it), the
+    leaves it returns and the compiler options it was compiled with, as recorded."""
+    batch = (measured.get("input_bytes", 0) if tier == "maxtext"
+             else input_bytes(sc, config))
+    return predicted_terms(config, sc, input_bytes=batch,
+                           output_leaves=int(details.get("output_leaves", 0)),
+                           compiler_options=details.get("compiler_options"))
+
+
 def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int,
             key: str) -> dict[str, Any]:
     """The contract's record: config, tier, status, predicted, measured, error."""
@@ -267,12 +279,8 @@ def _finish(result: dict, *, tier: str, sc: Scenario, config: Config, index: int
             if tier == "deepspeed":      # its meter marks no gradients: they are in the rest
                 predicted["rest_bytes"] += predicted["grads_bytes"]
         else:
-            # (MaxText's batch is its own: the tier measures it)
-            batch = (measured.get("input_bytes", 0) if tier == "maxtext"
-                     else input_bytes(sc, config))
-            predicted = predicted_terms(config, sc, input_bytes=batch,
-                                        output_leaves=int(details.get("output_leaves", 0)),
-                                        compiler_options=details.get("compiler_options"))
+            predicted = predicted_compiled_terms(config, sc, tier=tier, measured=measured,
+                                                 details=details)
     except Exception as e:   # a prediction that fails is itself a finding; keep going
         predicted = {}
         details["prediction_error"] = f"{type(e).__name__}: {e}"
@@ -485,5 +493,6 @@ def validate(scenario: Scenario | str | dict, *, top_k: int = 3, tier: str = "ex
                             out=str(path) if path else None, notes=notes)
 
 
-__all__ = ["Progress", "ValidationReport", "input_bytes", "load_results", "result_key",
+__all__ = ["Progress", "ValidationReport", "input_bytes", "load_results",
+           "predicted_compiled_terms", "result_key",
            "run_deepspeed", "tier_scenario", "validate"]
