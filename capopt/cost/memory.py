@@ -423,14 +423,15 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # reduce-scatter). Blocks run in a scan (``scan_grad_stacks``) reduce-scatter theirs
     # inside the loop, a block at a time, into stacks of shards (``scan_grad_zero3_copies``),
     # where the head's, produced before the loop, cannot join them: none is left to wait.
-    layer_unsharded = zero_shard(0.0, trainable_layer, trainable_layer_expert, k) * ghb
+    # (one block's trainable elements, unsharded)
+    layer_unsharded = zero_shard(0.0, trainable_layer, trainable_layer_expert, k)
     waiting = (1.0 - jnp.clip(n["rt_scan_grad_stacks"], 0.0, 1.0)) * unsharded_all
     ar_group = jnp.minimum(unsharded_all, combine)
     rs_group = jnp.minimum(waiting, combine * dp)
     pending = multi_dp * ((1.0 - f_grad) * ar_group + f_grad * rs_group)
     # (while the bottom block is differentiated, what the head and the blocks above it have
     # produced: not its own gradients nor the embedding's table, both counted apart there)
-    above = unsharded_all - layer_unsharded - embed_elems * gb
+    above = unsharded_all - layer_unsharded * ghb - embed_elems * gb
     pending_bottom = jnp.minimum(pending, multi_dp * jnp.maximum(above, 0.0))
     flat = multi_dp * ((1.0 - f_grad) * n["rt_grad_combine_copy"] * ar_group
                        + f_grad * rs_group / dp)
@@ -624,7 +625,6 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the root's gradient reduce-scattered every micro-batch: accumulated in its shard)
     root_sharded = f_grad * n["rt_zero3_root_group"] * multi_dp
     root_grad = root_sharded * (1 - lora) * logits_mb * head_share * ugb
-    layer_unsharded = zero_shard(0.0, trainable_layer, trainable_layer_expert, k)
     block_unsharded = f_grad * n["rt_zero_unsharded_grad_copies"] * layer_unsharded * ugb
     buckets = step_at_least(dp, 2.0) * n["rt_comm_bucket_bytes"]
     # (DeepSpeed's ZeRO gradient bucket, ``zero_bucket_elements`` in the gradient dtype,
