@@ -17,9 +17,9 @@ import numpy as np
 from capopt.validation.random_configs import Case, describe
 
 
-def add_worker_args(ap, timeout_s: float = 900.0) -> None:
+def add_worker_args(ap, timeout_s: float = 900.0, jobs: int = 2) -> None:
     """``--jobs`` (worker processes at once) and ``--timeout`` (seconds a case may take)."""
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=jobs)
     ap.add_argument("--timeout", type=float, default=timeout_s)
 
 

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _random_cases import pct, summary, xla_gpu_refusal  # noqa: E402
+from _random_cases import add_worker_args, pct, summary, xla_gpu_refusal  # noqa: E402
 
 from capopt._scenario import load_scenario  # noqa: E402
 from capopt._specs import Config  # noqa: E402
@@ -99,8 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=3)
     ap.add_argument("--no-lhs", action="store_true", help="also compile without XLA's "
                     "latency-hiding scheduler")
-    ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=3600.0)
+    add_worker_args(ap, timeout_s=3600.0, jobs=1)      # (full-size compiles: one at a time)
     ap.add_argument("--measurements", default=str(RESULTS / "answers_compiled.jsonl"))
     ap.add_argument("--out", default=str(RESULTS / "answers_compiled.json"))
     args = ap.parse_args(argv)
