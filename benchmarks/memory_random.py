@@ -86,7 +86,7 @@ def full_size_cases() -> list[Case]:
 
 def measurement_key(case: Case) -> str:
     """What a measurement depends on (not the cost model): card, workload, target, config."""
-    from capopt.validation.models import CHUNKED_REVISION, MOE_REVISION
+    from capopt.validation.models import CHUNKED_REVISION, MOE_REVISION, SP_LAYOUT_REVISION
     sc = case.scenario
     parts = (sc.model, sc.workload, sc.hardware.name, sc.count,
              json.dumps(case.config.key_dict(), sort_keys=True))
@@ -98,6 +98,10 @@ def measurement_key(case: Case) -> str:
         # compiled with grouped dispatch (revision 1, every device routing the whole batch,
         # left the keys as they were)
         parts += (f"moe dispatch revision {MOE_REVISION}",)
+    if case.config.sequence_parallel and case.config.tp > 1 and SP_LAYOUT_REVISION > 1:
+        # compiled with Megatron-LM's layout inside the block (revision 1, the stream alone
+        # constrained, left the keys as they were)
+        parts += (f"sequence-parallel layout revision {SP_LAYOUT_REVISION}",)
     from capopt._inventory import lora_quant_key
     parts += lora_quant_key(sc.model, sc.workload.lora)
     text = stable_text(parts)

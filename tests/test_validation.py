@@ -659,3 +659,43 @@ def test_torch_reserved_is_judged_against_the_runtimes_own_allocator():
     assert titan["reserved_bytes"] == 12 and titan["reserved_default_bytes"] == 14
     assert judged_torch_measurement(m, get_profile("pytorch-eager")) == m
     assert m["reserved_bytes"] == 14                         # the record itself is not changed
+
+
+_SP_LAYOUT_SCRIPT = r"""
+import json, sys
+import jax
+sys.path.insert(0, sys.argv[1])
+from conftest import make_scenario
+from capopt._cards import load_card
+from capopt._specs import Config
+from capopt.validation.step import build_step
+cfg = Config(micro_batch=2, dp=2, tp=2, sequence_parallel=True, flash_attention=False)
+sc = make_scenario(load_card("tiny-gpt"), runtime="xla-cpu", count=4, seq_len=64,
+                   global_batch=cfg.micro_batch * cfg.dp)
+hlo = build_step(sc, cfg, jax.devices()[:4]).lower().compile().as_text()
+print(json.dumps({op: hlo.count(op + "(") + hlo.count(op + "-start(")
+                  for op in ("all-to-all", "all-gather")}))
+"""
+
+
+def test_sequence_parallel_step_is_laid_out_as_megatron():
+    """Under sequence parallelism the validation step constrains each block's inside as
+    Megatron-LM lays it out (`capopt.validation.models.Policy.layout`): the sublayers' inputs
+    all-gathered over the sequence, the attention split over heads, the row-parallel outputs
+    reduce-scattered back. With the residual stream alone constrained, XLA split the scores
+    over the sequence and turned them over with all-to-alls (this step: two; rand0-121's:
+    two float32 score-sized buffers at its peak); none is left."""
+    import os
+    import subprocess
+    import sys
+    tests = Path(__file__).parent
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env["PYTHONPATH"] = os.pathsep.join([str(tests), str(tests.parent),
+                                         env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", _SP_LAYOUT_SCRIPT, str(tests)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    counts = json.loads(run.stdout.strip().splitlines()[-1])
+    assert counts["all-to-all"] == 0, counts
+    assert counts["all-gather"] > 0, counts          # (XLA:CPU decomposes reduce-scatters)

@@ -103,6 +103,23 @@ class Policy:
     # (G, ...) split over the data-parallel group, (E, G, C, h) over the experts.
     constrain: object = None
     moe_constrain: object = None
+    # Set by the step under sequence parallelism (or None): ``layout(x, kind)`` constrains a
+    # tensor inside a block to Megatron-LM's tensor-parallel layout (Korthikanti et al. 2022,
+    # sec. 4.2.2): "whole", a sublayer's normed input, the whole sequence (all-gathered from
+    # the stream's slices); "heads", q, k, v and the attention's output (b, s, heads, d),
+    # split over heads; "hidden", the MLP's f-wide tensors, split over f. The row-parallel
+    # output is reduce-scattered back to the sequence slice by the stream's own constraint.
+    # With only the stream constrained, XLA's sharding propagation picks other layouts
+    # inside the block (the scores split over the sequence and turned over by all-to-alls,
+    # all-reduces of activations over the tensor axis), which are not tensor parallelism.
+    layout: object = None
+
+
+# Bumped whenever what a step under sequence parallelism constrains changes: a stored
+# measurement of a config with tp > 1 and sequence parallelism names the revision it was
+# compiled with (benchmarks' measurement keys). Revision 1 constrained the stream alone;
+# revision 2 lays the block out as Megatron-LM does (`Policy.layout`).
+SP_LAYOUT_REVISION = 2
 
 
 def _act(name: str):
@@ -249,6 +266,11 @@ class Embed(nnx.Module):
         return x.astype(self.compute_dtype) @ self.embedding[...].astype(self.compute_dtype).T
 
 
+def _laid(layout, kind: str, x):
+    """``x`` constrained by the policy's tensor-parallel ``layout`` (`Policy`), or as it is."""
+    return x if layout is None else layout(x, kind)
+
+
 def dropout(x, rate: float, key):
     if rate <= 0.0 or key is None:
         return x
@@ -389,19 +411,21 @@ class Attention(nnx.Module):
         # a norm over each head's q and k (Qwen3, Gemma 3), before the rotary embedding
         self.q_norm = Norm(hd, spec.norm_type, policy=policy) if spec.qk_norm else None
         self.k_norm = Norm(hd, spec.norm_type, policy=policy) if spec.qk_norm else None
+        self.layout = policy.layout
 
     def __call__(self, x, key):
         b, s, _ = x.shape
-        q = self.q(x).reshape(b, s, self.heads, self.head_dim)
-        k = self.k(x).reshape(b, s, self.kv_heads, self.head_dim)
-        v = self.v(x).reshape(b, s, self.kv_heads, self.head_dim)
+        heads = partial(_laid, self.layout, "heads")
+        q = heads(self.q(x).reshape(b, s, self.heads, self.head_dim))
+        k = heads(self.k(x).reshape(b, s, self.kv_heads, self.head_dim))
+        v = heads(self.v(x).reshape(b, s, self.kv_heads, self.head_dim))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             pos = jnp.arange(s)
             q, k = rotary(q, pos), rotary(k, pos)
-        out = attention(q, k, v, causal=self.causal, impl=self.impl, chunk=self.chunk,
-                        rate=self.rate, key=key)
+        out = heads(attention(q, k, v, causal=self.causal, impl=self.impl, chunk=self.chunk,
+                              rate=self.rate, key=key))
         return self.o(out.reshape(b, s, self.heads * self.head_dim))
 
 
@@ -426,21 +450,24 @@ class LatentAttention(nnx.Module):
         self.kv_a_norm = Norm(kvr, spec.norm_type, policy=policy)
         self.kv_b = Linear(kvr, a * (hd - rope + self.v_dim), bias=False, matrix="kv_b", **kw)
         self.o = Linear(a * self.v_dim, h, bias=spec.attention_out_bias, matrix="o", **kw)
+        self.layout = policy.layout
 
     def __call__(self, x, key):
         b, s, _ = x.shape
         a, hd, dv, rope = self.heads, self.head_dim, self.v_dim, self.rope
+        heads = partial(_laid, self.layout, "heads")
         nope = hd - rope
         pos = jnp.arange(s)
         q = self.q(self.q_a_norm(self.q_a(x)) if self.q_a is not None else x)
-        q = q.reshape(b, s, a, hd)
+        q = heads(q.reshape(b, s, a, hd))
         ckv = self.kv_a(x)
-        kv = self.kv_b(self.kv_a_norm(ckv[..., :self.kv_rank])).reshape(b, s, a, nope + dv)
+        kv = heads(self.kv_b(self.kv_a_norm(ckv[..., :self.kv_rank])).reshape(b, s, a,
+                                                                             nope + dv))
         k_pe = rotary(ckv[..., None, self.kv_rank:], pos)                 # (b, s, 1, rope)
         q = jnp.concatenate([q[..., :nope], rotary(q[..., nope:], pos)], -1)
         k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(k_pe, (b, s, a, rope))], -1)
-        out = attention(q, k, kv[..., nope:], causal=self.causal, impl=self.impl,
-                        chunk=self.chunk, rate=self.rate, key=key)
+        out = heads(attention(q, k, kv[..., nope:], causal=self.causal, impl=self.impl,
+                              chunk=self.chunk, rate=self.rate, key=key))
         return self.o(out.reshape(b, s, a * dv))
 
 
@@ -453,10 +480,12 @@ class MLP(nnx.Module):
         self.gate = Linear(h, f, bias=spec.mlp_bias, matrix="gate", **kw) if self.gated else None
         self.up = Linear(h, f, bias=spec.mlp_bias, matrix="up", **kw)
         self.down = Linear(f, h, bias=spec.mlp_bias, matrix="down", **kw)
+        self.layout = policy.layout
 
     def __call__(self, x):
-        u = self.up(x)
-        u = self.act(self.gate(x)) * u if self.gated else self.act(u)
+        hidden = partial(_laid, self.layout, "hidden")
+        u = hidden(self.up(x))
+        u = hidden(self.act(hidden(self.gate(x))) * u) if self.gated else self.act(u)
         return self.down(u)
 
 
@@ -582,6 +611,7 @@ class Block(nnx.Module):
                  post_norm: bool, index: int = 0):
         h = spec.hidden_size
         self.post_norm = post_norm
+        self.layout = policy.layout
         self.rate = float(spec.hidden_dropout)
         self.norm1 = Norm(h, spec.norm_type, policy=policy)
         attn = LatentAttention if spec.is_mla else Attention
@@ -603,17 +633,18 @@ class Block(nnx.Module):
         if key is not None:
             k1, k2, k3 = jax.random.split(key, 3)
         scope = jax.named_scope
+        whole = partial(_laid, self.layout, "whole")
         if self.post_norm:
             with scope("attn"):
-                a = self.attn(x, k1)
+                a = self.attn(whole(x), k1)
             with scope("norm1"):
                 x = self.norm1(x + dropout(a, self.rate, k2))
             with scope("mlp"):
-                m = self.mlp(x)
+                m = self.mlp(whole(x))
             with scope("norm2"):
                 return self.norm2(x + dropout(m, self.rate, k3))
         with scope("norm1"):
-            y = self.norm1(x)
+            y = whole(self.norm1(x))
         with scope("attn"):
             a = self.attn(y, k1)
         if self.norm3 is not None:
@@ -621,7 +652,7 @@ class Block(nnx.Module):
                 a = self.norm3(a)
         x = x + dropout(a, self.rate, k2)
         with scope("norm2"):
-            y = self.norm2(x)
+            y = whole(self.norm2(x))
         with scope("mlp"):
             m = self.mlp(y)
         if self.norm4 is not None:

@@ -7,12 +7,14 @@ data-parallel group as in DeepSpeed-MoE. Batches are split over the data-paralle
 Tensor parallelism follows Megatron-LM (Shoeybi et al. 2019): column-parallel ``q k v gate up``
 (output dimension and bias split), row-parallel ``o down`` (input dimension split, bias
 replicated), vocabulary-parallel ``embed``/``lm_head``/``mlm_decoder``, and the plain MLP
-stack's layers column-parallel; LoRA adapters as NeMo's ``ParallelLinearAdapter`` (split on
-the rank where the base layer's split dimension is not theirs). ``k``/``v`` are replicated
-when ``tp`` does not divide the KV heads; a vocabulary ``tp`` does not divide is replicated
-(Megatron-LM pads it instead, which changes the parameter count). Norms, routers, positions
-and small heads are replicated. MoE experts are split over the ``expert`` axis (their
-leading dimension).
+stack's layers column-parallel; with sequence parallelism (Korthikanti et al. 2022) the
+residual stream is split over the sequence between sublayers and each block's inside laid
+out as Megatron-LM's (`capopt.validation.models.Policy.layout`); LoRA adapters as NeMo's
+``ParallelLinearAdapter`` (split on the rank where the base layer's split dimension is not
+theirs). ``k``/``v`` are replicated when ``tp`` does not divide the KV heads; a vocabulary
+``tp`` does not divide is replicated (Megatron-LM pads it instead, which changes the parameter
+count). Norms, routers, positions and small heads are replicated. MoE experts are split over
+the ``expert`` axis (their leading dimension).
 
 ZeRO (Rajbhandari et al. 2020): stage 1 and 2 split the optimizer state over the data-parallel
 group (stage 2 also constrains the gradients so), stage 3 (FSDP) also the parameters. A leaf

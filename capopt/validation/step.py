@@ -212,6 +212,18 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
             return x
         return jax.lax.with_sharding_constraint(x, stream)
 
+    def layout(x, kind):
+        # Megatron-LM's layout inside a block under sequence parallelism (`Policy.layout`):
+        # heads split over tp where tp divides them (k/v of fewer KV heads stay whole,
+        # replicated as their weights are)
+        if kind == "whole":
+            spec = P(sh.DATA, None, None)
+        elif kind == "heads":
+            spec = P(sh.DATA, None, "tensor" if x.shape[2] % config.tp == 0 else None, None)
+        else:
+            spec = P(sh.DATA, None, "tensor" if x.shape[-1] % config.tp == 0 else None)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
     def moe_constrain(x, kind):
         # "groups": (G, ...) with G over the data-parallel group; "experts": (E, G, C, h)
         # with E over the expert axis and G over the rest of the data-parallel group
@@ -228,7 +240,8 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
                     attention=attention_impl(config, tier),
                     remat=remat_plan(config, m.num_hidden_layers),
                     moe_capacity_factor=scenario.runtime.coeff("moe_capacity_factor"),
-                    moe_groups=config.dp, constrain=constrain, moe_constrain=moe_constrain)
+                    moe_groups=config.dp, constrain=constrain, moe_constrain=moe_constrain,
+                    layout=layout if config.sequence_parallel and config.tp > 1 else None)
     model = abstract_model(m, policy)
     if w.lora is not None:
         graphdef, trainable, frozen = nnx.split(model, LoRAParam, ...)
