@@ -323,6 +323,9 @@ SCHEMA: dict[str, Coeff] = {
     "sp_gathered_inputs_saved": _c(0, "1: under sequence parallelism the projections save "
                                       "their gathered, whole-sequence inputs (not the "
                                       "device's slice)"),
+    "kv_replicated_one_head": _c(0, "1: where k and v are replicated over tensor "
+                                    "parallelism (tp exceeds the KV heads) a rank keeps the "
+                                    "one KV head its query heads share; 0: every KV head"),
     "rebuild_fraction": _c(1, "share of a recomputed block's activations live while it is "
                               "rebuilt"),
     "selective_saves_dots": _c(0, "selective recomputation: 0 Korthikanti et al. (all but the "

@@ -1571,3 +1571,24 @@ def test_xla_holds_weight_gradients_in_the_compute_dtype(dp, zero):
     saved = float(b["phase_update_bytes"] - a["phase_update_bytes"])
     assert saved == pytest.approx(copies * (elems * n["grad_bytes"] - _held_grads(n, elems)),
                                   rel=1e-5)
+
+
+def test_replicated_kv_heads_are_saved_as_the_runtime_keeps_them():
+    """k and v replicated over tp (tp exceeds the KV heads): XLA's step computes every KV head
+    on every rank and keeps them (``kv_replicated_one_head`` 0), the torch tier's slices out
+    the one its query heads share (1). Two cards that differ only in their KV heads (2 and
+    4) save the same bytes but k's and v's: at tp 4 the 2-head card keeps ``kept`` heads of
+    each per rank where the 4-head card keeps one (an even split would be half a head); at
+    tp 2, where both divide, one against two."""
+    from capopt.cost._inputs import runtime_numbers
+    hd, s, mb = 64, 512, 2
+    tokens = mb * s
+    for runtime, kept in (("xla-gpu", 2), ("pytorch-eager", 1)):
+        def saved(kv, tp):
+            sc = make_scenario(llama_like(hidden=8 * hd, heads=8, kv=kv), runtime=runtime,
+                               precision="bf16", seq_len=s)
+            k = knobs_from_config(Config(micro_batch=mb, tp=tp, remat="none"))
+            return float(saved_bytes(k, runtime_numbers(k, numbers_pytree(sc)), tokens)[0])
+        head = tokens * 2.0 * 2 * hd                   # one KV head of k and of v, bf16
+        assert saved(2, 4) - saved(4, 4) == pytest.approx(head * (kept - 1), abs=1.0), runtime
+        assert saved(2, 2) - saved(4, 2) == pytest.approx(-head, rel=1e-6), runtime

@@ -91,6 +91,13 @@ def mlp_width(n: dict):
     return n["f_routed_frac"] * slots * n["f"] + n["f_unrouted"]
 
 
+def kv_replicated(k: Knobs, n: dict):
+    """1 where k and v stay whole on every tensor-parallel rank (``tp`` exceeds the KV
+    heads: a valid config has tp | kv or kv | tp), else 0 (Megatron-LM's layout; the
+    validation steps': `capopt.validation.sharding`, `capopt.validation.torch_tp`)."""
+    return step_at_least(k.tp, n["kv"] + 1.0)
+
+
 def block_inventory(k: Knobs, n: dict) -> dict:
     """Bytes per token one block produces for its backward pass, by how they split.
 
@@ -157,11 +164,18 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # heads before its matmuls, ``gqa_expanded_saved``: the expanded copies are kept)
     expand = n["rt_gqa_expanded_saved"] * (1.0 - k.flash)
     kw, vw = kw + expand * (q - kw), vw + expand * (ow - vw)
-    attn = ab * (q + kw + vw + ow * (1.0 - frozen_o))
+    # (k and v replicated over tp, `kv_replicated`: every rank computes them whole and keeps
+    # every KV head, ``tp`` times the share the ``tp`` bucket below divides them to, or, in a
+    # runtime that slices out the KV head its query heads share (``kv_replicated_one_head``),
+    # that one: tp / kv times)
+    one = n["rt_kv_replicated_one_head"]
+    kv_whole = 1.0 + kv_replicated(k, n) * ((1.0 - one) * k.tp + one * k.tp / n["kv"] - 1.0)
+    attn = ab * (q + (kw + vw) * kv_whole + ow * (1.0 - frozen_o))
     # per-head q/k norms (Qwen3, Gemma 3): each keeps its input (the projection's output, in
     # the compute dtype) and ``norm_stats`` float32 statistics per head for its backward; its
     # output goes on to the rotary embedding, whose backward needs only the angles
-    attn = attn + n["qk_norm"] * (ab * (q + kw) + 4.0 * n["rt_norm_stats"] * (a + kv))
+    attn = attn + n["qk_norm"] * (ab * (q + kw * kv_whole)
+                                  + 4.0 * n["rt_norm_stats"] * (a + kv * kv_whole))
     tp = attn + ab * mlp * width + masks
     # latent attention: the latents' norms keep their inputs and the projections after them
     # their outputs, replicated over tp (``latent_w``), with float32 statistics per norm
@@ -194,7 +208,8 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     sel_rep = (ab * (2.0 + 0.5 * extra_norms + n["rt_selective_saves_down"]) * h
                + mixed * (n["param_bytes"] - ab) * h)
     adapters = n["lora"] * n["rt_selective_saves_adapters"]
-    sel_tp = ab * (n["dots_tp"] + (1.0 + n["gated"]) * width
+    sel_tp = ab * (n["dots_tp"] + (n["k_w"] + n["v_w"]) * (kv_whole - 1.0)
+                   + (1.0 + n["gated"]) * width
                    + adapters * (n["lora_out_width"] - n["lora_out_width_rep"]))
     # (latent attention: q_a's and kv_a's outputs, and their adapters', replicated)
     sel_whole = ab * (n["dots_rep"] + adapters * n["lora_out_width_rep"])
@@ -405,5 +420,5 @@ def context_parallel_transient(k: Knobs, n: dict, tokens):
 
 
 __all__ = ["autocast_mixed", "backward_transient_points", "block_inventory",
-           "context_parallel_transient", "mlp_width", "saved_bytes", "shard", "split_over",
+           "context_parallel_transient", "kv_replicated", "mlp_width", "saved_bytes", "shard", "split_over",
            "stream_bytes"]

@@ -45,7 +45,8 @@ import jax.numpy as jnp
 from ._inputs import Knobs, rank_sequences, shard_group, step_at_least
 from .flops import fused_linear_chunk
 from .activations import (backward_transient_points, block_inventory, first_block_unsaved,
-                          mlp_width, saved_bytes, shard, split_over, stream_bytes)
+                          kv_replicated, mlp_width, saved_bytes, shard, split_over,
+                          stream_bytes)
 
 PHASES = ("loss", "top", "rebuild", "bottom", "update", "forward", "regather")
 
@@ -193,7 +194,7 @@ def tp_replication(k: Knobs, n):
     ``k``/``v`` stay whole on every device when ``tp`` exceeds the KV heads (a valid config has
     tp | kv or kv | tp); vocabulary-parallel tables when ``tp`` does not divide the vocabulary.
     """
-    kv_rep = step_at_least(k.tp, n["kv"] + 1.0)
+    kv_rep = kv_replicated(k, n)
     vocab_rep = indivisible(n["V"], k.tp)
     return kv_rep, vocab_rep
 
