@@ -286,20 +286,26 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def layout_cases():
+def _on_cpu_devices(script: str, devices: int):
+    """The JSON the last line of ``script`` prints, run in a subprocess on ``devices``
+    virtual CPU devices (the tests folder first on its path, its argument)."""
     import os
     import subprocess
     import sys
     tests = Path(__file__).parent
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     env["PYTHONPATH"] = os.pathsep.join([str(tests), str(tests.parent),
                                          env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", _LAYOUT_SCRIPT, str(tests)], env=env,
+    run = subprocess.run([sys.executable, "-c", script, str(tests)], env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def layout_cases():
+    return _on_cpu_devices(_LAYOUT_SCRIPT, 8)
 
 
 @pytest.mark.parametrize("case", [
@@ -685,17 +691,6 @@ def test_sequence_parallel_step_is_laid_out_as_megatron():
     reduce-scattered back. With the residual stream alone constrained, XLA split the scores
     over the sequence and turned them over with all-to-alls (this step: two; rand0-121's:
     two float32 score-sized buffers at its peak); none is left."""
-    import os
-    import subprocess
-    import sys
-    tests = Path(__file__).parent
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    env["PYTHONPATH"] = os.pathsep.join([str(tests), str(tests.parent),
-                                         env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", _SP_LAYOUT_SCRIPT, str(tests)], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    counts = json.loads(run.stdout.strip().splitlines()[-1])
+    counts = _on_cpu_devices(_SP_LAYOUT_SCRIPT, 4)
     assert counts["all-to-all"] == 0, counts
     assert counts["all-gather"] > 0, counts          # (XLA:CPU decomposes reduce-scatters)
