@@ -420,5 +420,5 @@ def context_parallel_transient(k: Knobs, n: dict, tokens):
 
 
 __all__ = ["autocast_mixed", "backward_transient_points", "block_inventory",
-           "context_parallel_transient", "kv_replicated", "mlp_width", "saved_bytes", "shard", "split_over",
-           "stream_bytes"]
+           "context_parallel_transient", "kv_replicated", "mlp_width", "saved_bytes", "shard",
+           "split_over", "stream_bytes"]

@@ -214,15 +214,14 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
 
     def layout(x, kind):
         # Megatron-LM's layout inside a block under sequence parallelism (`Policy.layout`):
-        # heads split over tp where tp divides them (k/v of fewer KV heads stay whole,
-        # replicated as their weights are)
-        if kind == "whole":
-            spec = P(sh.DATA, None, None)
-        elif kind == "heads":
-            spec = P(sh.DATA, None, "tensor" if x.shape[2] % config.tp == 0 else None, None)
-        else:
-            spec = P(sh.DATA, None, "tensor" if x.shape[-1] % config.tp == 0 else None)
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        # the batch over the data-parallel group and, but for a "whole" input, one dimension
+        # over tp where tp divides it: the heads of (b, s, heads, d), f of (b, s, f) (k/v of
+        # fewer KV heads stay whole, replicated as their weights are)
+        spec = [sh.DATA] + [None] * (x.ndim - 1)
+        dim = {"whole": None, "heads": 2, "hidden": x.ndim - 1}[kind]
+        if dim is not None and x.shape[dim] % config.tp == 0:
+            spec[dim] = "tensor"
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*spec)))
 
     def moe_constrain(x, kind):
         # "groups": (G, ...) with G over the data-parallel group; "experts": (E, G, C, h)
