@@ -346,6 +346,35 @@ def test_xla_pads_the_logits_gradient_only_where_it_splits_the_heads_gemm():
             pytest.approx(copy, rel=0.002)
 
 
+def test_xla_pads_the_head_beside_the_logits_gradient_where_it_splits_the_gemm():
+    """A split head input-gradient GEMM pads both of its operands along the vocabulary: at
+    the GEMM the padded logits gradient sits beside a padded copy of the head, [V, h] in the
+    compute dtype (rand0-184, bf16: bf16[12416, 768] beside bf16[128, 12416]). With few
+    tokens and a wide vocabulary that copy outweighs the logits-sized buffers; an aligned
+    vocabulary is never padded, and neither is a float32 one at a micro-batch XLA does not
+    split."""
+    h100 = get_hardware("h100-sxm-80gb")
+
+    def loss(vocab, seq, precision="bf16"):
+        sc = make_scenario(gpt_like(vocab=vocab, seq=seq, hidden=768, heads=12),
+                           runtime="xla-gpu", count=1, seq_len=seq, global_batch=1,
+                           hardware=h100, precision=precision)
+        return _phase(sc, Config(micro_batch=1), "loss")
+
+    for precision, ab in (("bf16", 2), ("fp32", 4)):
+        head = 32001 * 768 * ab
+        # (64 tokens: split, the head's copy and the padded gradient beside it; the
+        # logits-sized buffers are smaller than the head's copy alone)
+        assert 64 * 32001 * 4 * 2 < head
+        extra = loss(32001, 64, precision) - loss(32000, 64, precision)
+        # (the aligned vocabulary's loss holds its own logits-sized buffers: at most 12 bytes
+        # a logit less than the padded point's)
+        assert head - 64 * 32001 * 12 < extra <= head + 64 * 32001 * ab + 1e-3 * head, \
+            precision
+    # (8192 tokens: not split, nothing padded in float32)
+    assert loss(32001, 8192, "fp32") == pytest.approx(loss(32000, 8192, "fp32"), rel=1e-3)
+
+
 def test_data_parallel_gradients_wait_for_their_combined_collective():
     """XLA combines the gradients' all-reduces up to 30 MiB: under data parallelism a
     gradient stays live until its group's collective, and the group is copied to one flat

@@ -518,11 +518,22 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     vocab_div = vocab_split * k.tp + (1.0 - vocab_split)
     head_rows = rank_sequences(k) * n["s"] * vocab_div / logit_div
     head_vocab = n["logit_elems_per_seq"] / n["s"] / vocab_div
-    pad = (lowp * n["vocab_unaligned"] * pad_copies
-           * head_grad_split(n, head_rows, head_vocab))
+    # (``padded``: 1 where the runtime pads the split GEMM's K, an unaligned vocabulary)
+    padded = (n["vocab_unaligned"] * jnp.minimum(pad_copies, 1.0)
+              * head_grad_split(n, head_rows, head_vocab))
+    pad = lowp * padded * pad_copies
     per_elem = ((fp32_copies + parallel_loss * parallel_extra) * 4.0
                 + (act_copies + pad) * n["act_bytes"])
-    logits_bytes = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] * per_elem / logit_div
+    loss_elems = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div
+    logits_bytes = loss_elems * per_elem
+    # The split GEMM itself pads both of its operands along K: beside the padded logits
+    # gradient (compute dtype; the softmax's float32 buffers freed by then) it reads a padded
+    # copy of the device's head, [vocabulary, h] in the compute dtype (cast in the pad), made
+    # just before it (rand0-184 bf16: bf16[12416, 768] beside bf16[128, 12416]; rand0-062
+    # float32: f32[32128, 384] beside f32[256, 32128]; rand0-199: f32[20096, 384]). Where few
+    # rows meet a wide vocabulary that copy outweighs the logits-sized buffers.
+    head_gemm = padded * n["act_bytes"] * (loss_elems + head_vocab * n["h"])
+    logits_bytes = jnp.maximum(logits_bytes, head_gemm)
     # A fused linear cross-entropy (``loss = "fused-linear"``, tp = 1) holds one chunk of
     # logits in the compute dtype, its gradient written in place, beside the head's input
     # gradient, allocated whole (zeros_like of the input, its stream dtype) and saved for the
