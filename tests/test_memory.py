@@ -375,6 +375,36 @@ def test_xla_pads_the_head_beside_the_logits_gradient_where_it_splits_the_gemm()
     assert loss(32001, 8192, "fp32") == pytest.approx(loss(32000, 8192, "fp32"), rel=1e-3)
 
 
+def test_sequence_parallel_all_reduces_the_replicated_gradients_from_a_flat_copy():
+    """Under sequence parallelism a parameter replicated over tp (norms, position embeddings,
+    a vocabulary table tp does not divide) gets a partial gradient on each rank, all-reduced
+    over the tensor axis from one flat copy (rand0-156: f32[1808000], the table, the
+    positions and the norms concatenated): the update holds that copy beside the gradients,
+    at most one combined group of it; without sequence parallelism there is nothing to
+    reduce, and with a data-parallel all-reduce it is the same collective, its copy counted
+    once."""
+    from capopt.cost.memory import end_stage_memory
+    model = gpt_like(vocab=1001, seq=128, layers=2)
+
+    def update(cfg, count=2, **kw):
+        sc = make_scenario(model, runtime="xla-gpu", count=count, seq_len=128,
+                           global_batch=cfg.micro_batch * cfg.dp, precision="fp32", **kw)
+        return float(end_stage_memory(knobs_from_config(cfg), numbers_pytree(sc))[
+            "phase_update_bytes"][0]), scenario_numbers(sc)
+
+    on, nn = update(Config(micro_batch=1, tp=2, sequence_parallel=True))
+    off, _ = update(Config(micro_batch=1, tp=2))
+    # (the replicated elements: the table (1001 is odd), the positions, the norms and the
+    # replicated biases; float32 gradients)
+    elems = (nn["P_embed_tp"] + nn["P_embed_rep"] + nn["P_head_rep"]
+             + 2 * nn["P_layer_rep"])
+    assert on - off == pytest.approx(4 * elems, rel=1e-3)
+    # (a data-parallel all-reduce over both axes: no second copy)
+    on_dp, _ = update(Config(micro_batch=1, dp=2, tp=2, sequence_parallel=True), count=4)
+    off_dp, _ = update(Config(micro_batch=1, dp=2, tp=2), count=4)
+    assert on_dp - off_dp < 0.01 * 4 * elems
+
+
 def test_data_parallel_gradients_wait_for_their_combined_collective():
     """XLA combines the gradients' all-reduces up to 30 MiB: under data parallelism a
     gradient stays live until its group's collective, and the group is copied to one flat

@@ -436,6 +436,22 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     pending_bottom = jnp.minimum(pending, multi_dp * jnp.maximum(above, 0.0))
     flat = multi_dp * ((1.0 - f_grad) * n["rt_grad_combine_copy"] * ar_group
                        + f_grad * rs_group / dp)
+    # Sequence parallelism: a parameter replicated over tp and applied on the rank's slice of
+    # the sequence (the norms, the row-parallel outputs' biases, the position embeddings, a
+    # vocabulary table tp does not divide: `tp_replication`) has a partial gradient on each
+    # rank, all-reduced over the tensor axis. The same combiners and contiguous pass run it:
+    # one flat copy of a group, the reduced gradients sliced out of it for the update
+    # (rand0-156, tp 4 sp, float32: f32[1808000] = the 10007 x 128 table, the 4096 x 128
+    # positions and 2816 norm and bias elements, beside the table and the positions sliced
+    # out). Without ZeRO the data-parallel all-reduce is the same collective over both axes,
+    # its flat copy counted above.
+    head_here = jnp.minimum(logits_mb, 1.0)
+    rep_grad = (1 - lora) * ((layers * n["P_layer_rep"] + first * n["P_embed_rep"]
+                              + head_here * n["P_head_rep"]
+                              + vocab_rep * head_here * n["P_head_tp"]) * ghb
+                             + vocab_rep * first * n["P_embed_tp"] * gb)
+    flat_tp = (k.sp * step_at_least(k.tp, 2.0) * n["rt_grad_combine_copy"]
+               * (1.0 - multi_dp * (1.0 - f_grad)) * jnp.minimum(rep_grad, combine))
 
     # --- activations of one micro-batch ---
     tokens = rank_sequences(k) * n["s"]
@@ -848,7 +864,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         # reduced in place and counted in ``grads_step``; ZeRO-2/3 reduce-scatter it into a
         # buffer of its own, the scatter-add's output beside it)
         "update": (accum + jnp.maximum(keep_all * (grads_step + f_grad * embed_grad), pending)
-                   + flat + oib * one_tensor * gb),
+                   + flat + flat_tp + oib * one_tensor * gb),
         "forward": accum + in_grad,
         "regather": accum + jnp.maximum(embed_grad, in_grad) + fl * fl_head_grad,
     }
