@@ -445,10 +445,9 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # positions and 2816 norm and bias elements, beside the table and the positions sliced
     # out). Without ZeRO the data-parallel all-reduce is the same collective over both axes,
     # its flat copy counted above.
-    head_here = jnp.minimum(logits_mb, 1.0)
     rep_grad = (1 - lora) * ((layers * n["P_layer_rep"] + first * n["P_embed_rep"]
-                              + head_here * n["P_head_rep"]
-                              + vocab_rep * head_here * n["P_head_tp"]) * ghb
+                              + logits_mb * (n["P_head_rep"] + vocab_rep * n["P_head_tp"]))
+                             * ghb
                              + vocab_rep * first * n["P_embed_tp"] * gb)
     flat_tp = (k.sp * step_at_least(k.tp, 2.0) * n["rt_grad_combine_copy"]
                * (1.0 - multi_dp * (1.0 - f_grad)) * jnp.minimum(rep_grad, combine))
@@ -540,15 +539,15 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     pad = lowp * padded * pad_copies
     per_elem = ((fp32_copies + parallel_loss * parallel_extra) * 4.0
                 + (act_copies + pad) * n["act_bytes"])
-    loss_elems = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div
-    logits_bytes = loss_elems * per_elem
+    logit_elems = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div
+    logits_bytes = logit_elems * per_elem
     # The split GEMM itself pads both of its operands along K: beside the padded logits
     # gradient (compute dtype; the softmax's float32 buffers freed by then) it reads a padded
     # copy of the device's head, [vocabulary, h] in the compute dtype (cast in the pad), made
     # just before it (rand0-184 bf16: bf16[12416, 768] beside bf16[128, 12416]; rand0-062
     # float32: f32[32128, 384] beside f32[256, 32128]; rand0-199: f32[20096, 384]). Where few
     # rows meet a wide vocabulary that copy outweighs the logits-sized buffers.
-    head_gemm = padded * n["act_bytes"] * (loss_elems + head_vocab * n["h"])
+    head_gemm = padded * n["act_bytes"] * (logit_elems + head_vocab * n["h"])
     logits_bytes = jnp.maximum(logits_bytes, head_gemm)
     # A fused linear cross-entropy (``loss = "fused-linear"``, tp = 1) holds one chunk of
     # logits in the compute dtype, its gradient written in place, beside the head's input
@@ -568,7 +567,6 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # accumulates a gradient used twice out of place, three head-sized buffers in the
     # matmul's dtype; the torch tier's live set at the peak of a float32 8191-entry head)
     ch, n_slices = n["loss_chunked"], n["loss_chunks"]
-    logit_elems = logits_mb * rank_sequences(k) * n["logit_elems_per_seq"] / logit_div
     slice_fp32 = logit_elems * 4.0 / n_slices
     head_wgrad = (logits_mb * (1 - n["lora"]) * (n["P_head_tp"] + n["tied"] * n["P_embed_tp"])
                   * vocab_share * n["act_bytes"])
