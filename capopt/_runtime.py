@@ -344,6 +344,10 @@ SCHEMA: dict[str, Coeff] = {
                                  "kernel's; at most 1 - selective_saves_dots)"),
     "selective_saves_down": _c(0, "1: selective recomputation also keeps the MLP's down "
                                   "projection output (a policy that saves every matmul)"),
+    "expert_dots_batched": _c(0, "1: an MoE's routed experts run as one matmul batched over "
+                                 "the experts (a dot_general with a batch dimension), which "
+                                 "a selective policy saving only dots without batch "
+                                 "dimensions does not keep"),
     "selective_saves_adapters": _c(0, "1: selective recomputation also keeps both matmul "
                                       "outputs of every LoRA adapter (x A and x A B)"),
     "gqa_expanded_saved": _c(0, "1: materialised attention expands grouped k and v heads to the "

@@ -1605,6 +1605,54 @@ def test_selective_recomputation_keeps_every_lora_product_under_xla():
     assert added == pytest.approx(m.num_hidden_layers * 4 * 512 * per_token * 2.0, rel=1e-5)
 
 
+def test_selective_recomputation_under_xla_rebuilds_the_batched_expert_dots():
+    """The validation step runs an MoE's routed experts as one einsum batched over the
+    experts ("ech,ehf->ecf"): a dot with a batch dimension, which
+    dots_with_no_batch_dims_saveable does not save (rand0-082, MoE E8, selective: each
+    stored block keeps q, k, v, o's output and the residual, no expert output). Against a
+    policy that names them (MaxText's "minimal": checkpoint_name "mlpwi_0" / "mlpwi_1"),
+    each block keeps less by the gate and up outputs of its top-k x capacity slots, in the
+    compute dtype; the dense model, whose MLP is a plain dot, keeps the same either way."""
+    def kept(model, batched):
+        sc = make_scenario(model, count=1, seq_len=256, global_batch=2, precision="bf16")
+        sc = sc.replace(runtime=sc.runtime.with_coeffs(expert_dots_batched=batched))
+        k, n = knobs_from_config(Config(micro_batch=2, remat="selective")), numbers_pytree(sc)
+        return float(saved_bytes(k, n, 2 * 256)[1])
+
+    moe = llama_like(num_local_experts=8, num_experts_per_tok=2)
+    sc = make_scenario(moe, count=1, seq_len=256, global_batch=2, precision="bf16")
+    slots = 2 * float(scenario_numbers(sc)["rt_moe_capacity_factor"])
+    routed = 2 * 256 * 2.0 * 2 * slots * moe.intermediate_size        # gate and up, bf16
+    assert kept(moe, 0.0) - kept(moe, 1.0) == pytest.approx(routed, rel=1e-5)
+    dense = llama_like()
+    assert kept(dense, 0.0) == kept(dense, 1.0)
+    assert get_profile("xla-gpu").coeff_dict()["expert_dots_batched"] == 1.0
+    assert get_profile("maxtext").coeff_dict()["expert_dots_batched"] == 0.0
+
+
+def test_xla_keeps_the_float32_logits_gradient_for_the_heads_weight_gradient():
+    """In float32 nothing is cast between the logits gradient and the split GEMM's pad: the
+    head's weight-gradient GEMM reads the unpadded gradient after the pad, so at the input
+    gradient's GEMM it is live beside the padded gradient and the padded head (rand0-173:
+    f32[4, 512, 32001] beside f32[2048, 32016] and f32[320, 32016]). The padded point then
+    holds the aligned loss's two logits-sized float32 buffers and the head's copy on top of
+    them; a frozen head (LoRA) has no weight-gradient GEMM, and its point holds one."""
+    h100 = get_hardware("h100-sxm-80gb")
+
+    def loss(vocab, lora=None):
+        sc = make_scenario(gpt_like(vocab=vocab, seq=64, hidden=768, heads=12),
+                           runtime="xla-gpu", count=1, seq_len=64, global_batch=1,
+                           hardware=h100, precision="fp32", lora=lora)
+        return _phase(sc, Config(micro_batch=1), "loss")
+
+    head, logits = 32001 * 768 * 4, 64 * 32001 * 4
+    # (the padded vocabulary's 16 more columns and the head's one more row of parameters,
+    # gradients and Adam's moments: well under 0.1% of the head's copy)
+    assert loss(32001) - loss(32000) == pytest.approx(head, rel=1e-3)
+    lora = LoRA(rank=8, targets=("attn", "mlp"))
+    assert loss(32001, lora) - loss(32000, lora) == pytest.approx(head - logits, rel=1e-3)
+
+
 @pytest.mark.parametrize("dp, zero", [(1, 0), (2, 0), (2, 3)])
 def test_xla_holds_weight_gradients_in_the_compute_dtype(dp, zero):
     """XLA keeps a weight's gradient as its weight-gradient dot wrote it, in the compute

@@ -208,8 +208,13 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     sel_rep = (ab * (2.0 + 0.5 * extra_norms + n["rt_selective_saves_down"]) * h
                + mixed * (n["param_bytes"] - ab) * h)
     adapters = n["lora"] * n["rt_selective_saves_adapters"]
+    # (an MoE's routed experts in a runtime that runs them as one dot batched over the
+    # experts, ``expert_dots_batched``: a dot with a batch dimension, which the policy
+    # does not keep; the dense and shared MLPs' outputs it does)
+    routed = n["f_routed_frac"] * n["topk"] * n["rt_moe_capacity_factor"] * n["f"]
+    sel_width = width - n["rt_expert_dots_batched"] * routed
     sel_tp = ab * (n["dots_tp"] + (n["k_w"] + n["v_w"]) * (kv_whole - 1.0)
-                   + (1.0 + n["gated"]) * width
+                   + (1.0 + n["gated"]) * sel_width
                    + adapters * (n["lora_out_width"] - n["lora_out_width_rep"]))
     # (latent attention: q_a's and kv_a's outputs, and their adapters', replicated)
     sel_whole = ab * (n["dots_rep"] + adapters * n["lora_out_width_rep"])

@@ -546,8 +546,14 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # copy of the device's head, [vocabulary, h] in the compute dtype (cast in the pad), made
     # just before it (rand0-184 bf16: bf16[12416, 768] beside bf16[128, 12416]; rand0-062
     # float32: f32[32128, 384] beside f32[256, 32128]; rand0-199: f32[20096, 384]). Where few
-    # rows meet a wide vocabulary that copy outweighs the logits-sized buffers.
-    head_gemm = padded * n["act_bytes"] * (logit_elems + head_vocab * n["h"])
+    # rows meet a wide vocabulary that copy outweighs the logits-sized buffers. In float32,
+    # with the head trained, the unpadded float32 gradient is still live there too: the pad
+    # reads it as it is (no cast between) and the head's weight-gradient GEMM reads it as
+    # well (rand0-173, f32: f32[4, 512, 32001] beside f32[2048, 32016] and f32[320, 32016];
+    # in 16-bit the cast the weight-gradient GEMM reads is gone by then, rand0-172 bf16:
+    # bf16[320, 32256] and bf16[128, 32256] alone; under LoRA no GEMM reads it, rand0-062).
+    head_gemm = padded * (n["act_bytes"] * (logit_elems + head_vocab * n["h"])
+                          + (1.0 - lowp) * (1.0 - lora) * 4.0 * logit_elems)
     logits_bytes = jnp.maximum(logits_bytes, head_gemm)
     # A fused linear cross-entropy (``loss = "fused-linear"``, tp = 1) holds one chunk of
     # logits in the compute dtype, its gradient written in place, beside the head's input
