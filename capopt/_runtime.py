@@ -318,6 +318,9 @@ SCHEMA: dict[str, Coeff] = {
     "embed_grad_whole_tp": _c(0, "1: a table split over the vocabulary by tensor parallelism "
                                  "gets a gradient of the whole table (reduced only by the "
                                  "optimizer's step)"),
+    "tied_head_grad_own": _c(0, "1: a tied head's weight gradient is a [V, h] buffer of its "
+                                "own from the loss's backward (the head dot's output), summed "
+                                "into the table's gradient at the embedding's backward"),
     "head_grad_at_loss": _c(1, "1: the head's weight gradient is live at the loss's backward "
                                "peak; 0: it is computed after the loss's backward has run"),
     "sp_gathered_inputs_saved": _c(0, "1: under sequence parallelism the projections save "

@@ -232,21 +232,48 @@ def _phase(sc, cfg, phase, **coeffs):
 def test_accumulator_holds_every_gradient_and_takes_the_embedding_buffer():
     """Under accumulation (a scan) the carried accumulator is every gradient, live from the
     loss on; the embedding's scatter-add buffer is its part of it, not a second copy;
-    without accumulation that buffer is live at the loss on its own."""
+    without accumulation, in a runtime that creates that buffer before the backward pass
+    (``embed_grad_early``), it is live at the loss on its own."""
     sc = make_scenario(gpt_like(layers=4), runtime="xla-gpu", count=1, global_batch=8,
                        grad_clip=False)
     n = scenario_numbers(sc)
     acc = Config(micro_batch=4, grad_accum=2)
     grads_all = float(estimate(acc, sc).memory["trainable_params"]) * n["grad_bytes"]
     embed = (n["embed_grad_tp"] + n["embed_grad_rep"]) * n["grad_bytes"]
-    # without the accumulator the embedding's own buffer comes back
+    # without the accumulator the embedding's own buffer comes back where it is early
     assert _phase(sc, acc, "loss") - _phase(sc, acc, "loss", accum_buffer=0.0) == \
+        pytest.approx(grads_all, rel=1e-5)
+    assert (_phase(sc, acc, "loss", embed_grad_early=1.0)
+            - _phase(sc, acc, "loss", accum_buffer=0.0, embed_grad_early=1.0)) == \
         pytest.approx(grads_all - embed, rel=1e-5)
     assert _phase(sc, acc, "loss") == pytest.approx(
-        _phase(sc, acc, "loss", embed_grad_early=0.0), rel=F32_RTOL)
+        _phase(sc, acc, "loss", embed_grad_early=1.0), rel=F32_RTOL)
     one = Config(micro_batch=8)
-    assert _phase(sc, one, "loss") - _phase(sc, one, "loss", embed_grad_early=0.0) == \
+    assert _phase(sc, one, "loss", embed_grad_early=1.0) - _phase(sc, one, "loss") == \
         pytest.approx(embed, rel=1e-5)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_xla_creates_the_embedding_gradient_at_its_backward_and_holds_it_to_the_update(tied):
+    """XLA's scheduler creates the embedding's scatter-add table at the embedding's backward,
+    at the backward pass's end (rand0-113: none at the loss), and its update cannot be fused
+    into a scatter-add: without clipping or accumulation (every other update fused into its
+    gradient's producer) the table is live at the update alone, as many bytes as it has. A
+    tied head's weight gradient is the head dot's own [V, h] output from the loss's
+    backward on, kept where clipping keeps every gradient (rand0-145: bf16[12289, 320] at
+    the head's GEMM); an untied head's is counted as it was."""
+    model = gpt_like(layers=2, vocab=4001, tie_word_embeddings=tied)
+    free = make_scenario(model, runtime="xla-gpu", count=1, global_batch=4, grad_clip=False)
+    n = scenario_numbers(free)
+    one = Config(micro_batch=4)
+    embed = (n["embed_grad_tp"] + n["embed_grad_rep"]) * n["grad_bytes"]
+    assert _phase(free, one, "update") - _phase(free, one, "update", embed_grad_early=1.0) == \
+        pytest.approx(embed, rel=1e-5)
+    clipped = make_scenario(model, runtime="xla-gpu", count=1, global_batch=4, grad_clip=True)
+    n = scenario_numbers(clipped)
+    head = 4001 * 256 * float(n["grad_bytes"]) * (0.5 if n["rt_grads_compute_dtype"] else 1.0)
+    own = _phase(clipped, one, "loss") - _phase(clipped, one, "loss", tied_head_grad_own=0.0)
+    assert own == pytest.approx(head if tied else 0.0, rel=1e-5, abs=1.0)
 
 
 def test_zero3_accumulation_holds_transposed_minor_shards():

@@ -387,10 +387,13 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                     * ugb)
     # (the buffer kept to the update is the reduce-scattered slice, in the gradient dtype)
     embed_table = embed_elems * shard(f_grad, dp) * gb
-    embed_grad = (embed_table * n["rt_embed_grad_early"]
-                  * (1.0 - accumulating * n["rt_accum_buffer"]))
-    head_grad = logits_mb * (1 - lora) * (n["P_head_tp"] * vocab_share + n["P_head_rep"]) \
-        * shard(f_grad, dp) * ghb
+    embed_live = embed_table * (1.0 - accumulating * n["rt_accum_buffer"])
+    embed_grad = embed_live * n["rt_embed_grad_early"]
+    # (a tied head's weight gradient as a buffer of its own, ``tied_head_grad_own``: the
+    # head dot's output, summed into the table's only at the embedding's backward)
+    own_tied = n["rt_tied_head_grad_own"] * n["tied"] * n["P_embed_tp"]
+    head_grad = logits_mb * (1 - lora) * ((n["P_head_tp"] + own_tied) * vocab_share
+                                          + n["P_head_rep"]) * shard(f_grad, dp) * ghb
     # every gradient must stay live to the end of the backward pass: clipping's global norm,
     # a runtime that keeps .grad; accumulation keeps the accumulator instead (counted apart)
     fused = n["rt_grads_fused"]
@@ -867,7 +870,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         # (without sharded gradients the embedding's scatter-add output is its gradient,
         # reduced in place and counted in ``grads_step``; ZeRO-2/3 reduce-scatter it into a
         # buffer of its own, the scatter-add's output beside it)
-        "update": (accum + jnp.maximum(keep_all * (grads_step + f_grad * embed_grad), pending)
+        # (an update fused into its gradient's producer is not fused into a scatter-add: a
+        # table created at the embedding's backward is live at its update, kept or not, and
+        # among the gradients a collective still holds)
+        "update": (accum + jnp.maximum(jnp.maximum(
+            keep_all * (grads_step + f_grad * embed_grad), pending),
+            fused * (1.0 - keep_all) * (1.0 - n["rt_embed_grad_early"]) * embed_live)
                    + flat + flat_tp + oib * one_tensor * gb),
         "forward": accum + in_grad,
         "regather": accum + jnp.maximum(embed_grad, in_grad) + fl * fl_head_grad,
