@@ -430,6 +430,9 @@ SCHEMA: dict[str, Coeff] = {
                                    "of the forward pass, recomputed blocks' too (autocast's "
                                    "cast cache)"),
     "weight_copy_fraction": _c(0, "share of the compute-dtype weight casts kept live"),
+    "quant_moment_copies": _c(0, "bytes per element of the tensor being updated that a "
+                                 "quantised (8-bit) Adam update copies: its moments' old "
+                                 "codes, read again after the new ones take their buffers"),
     "adam_update_copies": _c(0, "parameter-sized optimizer-state-dtype temporaries of an Adam "
                                 "update (on the device's share of the state)"),
     "moe_capacity_factor": _c(1, "expert slots per routed token (1: dropless)"),

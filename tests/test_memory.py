@@ -1680,6 +1680,24 @@ def test_xla_keeps_the_float32_logits_gradient_for_the_heads_weight_gradient():
     assert loss(32001, lora) - loss(32000, lora) == pytest.approx(head - logits, rel=1e-3)
 
 
+def test_xla_copies_the_old_8bit_moment_codes_of_the_tensor_it_updates():
+    """8-bit Adam's update reads a tensor's old int8 and uint8 moment codes in two fusions
+    (the new block absmax, then the new codes) while the new codes take the donated
+    buffers: XLA's copy insertion copies the old ones, a byte each per element, live while
+    that tensor updates (rand0-102: s8[4001, 2048] and u8[4001, 2048] beside the
+    f32[32001, 256] table at the update's peak). The update holds the largest tensor's,
+    the vocabulary table here; another optimizer copies nothing."""
+    def update(optimizer, **coeffs):
+        sc = make_scenario(gpt_like(layers=2, vocab=4001), runtime="xla-gpu", count=1,
+                           global_batch=4, grad_clip=False, optimizer=optimizer)
+        return _phase(sc, Config(micro_batch=4), "update", **coeffs)
+
+    table = 4001 * 256
+    assert update("adamw-8bit") - update("adamw-8bit", quant_moment_copies=0.0) == \
+        pytest.approx(2.0 * table, rel=1e-5)
+    assert update("adamw") == update("adamw", quant_moment_copies=0.0)
+
+
 @pytest.mark.parametrize("dp, zero", [(1, 0), (2, 0), (2, 3)])
 def test_xla_holds_weight_gradients_in_the_compute_dtype(dp, zero):
     """XLA keeps a weight's gradient as its weight-gradient dot wrote it, in the compute

@@ -604,6 +604,7 @@ def scenario_numbers(sc: Scenario) -> dict[str, float]:
                       if w.paged_optimizer else 0.0)
     n["grad_clip"] = float(w.grad_clip)
     n["adam"] = float(opt in ("adam", "adamw"))
+    n["adam8"] = float(opt == "adamw-8bit")
     # an optimizer stepped in the backward pass (``training.optimizer_in_backward``): one a
     # trainable tensor, so a block's update launches one kernel a trainable tensor
     n["opt_in_bwd"] = float(w.optimizer_in_backward)

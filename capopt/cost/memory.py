@@ -907,9 +907,12 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                                        + word_partial
                                        + root_sharded * (embed_full - n["tied"] * word_full)),
             # (or the step's gradient copies, ``update_flat_grad_copies``: after the
-            # backward pass, before the update)
-            jnp.maximum(n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
-                        * update_temps, step_grad_copies)) + 0.0 * stored,
+            # backward pass, before the update; or, 8-bit Adam's update in a runtime that
+            # copies a tensor's old moment codes while it writes the new ones,
+            # ``quant_moment_copies``, the largest tensor's copies)
+            jnp.maximum(jnp.maximum(n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
+                                    * update_temps, step_grad_copies),
+                        n["rt_quant_moment_copies"] * n["adam8"] * one_tensor)) + 0.0 * stored,
         "forward": at_head,
         "regather": at_head,
     }
