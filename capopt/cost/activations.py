@@ -83,12 +83,17 @@ def lora_input_cast(n: dict):
             * (n["param_bytes"] > n["act_bytes"]).astype(jnp.result_type(float)))
 
 
+def routed_width(n: dict):
+    """The routed experts' part of `mlp_width`: top-k x capacity factor slots ``f`` wide, in
+    the blocks that have them (0 for a dense model)."""
+    return n["f_routed_frac"] * n["topk"] * n["rt_moe_capacity_factor"] * n["f"]
+
+
 def mlp_width(n: dict):
-    """MLP width per token of one block, averaged over the blocks: the routed experts' top-k x
-    capacity factor slots ``f`` wide, in the blocks that have them, plus what every token goes
-    through (a dense MLP; shared experts; an MoE's dense first blocks)."""
-    slots = n["topk"] * n["rt_moe_capacity_factor"]
-    return n["f_routed_frac"] * slots * n["f"] + n["f_unrouted"]
+    """MLP width per token of one block, averaged over the blocks: the routed experts'
+    (`routed_width`) plus what every token goes through (a dense MLP; shared experts; an
+    MoE's dense first blocks)."""
+    return routed_width(n) + n["f_unrouted"]
 
 
 def kv_replicated(k: Knobs, n: dict):
@@ -211,8 +216,7 @@ def block_inventory(k: Knobs, n: dict) -> dict:
     # (an MoE's routed experts in a runtime that runs them as one dot batched over the
     # experts, ``expert_dots_batched``: a dot with a batch dimension, which the policy
     # does not keep; the dense and shared MLPs' outputs it does)
-    routed = n["f_routed_frac"] * n["topk"] * n["rt_moe_capacity_factor"] * n["f"]
-    sel_width = width - n["rt_expert_dots_batched"] * routed
+    sel_width = width - n["rt_expert_dots_batched"] * routed_width(n)
     sel_tp = ab * (n["dots_tp"] + (n["k_w"] + n["v_w"]) * (kv_whole - 1.0)
                    + (1.0 + n["gated"]) * sel_width
                    + adapters * (n["lora_out_width"] - n["lora_out_width_rep"]))
@@ -425,5 +429,5 @@ def context_parallel_transient(k: Knobs, n: dict, tokens):
 
 
 __all__ = ["autocast_mixed", "backward_transient_points", "block_inventory",
-           "context_parallel_transient", "kv_replicated", "mlp_width", "saved_bytes", "shard",
-           "split_over", "stream_bytes"]
+           "context_parallel_transient", "kv_replicated", "mlp_width", "routed_width",
+           "saved_bytes", "shard", "split_over", "stream_bytes"]
