@@ -22,6 +22,13 @@ themselves fare. ``--no-lhs`` also compiles each answer without the latency-hidi
 scheduler, where it ran (on Ampere and Ada targets, or on one device, it does not). Results
 stream to a JSONL file (a rerun resumes); the table and ``--out`` (JSON) are rebuilt from
 it. A compile that fails is recorded and the rest go on.
+
+``--no-measure`` compiles nothing: it asks the optimiser for the candidates again and
+judges the current model against the stored compile of each, matched by scenario, config
+and scheduler whatever profile coefficients its record was keyed with (the runner keys a
+measurement by every coefficient, but the compiled step reads one of them,
+``moe_capacity_factor``: `capopt.validation.step`); a candidate with no stored compile is
+listed as not measured.
 """
 
 from __future__ import annotations
@@ -67,6 +74,27 @@ def short(config: dict) -> str:
     return s + f" {c['remat']}"
 
 
+def stored(name: str, sc, top: int, no_lhs: bool, path: str) -> list[dict]:
+    """The stored compile of each of ``sc``'s ``top`` candidates (``--no-measure``): the last
+    record of the same scenario (its records carry ``sc.name``), config and scheduler, or a
+    "not measured" one."""
+    from capopt.search import optimize
+    last = {}
+    for line in Path(path).read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("scenario") == sc.name and rec.get("tier") == "xla-gpu":
+            lhs_off = rec.get("key", "").endswith("|no-latency-hiding")
+            last[(json.dumps(Config(**rec["config"]).key_dict(), sort_keys=True), lhs_off)] = rec
+    out = []
+    for cand in optimize(sc, top_k=top).candidates:
+        key = json.dumps(cand.config.key_dict(), sort_keys=True)
+        rec = last.get((key, no_lhs))
+        out.append(rec if rec is not None else
+                   {"config": cand.config.key_dict(), "status": "not measured",
+                    "error": "not measured: no stored compile of this candidate"})
+    return out
+
+
 def row(name: str, sc, rank: int, rec: dict) -> dict:
     status = rec["status"]
     if status == "error" and str(rec.get("error") or "").startswith("unsupported"):
@@ -100,6 +128,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-lhs", action="store_true", help="also compile without XLA's "
                     "latency-hiding scheduler")
     add_worker_args(ap, timeout_s=3600.0, jobs=1)      # (full-size compiles: one at a time)
+    ap.add_argument("--no-measure", action="store_true", help="compile nothing: judge the "
+                    "current model against the stored compiles (see above)")
     ap.add_argument("--measurements", default=str(RESULTS / "answers_compiled.jsonl"))
     ap.add_argument("--out", default=str(RESULTS / "answers_compiled.json"))
     args = ap.parse_args(argv)
@@ -117,9 +147,13 @@ def main(argv=None) -> int:
             if kind == "no-lhs" and not any(r.get("lhs_bytes") for r in rows
                                             if r["scenario"] == name):
                 continue            # the scheduler did not run: the same compile again
-            rep = validate(sc, top_k=args.top, tier="xla-gpu", out=args.measurements,
-                           timeout_s=args.timeout, jobs=args.jobs, options=options)
-            for rank, rec in enumerate(rep.to_dict()["results"], 1):
+            if args.no_measure:
+                records = stored(name, sc, args.top, kind == "no-lhs", args.measurements)
+            else:
+                rep = validate(sc, top_k=args.top, tier="xla-gpu", out=args.measurements,
+                               timeout_s=args.timeout, jobs=args.jobs, options=options)
+                records = rep.to_dict()["results"]
+            for rank, rec in enumerate(records, 1):
                 rows.append(dict(row(name, sc, rank, rec), compile=kind))
 
     print("\ncapopt's answers compiled for their GPU (xla-gpu tier): predicted peak per device "
