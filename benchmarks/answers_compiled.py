@@ -26,9 +26,10 @@ it. A compile that fails is recorded and the rest go on.
 ``--no-measure`` compiles nothing: it asks the optimiser for the candidates again and
 judges the current model against the stored compile of each, matched by scenario, config
 and scheduler whatever profile coefficients its record was keyed with (the runner keys a
-measurement by every coefficient, but the compiled step reads one of them,
-``moe_capacity_factor``: `capopt.validation.step`); a candidate with no stored compile is
-listed as not measured.
+measurement by every coefficient, but the compiled step reads only the profile's precision
+dtypes and one coefficient, ``moe_capacity_factor``: `capopt.validation.step`; the match
+does not check those, so after changing them measure again); a candidate with no stored
+compile is listed as not measured.
 """
 
 from __future__ import annotations
