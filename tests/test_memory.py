@@ -1636,10 +1636,12 @@ def test_selective_recomputation_under_xla_rebuilds_the_batched_expert_dots():
     """The validation step runs an MoE's routed experts as one einsum batched over the
     experts ("ech,ehf->ecf"): a dot with a batch dimension, which
     dots_with_no_batch_dims_saveable does not save (rand0-082, MoE E8, selective: each
-    stored block keeps q, k, v, o's output and the residual, no expert output). Against a
-    policy that names them (MaxText's "minimal": checkpoint_name "mlpwi_0" / "mlpwi_1"),
-    each block keeps less by the gate and up outputs of its top-k x capacity slots, in the
-    compute dtype; the dense model, whose MLP is a plain dot, keeps the same either way."""
+    stored block keeps q, k, v, o's output and the residual, no expert output; the xla-gpu
+    profile does not take the rule: its note says why). Against a policy that names them
+    (MaxText's "minimal": checkpoint_name "mlpwi_0" / "mlpwi_1"), a runtime with the rule
+    (``expert_dots_batched``) keeps less a block by the gate and up outputs of its top-k x
+    capacity slots, in the compute dtype; the dense model, whose MLP is a plain dot, keeps
+    the same either way."""
     def kept(model, batched):
         sc = make_scenario(model, count=1, seq_len=256, global_batch=2, precision="bf16")
         sc = sc.replace(runtime=sc.runtime.with_coeffs(expert_dots_batched=batched))
@@ -1653,8 +1655,6 @@ def test_selective_recomputation_under_xla_rebuilds_the_batched_expert_dots():
     assert kept(moe, 0.0) - kept(moe, 1.0) == pytest.approx(routed, rel=1e-5)
     dense = llama_like()
     assert kept(dense, 0.0) == kept(dense, 1.0)
-    assert get_profile("xla-gpu").coeff_dict()["expert_dots_batched"] == 1.0
-    assert get_profile("maxtext").coeff_dict()["expert_dots_batched"] == 0.0
 
 
 def test_xla_keeps_the_float32_logits_gradient_for_the_heads_weight_gradient():
