@@ -48,7 +48,8 @@ from _random_cases import add_worker_args, pct, summary, xla_gpu_refusal  # noqa
 
 from capopt._scenario import load_scenario  # noqa: E402
 from capopt._specs import Config  # noqa: E402
-from capopt.validation.runner import predicted_compiled_terms  # noqa: E402
+from capopt.validation.runner import (predicted_compiled_terms,  # noqa: E402
+                                      without_latency_hiding)
 
 RESULTS = ROOT / "benchmarks" / "results"
 SCENARIOS = ROOT / "scenarios"
@@ -75,21 +76,27 @@ def short(config: dict) -> str:
     return s + f" {c['remat']}"
 
 
-def stored(name: str, sc, top: int, no_lhs: bool, path: str) -> list[dict]:
+def last_compiles(path: str) -> dict:
+    """The last xla-gpu record in ``path`` of each (scenario name, config, scheduler)."""
+    last = {}
+    for line in Path(path).read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("tier") == "xla-gpu":
+            config = json.dumps(Config(**rec["config"]).key_dict(), sort_keys=True)
+            last[(rec.get("scenario"), config,
+                  without_latency_hiding(rec.get("key", "")))] = rec
+    return last
+
+
+def stored(sc, top: int, no_lhs: bool, last: dict) -> list[dict]:
     """The stored compile of each of ``sc``'s ``top`` candidates (``--no-measure``): the last
     record of the same scenario (its records carry ``sc.name``), config and scheduler, or a
     "not measured" one."""
     from capopt.search import optimize
-    last = {}
-    for line in Path(path).read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("scenario") == sc.name and rec.get("tier") == "xla-gpu":
-            lhs_off = rec.get("key", "").endswith("|no-latency-hiding")
-            last[(json.dumps(Config(**rec["config"]).key_dict(), sort_keys=True), lhs_off)] = rec
     out = []
     for cand in optimize(sc, top_k=top).candidates:
         key = json.dumps(cand.config.key_dict(), sort_keys=True)
-        rec = last.get((key, no_lhs))
+        rec = last.get((sc.name, key, no_lhs))
         out.append(rec if rec is not None else
                    {"config": cand.config.key_dict(), "status": "not measured",
                     "error": "not measured: no stored compile of this candidate"})
@@ -142,6 +149,7 @@ def main(argv=None) -> int:
     names = args.scenario or xla_scenarios()
     runs = [("compiled", {})] + ([("no-lhs", {"latency_hiding": False})] if args.no_lhs else [])
     rows = []
+    last = last_compiles(args.measurements) if args.no_measure else {}
     for name in names:
         sc = load_scenario(name)
         for kind, options in runs:
@@ -149,7 +157,7 @@ def main(argv=None) -> int:
                                             if r["scenario"] == name):
                 continue            # the scheduler did not run: the same compile again
             if args.no_measure:
-                records = stored(name, sc, args.top, kind == "no-lhs", args.measurements)
+                records = stored(sc, args.top, kind == "no-lhs", last)
             else:
                 rep = validate(sc, top_k=args.top, tier="xla-gpu", out=args.measurements,
                                timeout_s=args.timeout, jobs=args.jobs, options=options)

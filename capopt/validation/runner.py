@@ -69,10 +69,18 @@ def scenario_fingerprint(sc: Scenario) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
+# (compiled without XLA's latency-hiding scheduler: another measurement of the config)
+NO_LHS_SUFFIX = "|no-latency-hiding"
+
+
 def result_key(tier: str, sc: Scenario, config: Config, options: dict | None = None) -> str:
     key = f"{tier}|{scenario_fingerprint(sc)}|{json.dumps(config.key_dict(), sort_keys=True)}"
-    # (compiled without XLA's latency-hiding scheduler: another measurement of the config)
-    return key + ("|no-latency-hiding" if (options or {}).get("latency_hiding") is False else "")
+    return key + (NO_LHS_SUFFIX if (options or {}).get("latency_hiding") is False else "")
+
+
+def without_latency_hiding(key: str) -> bool:
+    """Whether a record's ``key`` (see `result_key`) is a compile without the scheduler."""
+    return key.endswith(NO_LHS_SUFFIX)
 
 
 def input_bytes(sc: Scenario, config: Config) -> int:
