@@ -875,7 +875,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         # among the gradients a collective still holds)
         "update": (accum + jnp.maximum(jnp.maximum(
             keep_all * (grads_step + f_grad * embed_grad), pending),
-            (1.0 - keep_all) * (1.0 - n["rt_embed_grad_early"]) * embed_live)
+            fused * (1.0 - keep_all) * (1.0 - n["rt_embed_grad_early"]) * embed_live)
                    + flat + flat_tp + oib * one_tensor * gb),
         "forward": accum + in_grad,
         "regather": accum + jnp.maximum(embed_grad, in_grad) + fl * fl_head_grad,
