@@ -67,19 +67,23 @@ def bar(fraction: float, width: int = 20) -> str:
 # the knobs of a config in the order a one-line summary lists them, and their short names
 _CONFIG_KEYS = ("micro_batch", "grad_accum", "dp", "dp_replicate", "zero_stage", "tp", "pp",
                 "vpp", "ep", "cp", "sequence_parallel", "remat", "offload_optimizer",
-                "flash_attention")
+                "offload_params", "flash_attention")
 CONFIG_SHORT = {"micro_batch": "mb", "grad_accum": "ga", "zero_stage": "zero",
                 "sequence_parallel": "sp", "offload_optimizer": "offload",
-                "flash_attention": "flash", "dp_replicate": "hsdp"}
+                "offload_params": "param-offload", "flash_attention": "flash",
+                "dp_replicate": "hsdp"}
 
 
 def config_line(cfg: dict) -> str:
     """One line for a config's dict (``Config.to_dict()``): ``mb=4 ga=2 dp=8 zero=1 ...``;
-    the context-parallel degree, the virtual pipeline stages and the hybrid-sharding
-    replicas only where they are used (cp > 1, vpp > 1, dp_replicate > 1: ``hsdp=4``)."""
+    the context-parallel degree, the virtual pipeline stages, the hybrid-sharding replicas
+    and parameter offload only where they are used (cp > 1, vpp > 1, dp_replicate > 1:
+    ``hsdp=4``; ``param-offload=on``)."""
     parts = []
     for k in _CONFIG_KEYS:
         if k in ("cp", "vpp", "dp_replicate") and cfg.get(k, 1) == 1:
+            continue
+        if k == "offload_params" and not cfg.get(k, False):
             continue
         v = cfg[k]
         if isinstance(v, bool):

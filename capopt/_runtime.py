@@ -244,6 +244,12 @@ SCHEMA: dict[str, Coeff] = {
     "optimizer_offload": _c(1, "1: config.offload_optimizer (the optimizer state and its "
                                "step on the host, parameters and gradients on the device) "
                                "runs in this runtime; 0: refused"),
+    "param_offload": _c(0, "1: config.offload_params as FSDP2's CPUOffloadPolicy runs it "
+                           "(torch v2.13: the sharded parameters, their gradients and the "
+                           "optimizer state in pinned host memory, each shard copied to the "
+                           "device before its all-gather, each gradient shard back after its "
+                           "reduce-scatter, the optimizer step on the CPU), or DeepSpeed's "
+                           "offload_param with offload_optimizer; 0: refused"),
     "optimizer_in_backward": _c(0, "1: training.optimizer_in_backward as torchtitan's "
                                    "early_step_in_backward runs it: one optimizer a "
                                    "parameter, stepped from the parameter's post-accumulate-"
@@ -512,6 +518,14 @@ SCHEMA: dict[str, Coeff] = {
     "alpha_intra_s": _c(3.4e-6, "latency per ring step over NVLink, s"),
     "alpha_inter_s": _c(14e-6, "latency per ring step over the network, s"),
     "host_eff": _c(0.8, "host<->device copies' share of the PCIe link"),
+    "host_update_bytes_s": _c(1.6e9, "bytes a second of the optimizer update's traffic "
+                                     "(`capopt.cost.time`) where the step runs on the host "
+                                     "(parameter offload): torch 2.13 AdamW(foreach=True) "
+                                     "on 50M float32 parameters with one thread, as torchrun "
+                                     "gives each process of a multi-GPU node "
+                                     "(OMP_NUM_THREADS=1, torch/distributed/run.py), "
+                                     "measured 0.88 s a step on an AMD EPYC at load 4.6 "
+                                     "(benchmarks/host_update.py, results/host_update.json)"),
     "dp_bucket_bytes": _c(25 * 2**20, "bytes per data-parallel all-reduce"),
     "zero3_collectives_per_layer": _c(1, "ZeRO-3 gathers per block"),
     "zero3_fetch_s_per_gb": _c(0, "ZeRO-3 fetch path cost per GB received, s"),

@@ -271,9 +271,14 @@ KNOBS: dict[str, KnobSpec] = {k.name: k for k in [
              "activation checkpointing: none | selective | full, or the fraction of layers "
              "fully recomputed"),
     KnobSpec("offload_optimizer", "bool", False, "optimizer state in host memory"),
+    KnobSpec("offload_params", "bool", False, "parameters, gradients and the optimizer step "
+             "in host memory (FSDP's CPUOffloadPolicy, DeepSpeed's offload_param; ZeRO-3)"),
     KnobSpec("flash_attention", "bool", True, "fused attention (no materialised scores)"),
 ]}
 
+
+# the knobs whose values are true or false
+BOOL_KNOBS = tuple(name for name, spec in KNOBS.items() if spec.kind == "bool")
 
 # Scenario-level layout knobs under [config] (not per-config values: `Config` stays uniform).
 STAGE_KNOBS: dict[str, tuple[str, ...]] = {"pipeline_layers": ("even", "auto"),
@@ -318,6 +323,11 @@ class Config:
     remat: str | float = "none"
     offload_optimizer: bool = False
     flash_attention: bool = True
+    # parameter offload (FSDP2's CPUOffloadPolicy, torch v2.13 _fsdp_api.py: "offloads
+    # parameters, gradients, and optimizer states to CPU ... the optimizer step runs on CPU";
+    # DeepSpeed's zero_optimization.offload_param, valid only with stage 3): the sharded
+    # parameters, their gradients and the optimizer state live in host memory
+    offload_params: bool = False
     # context parallelism: a sub-group of dp, as torchtitan's ``fsdp`` mesh (dp_shard x cp)
     # and Megatron-Core's data-parallel-with-context group shard the state over dp x cp while
     # the batch is split over dp alone; here ``dp`` counts the whole group, so the batch is
@@ -349,7 +359,7 @@ class Config:
         elif isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r <= 1.0:
             raise CapoptError(f"got {r!r}", field="config.remat",
                               allowed="none, selective, full, or a fraction in [0, 1]")
-        for name in ("sequence_parallel", "offload_optimizer", "flash_attention"):
+        for name in BOOL_KNOBS:
             if not isinstance(getattr(self, name), bool):
                 raise CapoptError(f"must be true or false, got {getattr(self, name)!r}",
                                   field=f"config.{name}")
@@ -381,14 +391,15 @@ class Config:
 
     def key_dict(self) -> dict:
         """`to_dict` less the knobs added after stored measurement keys were first written,
-        where they hold their default (``cp`` = ``vpp`` = ``dp_replicate`` = 1): a key built
+        where they hold their default (``cp`` = ``vpp`` = ``dp_replicate`` = 1,
+        ``offload_params`` false): a key built
         from it names the same config it always did."""
         return {k: v for k, v in self.to_dict().items() if not (k in _LATER_KNOBS
                                                                    and v == _LATER_KNOBS[k])}
 
 
 # knobs added to `Config` after measurement keys were stored, with their defaults
-_LATER_KNOBS = {"cp": 1, "vpp": 1, "dp_replicate": 1}
+_LATER_KNOBS = {"cp": 1, "vpp": 1, "dp_replicate": 1, "offload_params": False}
 
 
 @dataclass(frozen=True)
@@ -442,6 +453,8 @@ RUNTIME_KNOB_RULES = (
      "runs ZeRO-1 through DeepSpeed's engine, which --runtime deepspeed prices"),
     ("offload_optimizer", (False,), lambda v: v is False, "deepspeed_paths_priced", 0, "false",
      "offloads the optimizer through DeepSpeed's engine, which --runtime deepspeed prices"),
+    ("offload_params", (False,), lambda v: v is False, "param_offload", 0, "false",
+     "does not offload parameters and gradients to the host"),
     ("zero_stage", (0, 2, 3), lambda v: v != 1, "zero1_sharding", 0, "0, 2 or 3",
      "has no ZeRO-1 (its sharded data parallelism shards the gradients with the optimizer "
      "state)"),
@@ -648,6 +661,13 @@ class Scenario:
             if (self.runtime.coeff(coeff) >= 0.5) == bool(on):
                 self._narrow(knob, keep, ok, f"the {self.runtime.name} runtime {why}",
                              allowed + " (or auto)")
+        # parameter offload runs on ZeRO-3 alone (`capopt._validity`): off where the stages
+        # named leave none, refused where it is named on
+        zeros = self.knob("zero_stage").values
+        if zeros is not None and 3 not in zeros:
+            self._narrow("offload_params", (False,), lambda v: v is False,
+                         f"offload_params needs ZeRO-3; config.zero_stage allows "
+                         f"{', '.join(map(str, zeros))}", "false (or auto), or zero_stage 3")
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")

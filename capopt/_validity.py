@@ -206,20 +206,35 @@ RULES: tuple[Rule, ...] = (
                           "PyTorch's FSDP under a pipeline schedule, --runtime pytorch-eager "
                           "or torchtitan, runs it); use stage 0 or 1",
           lambda d: 1),
+    # parameter offload (after the ZeRO rules, whose repairs move the stage): DeepSpeed's
+    # offload_param is valid only with stage 3 (runtime/zero/offload_config.py, v0.19.8);
+    # FSDP's CPUOffloadPolicy is priced on fully sharded groups, each shard copied to the
+    # device for its all-gather
+    _rule("config.offload_params", "offload_params zero_stage",
+          lambda c, sc: (c["offload_params"] != 0) & (c["zero_stage"] != 3),
+          lambda cfg, sc: f"offload_params needs ZeRO-3 (got zero_stage {cfg.zero_stage}): "
+                          "DeepSpeed offloads parameters with stage 3 only, and FSDP's "
+                          "CPUOffloadPolicy is priced with full sharding",
+          lambda d: False),
 )
 
 # the knobs of a config as integer columns (booleans as 0/1)
 _INT_KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "vpp", "zero_stage",
-              "sequence_parallel", "dp_replicate")
+              "sequence_parallel", "dp_replicate", "offload_params")
 
 
 def broken(cols: Columns, sc: Scenario, known: set[str] | frozenset | None = None
            ) -> np.ndarray:
     """True where a row of ``cols`` (equal-length integer arrays keyed by knob) breaks a rule;
     with ``known``, only the rules that read nothing but those knobs are applied (the
-    search's lattice, filtered as it is built)."""
+    search's lattice, filtered as it is built); without, a knob left out of ``cols`` holds
+    its default (`Config`'s)."""
     arrays = {k: np.asarray(v, np.int64) for k, v in cols.items()}
     n = len(next(iter(arrays.values()))) if arrays else 0
+    if known is None:
+        default = Config()
+        arrays.update({k: np.full(n, int(getattr(default, k)), np.int64)
+                       for k in _INT_KNOBS if k not in arrays})
     out = np.zeros(n, bool)
     for rule in RULES:
         if rule.reads <= (known if known is not None else rule.reads):

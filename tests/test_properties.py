@@ -74,7 +74,7 @@ def _stack(configs) -> Knobs:
                  remat=np.asarray([c.remat_weights() for c in configs], np.float32),
                  sp=f("sequence_parallel"), offload=f("offload_optimizer"),
                  flash=f("flash_attention"), cp=f("cp"), vpp=f("vpp"),
-                 dpr=f("dp_replicate"))
+                 dpr=f("dp_replicate"), offload_params=f("offload_params"))
 
 
 def _totals(sc, configs) -> dict:

@@ -12,18 +12,21 @@ from capopt.search._space import build_lattice
 from conftest import llama_like, make_scenario
 
 KNOBS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "cp", "vpp", "zero_stage",
-         "sequence_parallel", "dp_replicate")
+         "sequence_parallel", "dp_replicate", "offload_params")
 
 
 def _random_configs(rng: random.Random, n: int) -> list[Config]:
-    # (hybrid sharding drawn from a stream of its own, seeded by one draw of rng's)
+    # (hybrid sharding drawn from a stream of its own, seeded by one draw of rng's; parameter
+    # offload from another, of a fixed seed: the other knobs' draws as before)
     own = random.Random(rng.random())
+    off = random.Random(n)
     return [Config(micro_batch=rng.choice([1, 2, 3, 4, 8]), grad_accum=rng.choice([1, 2, 4, 16]),
                    dp=rng.choice([1, 2, 3, 4, 8]), tp=rng.choice([1, 2, 3, 4, 8, 16]),
                    pp=rng.choice([1, 2, 3, 4]), ep=rng.choice([1, 2, 4, 8]),
                    zero_stage=rng.choice([0, 1, 2, 3]), sequence_parallel=rng.random() < 0.5,
                    cp=rng.choice([1, 1, 2, 4, 64]), vpp=rng.choice([1, 1, 2, 3, 4]),
-                   dp_replicate=own.choice([1, 1, 1, 1, 2, 4]))
+                   dp_replicate=own.choice([1, 1, 1, 1, 2, 4]),
+                   offload_params=off.random() < 0.1)
             for _ in range(n)]
 
 

@@ -37,6 +37,8 @@ class Knobs:
     vpp: virtual pipeline stages a pipeline rank (interleaved 1F1B; `capopt._specs.Config.vpp`)
     dpr: hybrid-sharding replicas of the ZeRO shard group (`capopt._specs.Config.dp_replicate`;
          the group is ``dp / dpr``, `shard_group`); 1 where a caller leaves it out
+    offload_params: parameters, gradients and the optimizer step on the host, in [0, 1]
+         (`capopt._specs.Config.offload_params`); 0 where a caller leaves it out
     """
 
     micro_batch: jax.Array
@@ -53,6 +55,7 @@ class Knobs:
     cp: jax.Array
     vpp: jax.Array
     dpr: jax.Array = 1.0
+    offload_params: jax.Array = 0.0
 
     def replace(self, **changes) -> "Knobs":
         return dataclasses.replace(self, **changes)
@@ -119,7 +122,7 @@ def knobs_from_config(cfg: Config, layers: float | None = None) -> Knobs:
         tp=f(cfg.tp), pp=f(cfg.pp), ep=f(cfg.ep), zero=jnp.asarray(zero),
         remat=jnp.asarray(cfg.remat_weights(layers), DTYPE), sp=f(cfg.sequence_parallel),
         offload=f(cfg.offload_optimizer), flash=f(cfg.flash_attention), cp=f(cfg.cp),
-        vpp=f(cfg.vpp), dpr=f(cfg.dp_replicate))
+        vpp=f(cfg.vpp), dpr=f(cfg.dp_replicate), offload_params=f(cfg.offload_params))
 
 
 def stack_knobs(configs: list[Config], layers: float | None = None) -> Knobs:

@@ -325,6 +325,16 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
                          + (dense_params - base_wrapped) * n["frozen_bytes"]
                          + layers * lora_tp * n["param_bytes"]) * shard(f_param, dp)
     params_bytes = lora * lora_params_bytes + (1 - lora) * full_params_bytes
+    # Parameter offload (``offload_params``, FSDP2's CPUOffloadPolicy, torch v2.13): the
+    # sharded parameters live in pinned host memory, each group's shard copied to the device
+    # just before its all-gather (and cast there to the gathered dtype: a transient of 1/dp of
+    # a group, not counted); the gathered windows below are on the device as without it. The
+    # gradient shards follow them (copied to the host after each reduce-scatter, the device's
+    # copy freed), the optimizer state and its step too (`host_state`).
+    op = k.offload_params
+    on_device = 1.0 - op
+    offloaded_params = op * params_bytes
+    params_bytes = on_device * params_bytes
 
     # (a vocabulary-parallel table whose gradient is the whole table, ``embed_grad_whole_tp``:
     # the rest of it, beside the device's share; a runtime that shards gradients over the
@@ -351,13 +361,15 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the device's share of the trainable elements, as its optimizer state splits them)
     state_elems = zero_shard(f_opt, trainable, trainable_expert, k)
     opt_device = state_elems * opt_per_param
-    optimizer_bytes = opt_device * (1.0 - k.offload)
+    # (on the host: offloaded alone, ``offload_optimizer``, or with the parameters)
+    host_state = k.offload + op - k.offload * op
+    optimizer_bytes = opt_device * (1.0 - host_state)
     # A paged optimizer (bitsandbytes, ``opt_paged``: the share of the state in CUDA managed
     # memory) holds that state outside the caching allocator: the driver moves its pages to
     # host memory when an allocation needs the room and back for each parameter's update, so
     # it is in no phase's live set (what could run out) and priced in time where it does not
     # fit beside them (`capopt.cost.time`)
-    paged_bytes = state_elems * n["opt_bytes"] * (1.0 - k.offload) * n["opt_paged"]
+    paged_bytes = state_elems * n["opt_bytes"] * (1.0 - host_state) * n["opt_paged"]
     optimizer_bytes = optimizer_bytes - paged_bytes
 
     # --- gradients ---
@@ -371,8 +383,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # (the block and head gradients as held, waiting for a collective and by the update,
     # `held_grad_bytes`; the accumulator and the embedding's table in ``gb``)
     ghb = held_grad_bytes(n)
-    grad_layer = zero_shard(f_grad, trainable_layer, trainable_layer_expert, k) * ghb
+    # (the shards a step keeps: on the host under parameter offload)
+    grad_layer = zero_shard(f_grad, trainable_layer, trainable_layer_expert, k) * ghb * on_device
     grads_all = (zero_shard(f_grad, trainable, trainable_expert, k) + embed_whole) * gb
+    offloaded_grads = op * grads_all
+    grads_all = on_device * grads_all
     accumulating = step_at_least(k.grad_accum, 2.0)
     # (under accumulation the embedding's accumulator is that buffer, counted in ``accum``)
     # (the dense gradient itself is the whole table: ZeRO splits it only once reduced)
@@ -386,14 +401,14 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     word_partial = (whole_tp * step_at_least(k.tp, 2.0) * (f_grad + (1.0 - f_grad) * tied_here)
                     * ugb)
     # (the buffer kept to the update is the reduce-scattered slice, in the gradient dtype)
-    embed_table = embed_elems * shard(f_grad, dp) * gb
+    embed_table = embed_elems * shard(f_grad, dp) * gb * on_device
     embed_live = embed_table * (1.0 - accumulating * n["rt_accum_buffer"])
     embed_grad = embed_live * n["rt_embed_grad_early"]
     # (a tied head's weight gradient as a buffer of its own, ``tied_head_grad_own``: the
     # head dot's output, summed into the table's only at the embedding's backward)
     own_tied = n["rt_tied_head_grad_own"] * n["tied"] * n["P_embed_tp"]
     head_grad = logits_mb * (1 - lora) * ((n["P_head_tp"] + own_tied) * vocab_share
-                                          + n["P_head_rep"]) * shard(f_grad, dp) * ghb
+                                          + n["P_head_rep"]) * shard(f_grad, dp) * ghb * on_device
     # every gradient must stay live to the end of the backward pass: clipping's global norm,
     # a runtime that keeps .grad; accumulation keeps the accumulator instead (counted apart)
     fused = n["rt_grads_fused"]
@@ -829,7 +844,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     # update, ``zero1_step_grad_partition``: the rest are reduced and freed at the boundary)
     f_step = f_grad + k.zero[..., 1] * n["rt_zero1_step_grad_partition"]
     grads_step = (zero_shard(f_step, trainable, trainable_expert, k) * ghb
-                  + embed_wider * shard(f_step, dp) + embed_whole * gb)
+                  + embed_wider * shard(f_step, dp) + embed_whole * gb) * on_device
     # stepped in the backward pass (``opt_in_bwd``), the update runs one tensor at a time:
     # the largest trainable tensor on the device (the vocabulary table or head on their
     # stages, else a block's largest matrix; LoRA: a block's adapters together, a bound)
@@ -876,7 +891,7 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         "update": (accum + jnp.maximum(jnp.maximum(
             keep_all * (grads_step + f_grad * embed_grad), pending),
             fused * (1.0 - keep_all) * (1.0 - n["rt_embed_grad_early"]) * embed_live)
-                   + flat + flat_tp + oib * one_tensor * gb),
+                   + flat + flat_tp + on_device * oib * one_tensor * gb),
         "forward": accum + in_grad,
         "regather": accum + jnp.maximum(embed_grad, in_grad) + fl * fl_head_grad,
     }
@@ -910,9 +925,11 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
             # backward pass, before the update; or, 8-bit Adam's update in a runtime that
             # copies a tensor's old moment codes while it writes the new ones,
             # ``quant_moment_copies``, the largest tensor's copies)
-            jnp.maximum(jnp.maximum(n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"]
-                                    * update_temps, step_grad_copies),
-                        n["rt_quant_moment_copies"] * n["adam8"] * one_tensor)) + 0.0 * stored,
+            # (none on the device where the step runs on the host, parameter offload)
+            on_device * jnp.maximum(jnp.maximum(
+                n["rt_adam_update_copies"] * n["adam"] * n["state_bytes"] * update_temps,
+                step_grad_copies), n["rt_quant_moment_copies"] * n["adam8"] * one_tensor))
+                  + 0.0 * stored,
         "forward": at_head,
         "regather": at_head,
     }
@@ -1019,7 +1036,10 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
     out["peak_phase"] = which.astype(totals.dtype)
     out.update({f"phase_{p}_bytes": totals[i] for i, p in enumerate(PHASES)})
     out.update({
-        "host_optimizer_bytes": opt_device * k.offload,
+        "host_optimizer_bytes": opt_device * host_state,
+        # under parameter offload: the parameter shards copied to the device for each
+        # all-gather, the gradient shards copied back after each reduce-scatter
+        "offloaded_param_bytes": offloaded_params, "offloaded_grad_bytes": offloaded_grads,
         "paged_optimizer_bytes": paged_bytes,
         # what activation offloading copies to the host and back for each micro-batch: the
         # stored blocks' saved tensors and weight casts, the recomputed blocks' inputs
@@ -1032,7 +1052,8 @@ def stage_memory(k: Knobs, n, *, layers, extra_params, in_flight, edge_in_flight
         # every gradient on this device (ZeRO-2/3: its slice): the model states' gradients
         "grads_all_bytes": grads_all,
         # the trainable state's bytes on this device (ZeRO-3 splits it, experts over dp / ep)
-        "trainable_bytes": zero_shard(f_param, trainable, trainable_expert, k) * n["param_bytes"],
+        "trainable_bytes": (zero_shard(f_param, trainable, trainable_expert, k)
+                            * n["param_bytes"] * on_device),
     })
     return out
 

@@ -636,8 +636,11 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     per_param = (n["grad_bytes"] * (1.0 + n["grad_clip"]) + 2.0 * n["opt_bytes"]
                  + has_master * (2.0 * n["master_bytes"] + n["param_bytes"])
                  + (1.0 - has_master) * 2.0 * n["param_bytes"])
-    update_s = (trainable * shard(f_opt, zdp) * per_param
-                / (n["mem_bw"] * n["rt_mem_eff"]))
+    update_bytes = trainable * shard(f_opt, zdp) * per_param
+    # (under parameter offload the step runs on the host, ``host_update_bytes_s``)
+    op = k.offload_params
+    update_s = ((1.0 - op) * update_bytes / (n["mem_bw"] * n["rt_mem_eff"])
+                + op * update_bytes / n["rt_host_update_bytes_s"])
     # its kernels: ``optimizer_kernels_per_layer`` per block of the stage, launched once a step
     # (stepped in the backward pass, ``opt_in_bwd``: one fused kernel a trainable tensor,
     # torchtitan's per-parameter optimizers; the same update work, inside the backward pass)
@@ -647,7 +650,25 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     opt_launch = launch_exposed(update_s, opt_kernels, n)
     optimizer_s = update_s + opt_launch
     link = n["host_bw"] * n["rt_host_eff"]
-    offload_s = (1.0 - n["rt_overlap_offload"]) * 2.0 * mem["host_optimizer_bytes"] / link
+    # (an offloaded optimizer state streamed to the device and back for its update; stepped
+    # on the host under parameter offload, it does not cross)
+    offload_s = ((1.0 - n["rt_overlap_offload"]) * 2.0 * (1.0 - op)
+                 * mem["host_optimizer_bytes"] / link)
+    # parameter offload (FSDP2's CPUOffloadPolicy, torch v2.13): each all-gather's shard
+    # copied to the device before it (forward, backward, a recomputed block's regather where
+    # the runtime regathers), each reduce-scatter's shard back after it, on the collectives'
+    # side streams (non_blocking from pinned memory): exposed where they outlast the matmuls
+    # they run beside; from the second micro-batch on a gradient shard is added into the
+    # host's .grad, so its copy is synchronous (_fsdp_collectives.py foreach_reduce:
+    # non_blocking only where no .grad exists yet), exposed whole
+    gathers = 2.0 + k.remat[..., 2] * _coeff(n, "zero3_regather_for_remat")
+    h2d = mem["offloaded_param_bytes"] / link
+    d2h = mem["offloaded_grad_bytes"] / link
+    offload_s = offload_s + (jnp.maximum(h2d - st["fwd"], 0.0)
+                             + jnp.maximum((gathers - 1.0) * h2d + d2h - st["bwd"], 0.0)
+                             + (m - 1.0) * (jnp.maximum(h2d - st["fwd"], 0.0)
+                                            + jnp.maximum((gathers - 1.0) * h2d - st["bwd"],
+                                                          0.0) + d2h))
     # activation offloading: each micro-batch's saved tensors copied to the host during its
     # forward pass and back during its backward pass, on a side stream: exposed where a copy
     # outlasts the matmuls it runs beside (the stage's forward, its backward)

@@ -277,12 +277,17 @@ def _deepspeed_core(c: Config, sc: Scenario) -> dict:
     if c.offload_optimizer and c.zero_stage == 0:
         raise _Unexpressible("config.offload_optimizer", True, "DeepSpeed offloads the "
                              "optimizer under ZeRO stage 1, 2 or 3 only")
-    if c.offload_optimizer and w.optimizer not in _DS_OFFLOADABLE:
+    offloads = c.offload_optimizer or c.offload_params
+    if offloads and w.optimizer not in _DS_OFFLOADABLE:
         raise _Unexpressible("training.optimizer", w.optimizer, "ZeRO-Offload has CPU "
                              "optimizers for Adam, AdamW and Lion only")
     zero: dict = {"stage": c.zero_stage}
-    if c.offload_optimizer:
+    if offloads:
         zero["offload_optimizer"] = {"device": "cpu"}
+    if c.offload_params:
+        # (stage 3 only, DeepSpeed 0.19.8 runtime/zero/offload_config.py; with the optimizer
+        # offloaded too, as capopt prices parameter offload: the step on the host)
+        zero["offload_param"] = {"device": "cpu"}
     out: dict = {"zero_optimization": zero}
     if w.precision == "bf16-mixed":
         out["bf16"] = {"enabled": True}
@@ -391,6 +396,9 @@ def _megatron_args(c: Config, sc: Scenario) -> list[str]:
     if c.offload_optimizer and c.zero_stage == 0:
         raise _Unexpressible("config.offload_optimizer", True, "--optimizer-cpu-offload needs "
                              "the distributed optimizer or Megatron-FSDP (ZeRO 1-3)")
+    if c.offload_params:
+        raise _Unexpressible("config.offload_params", True, "Megatron-LM offloads the "
+                             "optimizer state (--optimizer-cpu-offload), not the parameters")
     if c.sequence_parallel and c.tp == 1:
         raise _Unexpressible("config.sequence_parallel", True, "Megatron turns sequence "
                              "parallelism off when tensor parallelism is 1")
@@ -497,9 +505,9 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
     if c.zero_stage == 1:
         raise _Unexpressible("config.zero_stage", 1, "torchtitan shards with FSDP2 (ZeRO-3, "
                              "or ZeRO-2 without resharding) or replicates (DDP); no ZeRO-1")
-    if c.offload_optimizer:
+    if c.offload_optimizer and not c.offload_params:
         raise _Unexpressible("config.offload_optimizer", True, "training.enable_cpu_offload "
-                             "offloads parameters and gradients too")
+                             "offloads parameters and gradients too (offload_params)")
     if c.tp > 1 and not c.sequence_parallel:
         raise _Unexpressible("config.sequence_parallel", False, "torchtitan's tensor "
                              "parallelism always shards norms over the sequence")
@@ -561,6 +569,10 @@ def _emit_torchtitan(c: Config, sc: Scenario) -> str:
         "dtype": "bfloat16" if w.precision == "bf16" else "float32",
         "mixed_precision_param": "bfloat16" if w.precision == "bf16-mixed" else "float32",
     }
+    if c.offload_params:
+        # torchtitan 0.2.2 config/job_config.py Training.enable_cpu_offload: FSDP2's
+        # CPUOffloadPolicy on every fully_shard (parameters, gradients, optimizer state)
+        training["enable_cpu_offload"] = True
     kind, k = _remat(c, sc)
     if kind == "blocks":
         # selective_ac_option n checkpoints every n-th block: per_stage // n blocks
@@ -630,8 +642,10 @@ def _emit_accelerate(c: Config, sc: Scenario) -> str:
         raise _Unexpressible("training.precision", "bf16", "Accelerate's mixed_precision keeps "
                              "fp32 weights; pure bf16 is the model's dtype, set in code")
     kind, _ = _remat(c, sc)
-    use_ds = c.zero_stage == 1 or c.offload_optimizer   # FSDP has no ZeRO-1; its offload
-    use_fsdp = c.zero_stage in (2, 3) and not use_ds    # moves parameters too
+    # (FSDP has no ZeRO-1, and its offload moves parameters too: the optimizer state alone
+    # goes through DeepSpeed)
+    use_ds = c.zero_stage == 1 or (c.offload_optimizer and not c.offload_params)
+    use_fsdp = c.zero_stage in (2, 3) and not use_ds
     if kind in ("selective", "blocks"):
         raise _Unexpressible("config.remat", c.remat, "Accelerate checkpoints whole layers, "
                              "all or none")
@@ -647,9 +661,9 @@ def _emit_accelerate(c: Config, sc: Scenario) -> str:
         _deepspeed_core(c, sc)             # the same limits as DeepSpeed's own JSON
         ds = {"zero_stage": c.zero_stage, "gradient_accumulation_steps": c.grad_accum,
               "gradient_clipping": 1.0 if w.grad_clip else 0.0}
-        if c.offload_optimizer:
+        if c.offload_optimizer or c.offload_params:
             ds["offload_optimizer_device"] = "cpu"
-            ds["offload_param_device"] = "none"
+            ds["offload_param_device"] = "cpu" if c.offload_params else "none"
         cfg["distributed_type"] = "DEEPSPEED"
         cfg["deepspeed_config"] = ds
     else:
@@ -662,7 +676,8 @@ def _emit_accelerate(c: Config, sc: Scenario) -> str:
                 # FSDP2's spelling of FULL_SHARD (true, ZeRO-3) and SHARD_GRAD_OP (false, ZeRO-2)
                 "fsdp_reshard_after_forward": c.zero_stage == 3,
                 "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                "fsdp_offload_params": False,
+                # (FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer state)
+                "fsdp_offload_params": c.offload_params,
                 "fsdp_activation_checkpointing": kind == "full",
                 "fsdp_state_dict_type": "SHARDED_STATE_DICT",
             }
@@ -744,7 +759,7 @@ def _training_args(c: Config, sc: Scenario) -> dict:
         # Liger's fused linear cross-entropy and none of its other kernels (which change
         # activations capopt prices as the model's own)
         out.update(use_liger_kernel=True, liger_kernel_config=dict(_LIGER_FLCE_ONLY))
-    if c.zero_stage == 1 or c.offload_optimizer:
+    if c.zero_stage == 1 or (c.offload_optimizer and not c.offload_params):
         # ZeRO-1 and optimizer offload go through DeepSpeed; "auto" takes the Trainer's values
         if w.optimizer not in _DS_OPTIMIZERS:
             raise _Unexpressible("training.optimizer", w.optimizer, "DeepSpeed has no 8-bit "
@@ -759,6 +774,10 @@ def _training_args(c: Config, sc: Scenario) -> dict:
     elif c.zero_stage in (2, 3):
         # FSDP's FULL_SHARD is ZeRO-3, SHARD_GRAD_OP ZeRO-2
         out["fsdp"] = ("full_shard" if c.zero_stage == 3 else "shard_grad_op") + " auto_wrap"
+        if c.offload_params:
+            # TrainingArguments.fsdp's "offload": FSDP's CPU offload of parameters and
+            # gradients (the optimizer then steps on the host)
+            out["fsdp"] += " offload"
     return out
 
 
@@ -793,7 +812,7 @@ def _emit_trl_sft(c: Config, sc: Scenario) -> str:
         out["activation_offloading"] = True
     lora, notes = w.lora, []
     if lora is not None:
-        if c.zero_stage or c.offload_optimizer:
+        if c.zero_stage or c.offload_optimizer or c.offload_params:
             raise _Unexpressible("config.zero_stage", c.zero_stage, "capopt prices LoRA on "
                                  "whole model copies (DDP), not FSDP or DeepSpeed shards")
         if m.is_moe or m.is_mla:
@@ -854,6 +873,9 @@ def _emit_maxtext(c: Config, sc: Scenario) -> str:
     if c.zero_stage == 2:
         raise _Unexpressible("config.zero_stage", 2, "MaxText shards over fsdp (ZeRO-3) or "
                              "the optimizer over data (ZeRO-1), not gradients alone")
+    if c.offload_params:
+        raise _Unexpressible("config.offload_params", True, "capopt does not price MaxText's "
+                             "parameter_memory_host_offload")
     if c.sequence_parallel:
         raise _Unexpressible("config.sequence_parallel", True, "MaxText's tensor_sequence axis "
                              "is its own layout, not Megatron's sequence parallelism")
@@ -942,9 +964,10 @@ def _emit_llm_foundry(c: Config, sc: Scenario) -> str:
     if c.zero_stage == 1:
         raise _Unexpressible("config.zero_stage", 1, "Composer's FSDP shards gradients with "
                              "the optimizer state (SHARD_GRAD_OP, ZeRO-2); no ZeRO-1")
-    if c.offload_optimizer:
-        raise _Unexpressible("config.offload_optimizer", True, "Composer's FSDP has no "
-                             "optimizer offload (cpu_offload raises 'not supported yet')")
+    if c.offload_optimizer or c.offload_params:
+        raise _Unexpressible("config.offload_params" if c.offload_params else
+                             "config.offload_optimizer", True, "Composer's FSDP has no "
+                             "host offload (cpu_offload raises 'not supported yet')")
     kind, _ = _remat(c, sc)
     if kind not in ("none", "full"):
         raise _Unexpressible("config.remat", c.remat, "fsdp_config.activation_checkpointing "
@@ -1092,7 +1115,8 @@ def _emit_torchtune(c: Config, sc: Scenario) -> str:
         kv += [("data_parallel_replicate_dim", c.dp // shard),
                ("data_parallel_shard_dim", shard),
                ("fsdp_reshard_after_forward", c.zero_stage != 2),
-               ("fsdp_cpu_offload", False),
+               # (FSDP2's CPUOffloadPolicy: parameters, gradients, optimizer state)
+               ("fsdp_cpu_offload", bool(c.offload_params)),
                # the embeddings and head in the root FSDP group, as capopt prices them
                ("custom_sharded_layers", [])]
     notes = []

@@ -72,6 +72,15 @@ def plan_table(p: dict, title: str | None = None) -> str:
                  f"{gib(paged - left)} GiB of it on the host, paged in and out every step")
         lines.append(f"paged optimizer state: {gib(paged)} GiB in CUDA managed memory, outside "
                      f"the total ({where})")
+    held = [(label, mem.get(key, 0.0)) for key, label in (
+        ("offloaded_param_bytes", "parameters"), ("offloaded_grad_bytes", "gradients"),
+        ("host_optimizer_bytes", "optimizer state"))]
+    if any(v > 0 for _, v in held):
+        lines.append("in host memory, outside the total: " + ", ".join(
+            f"{label} {gib(v)} GiB" for label, v in held if v > 0) + " per device"
+            + (" (parameter offload: each shard copied in for its all-gather, the optimizer "
+               "step on the CPU; no tier measures it)" if mem.get("offloaded_param_bytes", 0.0)
+               > 0 else ""))
     if tm:
         lines.append("")
         lines.append(table(time_rows(tm), ["step time", "", "share"], "lrr"))

@@ -19,7 +19,7 @@ from ..cost._inputs import DTYPE, Knobs
 
 COLUMNS = ("micro_batch", "grad_accum", "dp", "tp", "pp", "ep", "zero_stage",
            "sequence_parallel", "remat", "offload_optimizer", "flash_attention", "cp", "vpp",
-           "dp_replicate")
+           "dp_replicate", "offload_params")
 # the virtual pipeline stages "auto" tries: up to 8 a rank (Narayanan et al. 2021 ran 2-4;
 # the bubble falls as 1 / vpp while every chunk adds sends and warmup activations)
 AUTO_VPP = tuple(range(1, 9))
@@ -174,7 +174,7 @@ class Lattice:
                      zero=jnp.asarray(zero), remat=jnp.asarray(rw),
                      sp=f(c["sequence_parallel"]), offload=f(c["offload_optimizer"]),
                      flash=f(c["flash_attention"]), cp=f(c["cp"]), vpp=f(c["vpp"]),
-                     dpr=f(c["dp_replicate"]))
+                     dpr=f(c["dp_replicate"]), offload_params=f(c["offload_params"]))
 
     def config(self, row: int) -> Config:
         c = {k: v[row] for k, v in self.cols.items()}
@@ -185,7 +185,8 @@ class Lattice:
                       remat=self.remat_table[int(c["remat"])],
                       offload_optimizer=bool(c["offload_optimizer"]),
                       flash_attention=bool(c["flash_attention"]), cp=int(c["cp"]),
-                      vpp=int(c["vpp"]), dp_replicate=int(c["dp_replicate"]))
+                      vpp=int(c["vpp"]), dp_replicate=int(c["dp_replicate"]),
+                      offload_params=bool(c["offload_params"]))
 
     def key(self, row: int) -> tuple:
         return tuple(int(self.cols[k][row]) for k in COLUMNS)
@@ -215,6 +216,7 @@ class Space:
         self.zeros = domain(sc, "zero_stage", [0, 1, 2, 3])
         self.sps = _bools(sc, "sequence_parallel")
         self.offloads = _bools(sc, "offload_optimizer")
+        self.param_offloads = _bools(sc, "offload_params")
         self.flashes = _bools(sc, "flash_attention")
         self._mb = sc.knob("micro_batch").values
         self._ga = sc.knob("grad_accum").values
@@ -290,11 +292,12 @@ class Space:
         return [v for v, ok in zip(values, _allowed(self.sc, cols)) if ok]
 
     def choices(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
-                offloads=None, flashes=None, cp: int = 1, vpp: int = 1, dprs=None
-                ) -> list[list]:
+                offloads=None, flashes=None, cp: int = 1, vpp: int = 1, dprs=None,
+                opps=None) -> list[list]:
         """Allowed values of the inner knobs for one (dp, tp, pp), context-parallel degree
         ``cp`` and virtual stages ``vpp``, in `COLUMNS` order less grad_accum / dp / tp / pp
-        / cp / vpp, each restricted to the given subset (None: all); dp_replicate last."""
+        / cp / vpp, each restricted to the given subset (None: all); dp_replicate and
+        offload_params (``opps``) last."""
         dp, tp, pp = fact
         pick = lambda allowed, want: [v for v in allowed if want is None or v in want]  # noqa
         return [pick(self.micro_batches(dp, cp, pp, vpp), mbs),
@@ -304,7 +307,8 @@ class Space:
                 pick(range(len(self.remat_table)), remats),
                 [int(v) for v in pick(self.offloads, offloads)],
                 [int(v) for v in pick(self.flashes, flashes)],
-                pick(self.replica_degrees(dp, cp), dprs)]
+                pick(self.replica_degrees(dp, cp), dprs),
+                [int(v) for v in pick(self.param_offloads, opps)]]
 
     def outer(self, fact, cps=None, vpps=None) -> list[tuple[int, int]]:
         """The (cp, vpp) pairs allowed next to one (dp, tp, pp), restricted to ``cps`` /
@@ -330,18 +334,20 @@ class Space:
             full = lambda v: np.full(k, v)  # noqa: E731
             rows = np.stack([grid[0], per // grid[0], full(dp), full(tp), full(pp),
                              grid[1], grid[2], grid[3], grid[4], grid[5], grid[6],
-                             full(cp), full(vpp), grid[7]], 1).astype(np.int64)
-            if (grid[7] > 1).any():     # hybrid sharding's rules read inner knobs (zero, ep)
+                             full(cp), full(vpp), grid[7], grid[8]], 1).astype(np.int64)
+            # (hybrid sharding's rules and parameter offload's read inner knobs: zero, ep)
+            if (grid[7] > 1).any() or (grid[8] > 0).any():
                 rows = rows[_allowed(self.sc, {c: rows[:, i] for i, c in enumerate(COLUMNS)
                                                if c != "remat"})]
             out.append(rows)
         return np.concatenate(out) if out else np.zeros((0, len(COLUMNS)), np.int64)
 
     def rows_for(self, fact, mbs=None, eps=None, zeros=None, sps=None, remats=None,
-                 offloads=None, flashes=None, cps=None, vpps=None, dprs=None) -> list[tuple]:
+                 offloads=None, flashes=None, cps=None, vpps=None, dprs=None, opps=None
+                 ) -> list[tuple]:
         """Real rows for one (dp, tp, pp), restricted to the given subsets of values."""
         arr = self.block(fact, mbs, eps, zeros, sps, remats, offloads, flashes, cps=cps,
-                         vpps=vpps, dprs=dprs)
+                         vpps=vpps, dprs=dprs, opps=opps)
         return [tuple(r) for r in arr.tolist()]
 
     def size(self) -> int:
@@ -351,11 +357,14 @@ class Space:
             for cp, v in self.outer((dp, tp, pp)):
                 ch = self.choices((dp, tp, pp), cp=cp, vpp=v)
                 # the inner knobs a rule reads together (ep, zero_stage, dp_replicate: hybrid
-                # sharding's) counted as `block` filters them, the others multiplied in
-                joint = np.array(np.meshgrid(ch[1], ch[2], ch[7], indexing="ij")).reshape(3, -1)
+                # sharding's; offload_params beside zero_stage) counted as `block` filters
+                # them, the others multiplied in
+                joint = np.array(np.meshgrid(ch[1], ch[2], ch[7], ch[8],
+                                             indexing="ij")).reshape(4, -1)
                 full = lambda x: np.full(joint.shape[1], x, np.int64)  # noqa: E731
                 ok = _allowed(self.sc, {"ep": joint[0], "zero_stage": joint[1],
-                                        "dp_replicate": joint[2], "dp": full(dp),
+                                        "dp_replicate": joint[2], "offload_params": joint[3],
+                                        "dp": full(dp),
                                         "tp": full(tp), "pp": full(pp), "cp": full(cp),
                                         "vpp": full(v)})
                 total += int(ok.sum()) * math.prod(len(c) for c in ch[:1] + ch[3:7])

@@ -15,7 +15,7 @@ import numpy as np
 
 from .._plan import Plan
 from .._scenario import load_scenario
-from .._specs import KNOBS, Config, KnobDomain, Scenario, data_replicas
+from .._specs import BOOL_KNOBS, KNOBS, Config, KnobDomain, Scenario, data_replicas
 from .._units import GiB
 from .._validity import config_problems, mend
 from ..cost import estimate, numbers_pytree
@@ -198,7 +198,7 @@ def sweep(scenario: Scenario | str | Mapping, knob: str, values: Sequence | None
         vals = sorted(set(lat.cols[knob].tolist()))
         if knob == "remat":
             values = [lat.remat_table[v] for v in vals]
-        elif knob in ("sequence_parallel", "offload_optimizer", "flash_attention"):
+        elif knob in BOOL_KNOBS:
             values = [bool(v) for v in vals]
         else:
             values = vals
@@ -247,7 +247,7 @@ def _axis_values(lat: Lattice, knob: str) -> tuple[np.ndarray, list]:
     codes = np.asarray(sorted(set(lat.cols[knob].tolist())))
     if knob == "remat":
         values = [lat.remat_table[c] for c in codes]
-    elif knob in ("sequence_parallel", "offload_optimizer", "flash_attention"):
+    elif knob in BOOL_KNOBS:
         values = [bool(c) for c in codes]
     else:
         values = [int(c) for c in codes]

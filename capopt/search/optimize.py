@@ -150,7 +150,7 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
     """Configs one move away: another factorisation, the next micro-batch, any other value of
     one categorical knob, another context-parallel degree (at the same tokens per rank),
     another number of virtual pipeline stages."""
-    mb, ga, dp, tp, pp, ep, z, s, r, o, f, cp, vpp, dpr = row
+    mb, ga, dp, tp, pp, ep, z, s, r, o, f, cp, vpp, dpr, opo = row
     out: list[tuple] = []
     here = np.log2([dp, tp, pp])
     dists = (np.abs(np.log2(np.asarray(space.facts, np.float64)) - here).sum(1).tolist()
@@ -169,11 +169,13 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
         out += space.rows_for(fact, mbs, [ep] if ep in space.expert_degrees(fact[0]) else None,
                               None,
                               [bool(s)] if bool(s) in space.seq_parallel(fact[1]) else None,
-                              [r], [bool(o)], [bool(f)], cps=cps, vpps=vpps, dprs=dprs)
+                              [r], [bool(o)], [bool(f)], cps=cps, vpps=vpps, dprs=dprs,
+                              opps=[bool(opo)])
 
-    def here(*subsets, dprs=(dpr,)):   # this layout, cp, virtual stages and replicas
+    def here(*subsets, dprs=(dpr,), opps=(opo,)):   # this layout, cp, virtual stages, replicas
         return space.rows_for((dp, tp, pp), *subsets, cps=[cp], vpps=[vpp],
-                              dprs=None if dprs is None else list(dprs))
+                              dprs=None if dprs is None else list(dprs),
+                              opps=None if opps is None else [bool(v) for v in opps])
     # Micro-batch and ZeRO stage trade memory for speed together: move them jointly.
     out += here(None, [ep], None, [bool(s)], [r], [bool(o)], [bool(f)])
     out += here([mb], None, [z], [bool(s)], [r], [bool(o)], [bool(f)])
@@ -183,19 +185,22 @@ def neighbours(space: Space, row: tuple) -> list[tuple]:
     out += here([mb], [ep], [z], [bool(s)], [r], None, [bool(f)])
     out += here([mb], [ep], [z], [bool(s)], [r], [bool(o)], None)
     out += here([mb], [ep], None, [bool(s)], [r], [bool(o)], [bool(f)], dprs=None)
+    # (parameter offload moves with the ZeRO stage: it needs ZeRO-3)
+    out += here([mb], [ep], None, [bool(s)], [r], [bool(o)], [bool(f)], opps=None)
     for other in space.context_degrees(dp):
         if other != cp:
             out += space.rows_for((dp, tp, pp), _nearest(space.micro_batches(dp, other, pp,
                                                                              vpp),
                                                          mb * other / cp, 1.0),
                                   [ep], None, [bool(s)], [r], [bool(o)], [bool(f)],
-                                  cps=[other], vpps=[vpp])   # (every replica count)
+                                  cps=[other], vpps=[vpp],   # (every replica count)
+                                  opps=[bool(opo)])
     for other in space.virtual_degrees(pp):
         if other != vpp:
             out += space.rows_for((dp, tp, pp), _nearest(space.micro_batches(dp, cp, pp, other),
                                                          mb, 1.0),
                                   [ep], [z], [bool(s)], [r], [bool(o)], [bool(f)],
-                                  cps=[cp], vpps=[other])
+                                  cps=[cp], vpps=[other], opps=[bool(opo)])
     return [x for x in dict.fromkeys(out) if x != row]
 
 

@@ -10,8 +10,9 @@ Decision variables (one vector per start):
   [15]    context parallelism: log2(cp) between its bounds, at most log2(dp); the batch is
           split over dp / cp replicas (a scenario without it: cp = 1, the variable inert)
 The virtual pipeline stages and the hybrid-sharding replicas are held at the fewest the
-scenario allows (1 under "auto"; replicas at most dp / 2): the rounding tries every allowed
-number beside each layout (`capopt.search.optimize.discretise`).
+scenario allows (1 under "auto"; replicas at most dp / 2), parameter offload at the least it
+allows (off under "auto"): the rounding tries every allowed value beside each layout
+(`capopt.search.optimize.discretise`).
 Disallowed categorical values are masked out; pinned values become tight bounds. The memory
 constraint enters as a penalty whose weight grows over the solve (annealing); the
 objective is -log(tokens/s) (or -log tokens per dollar). Everything runs inside one `jit`,
@@ -56,6 +57,7 @@ class Bounds(NamedTuple):
     cp_hi: jax.Array
     vpp: jax.Array           # virtual pipeline stages held: the fewest the scenario allows
     dpr: jax.Array           # hybrid-sharding replicas held: the fewest the scenario allows
+    opo: jax.Array           # parameter offload held: the least the scenario allows (0 or 1)
     mb_lo: jax.Array         # log2 bounds of the micro-batch
     mb_hi: jax.Array
     ep_cap: jax.Array        # log2 of the largest expert-parallel degree
@@ -107,6 +109,7 @@ def scenario_bounds(sc: Scenario) -> Bounds:
         log2_n=f(np.log2(sc.count)), lo=f(logs.min(0)), hi=f(logs.max(0)), log2_batch=f(np.log2(B)),
         cp_lo=f(cp_lo), cp_hi=f(cp_hi), vpp=f(min(sc.knob("vpp").values or (1,))),
         dpr=f(min(sc.knob("dp_replicate").values or (1,))),
+        opo=f(float(min(sc.knob("offload_params").values or (False,)))),
         mb_lo=f(mb_lo), mb_hi=f(mb_hi), ep_cap=f(ep_cap),
         zero_mask=f([0.0 if z in zeros else NEG for z in range(4)]), remat_mask=f(remat_mask),
         bool_lo=f([x[0] for x in b]), bool_hi=f([x[1] for x in b]),
@@ -131,7 +134,8 @@ def decode(x: jax.Array, b: Bounds) -> Knobs:
     return Knobs(micro_batch=mb, grad_accum=jnp.maximum(ga, 1.0), dp=dp, tp=tp, pp=pp, ep=ep,
                  zero=zero, remat=remat, sp=bools[0], offload=bools[1], flash=bools[2],
                  cp=2.0 ** log_cp, vpp=b.vpp * jnp.ones_like(mb),
-                 dpr=jnp.clip(b.dpr, 1.0, jnp.maximum(dp / 2.0, 1.0)))
+                 dpr=jnp.clip(b.dpr, 1.0, jnp.maximum(dp / 2.0, 1.0)),
+                 offload_params=b.opo * jnp.ones_like(mb))
 
 
 def _loss_terms(x, n, b: Bounds, mu):

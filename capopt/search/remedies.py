@@ -39,6 +39,8 @@ def _vocab_loss(sc: Scenario) -> bool:
             and sc.runtime.coeff("fused_loss") >= 0.5)
 
 
+OFFLOAD_PARAMS = ("offload parameters, gradients and the optimizer step to host "
+                  "(offload_params: FSDP's CPUOffloadPolicy, DeepSpeed's offload_param)")
 OFFLOAD_ACTIVATIONS = ("offload activations to host memory (activation_offload: TRL's "
                        "activation_offloading)")
 
@@ -101,6 +103,9 @@ def candidate_changes(sc: Scenario) -> list[tuple[str, Scenario]]:
             and runtime_runs(sc.runtime, "offload_optimizer", True)):
         out.append(("offload optimizer state to host", with_knob(sc, "offload_optimizer",
                                                                  (False, True))))
+    if (sc.knob("offload_params").values == (False,)
+            and runtime_runs(sc.runtime, "offload_params", True)):
+        out.append((OFFLOAD_PARAMS, with_knob(sc, "offload_params", (False, True))))
     if w.precision == "fp32":
         out.append(("bf16 mixed precision", _workload(sc, precision="bf16-mixed")))
     if w.precision in ("fp32", "bf16-mixed", "fp16-mixed"):
@@ -216,6 +221,8 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
                             cfg.replace(zero_stage=z)))
     if not cfg.offload_optimizer:
         out.append(("offload optimizer state to host", sc, cfg.replace(offload_optimizer=True)))
+    if not cfg.offload_params and cfg.zero_stage == 3:
+        out.append((OFFLOAD_PARAMS, sc, cfg.replace(offload_params=True)))
     if cfg.tp > 1 and not cfg.sequence_parallel:
         out.append(("sequence parallelism", sc, cfg.replace(sequence_parallel=True)))
     if not cfg.flash_attention:

@@ -67,7 +67,7 @@ def check_supported(scenario: Scenario, config: Config) -> None:
     if config.tp > 1 or config.pp > 1 or config.ep > 1 or config.cp > 1 or config.vpp > 1:
         raise Unsupported("the deepspeed tier runs data parallelism only (tp = pp = ep = cp = "
                           "vpp = 1)")
-    if config.offload_optimizer:
+    if config.offload_optimizer or config.offload_params:
         raise Unsupported("the deepspeed tier runs without offload")
     if config.dp_replicate > 1 or w.optimizer_in_backward:
         raise Unsupported("the deepspeed tier runs neither hybrid sharding nor an optimizer "

@@ -152,7 +152,7 @@ def check(scenario, config) -> None:
         raise Unsupported("the maxtext tier does not compile MaxText's fp8 quantization")
     if config.pp > 1 or config.cp > 1 or config.ep > 1:
         raise Unsupported("the maxtext tier compiles data, fsdp and tensor axes only")
-    if config.offload_optimizer:
+    if config.offload_optimizer or config.offload_params:
         raise Unsupported("the maxtext tier compiles no host offload")
     if m.hidden_dropout or m.attention_dropout:
         raise Unsupported("the maxtext tier compiles no dropout")

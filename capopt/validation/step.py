@@ -185,8 +185,9 @@ def build_step(scenario: Scenario, config: Config, devices, *, tier: str = "exac
     if config.pp > 1:
         raise Unsupported("pipeline parallelism (pp > 1) is not implemented by the "
                           "validation step")
-    if config.offload_optimizer:
-        raise Unsupported("optimizer offload is not implemented by the validation step")
+    if config.offload_optimizer or config.offload_params:
+        raise Unsupported("host offload (offload_optimizer, offload_params) is not "
+                          "implemented by the validation step")
     if config.cp > 1:
         raise Unsupported("context parallelism (cp > 1) is not implemented by the validation "
                           "step")

@@ -86,6 +86,9 @@ def check_supported(scenario: Scenario, config: Config) -> None:
     if w.lora is not None and config.dp > 1:
         raise _unsupported("the torch tier runs LoRA and QLoRA on one device (FSDP2 shards "
                            "one dtype per group; a frozen base and float32 adapters are two)")
+    if config.offload_params:
+        raise _unsupported("the torch tier runs on fake CPU tensors: it has no host memory "
+                           "apart from the device's to offload parameters to")
     if config.pp > 1 or config.ep > 1 or config.cp > 1 or config.offload_optimizer:
         raise _unsupported("the torch tier runs data and tensor parallelism (pp = ep = cp = "
                            "1, no offload)")
