@@ -277,6 +277,11 @@ KNOBS: dict[str, KnobSpec] = {k.name: k for k in [
 ]}
 
 
+# the ZeRO stages parameter offload runs under: DeepSpeed's offload_param is valid only with
+# stage 3 (runtime/zero/offload_config.py, v0.19.8); FSDP's CPUOffloadPolicy is priced on fully
+# sharded groups (`capopt._validity`'s rule and the scenario's refusal both read it)
+OFFLOAD_PARAMS_STAGES = (3,)
+
 # the knobs whose values are true or false
 BOOL_KNOBS = tuple(name for name, spec in KNOBS.items() if spec.kind == "bool")
 
@@ -664,7 +669,7 @@ class Scenario:
         # parameter offload runs on ZeRO-3 alone (`capopt._validity`): off where the stages
         # named leave none, refused where it is named on
         zeros = self.knob("zero_stage").values
-        if zeros is not None and 3 not in zeros:
+        if zeros is not None and not set(zeros) & set(OFFLOAD_PARAMS_STAGES):
             self._narrow("offload_params", (False,), lambda v: v is False,
                          f"offload_params needs ZeRO-3; config.zero_stage allows "
                          f"{', '.join(map(str, zeros))}", "false (or auto), or zero_stage 3")

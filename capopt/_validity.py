@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ._specs import Config, Scenario, runtimes_running
+from ._specs import OFFLOAD_PARAMS_STAGES, Config, Scenario, runtimes_running
 
 Columns = Mapping[str, np.ndarray]
 
@@ -206,12 +206,11 @@ RULES: tuple[Rule, ...] = (
                           "PyTorch's FSDP under a pipeline schedule, --runtime pytorch-eager "
                           "or torchtitan, runs it); use stage 0 or 1",
           lambda d: 1),
-    # parameter offload (after the ZeRO rules, whose repairs move the stage): DeepSpeed's
-    # offload_param is valid only with stage 3 (runtime/zero/offload_config.py, v0.19.8);
-    # FSDP's CPUOffloadPolicy is priced on fully sharded groups, each shard copied to the
-    # device for its all-gather
+    # parameter offload (after the ZeRO rules, whose repairs move the stage), under the
+    # stages `OFFLOAD_PARAMS_STAGES` names
     _rule("config.offload_params", "offload_params zero_stage",
-          lambda c, sc: (c["offload_params"] != 0) & (c["zero_stage"] != 3),
+          lambda c, sc: (c["offload_params"] != 0)
+          & ~np.isin(c["zero_stage"], OFFLOAD_PARAMS_STAGES),
           lambda cfg, sc: f"offload_params needs ZeRO-3 (got zero_stage {cfg.zero_stage}): "
                           "DeepSpeed offloads parameters with stage 3 only, and FSDP's "
                           "CPUOffloadPolicy is priced with full sharding",

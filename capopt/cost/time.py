@@ -664,11 +664,10 @@ def time_terms(k: Knobs, n: dict, mem: dict) -> tuple[dict, dict]:
     gathers = 2.0 + k.remat[..., 2] * _coeff(n, "zero3_regather_for_remat")
     h2d = mem["offloaded_param_bytes"] / link
     d2h = mem["offloaded_grad_bytes"] / link
-    offload_s = offload_s + (jnp.maximum(h2d - st["fwd"], 0.0)
-                             + jnp.maximum((gathers - 1.0) * h2d + d2h - st["bwd"], 0.0)
-                             + (m - 1.0) * (jnp.maximum(h2d - st["fwd"], 0.0)
-                                            + jnp.maximum((gathers - 1.0) * h2d - st["bwd"],
-                                                          0.0) + d2h))
+    h2d_fwd = jnp.maximum(h2d - st["fwd"], 0.0)             # (every micro-batch's forward)
+    h2d_bwd = (gathers - 1.0) * h2d                         # (its backward's gathers)
+    offload_s = offload_s + (m * h2d_fwd + jnp.maximum(h2d_bwd + d2h - st["bwd"], 0.0)
+                             + (m - 1.0) * (jnp.maximum(h2d_bwd - st["bwd"], 0.0) + d2h))
     # activation offloading: each micro-batch's saved tensors copied to the host during its
     # forward pass and back during its backward pass, on a side stream: exposed where a copy
     # outlasts the matmuls it runs beside (the stage's forward, its backward)
