@@ -6,7 +6,8 @@ Reads the committed results of the random-config benchmarks, of capopt's own ans
 (``answers_compiled.py``) and of the published runs (it
 measures nothing and calls no cost model) and writes, per runtime profile, the held-out
 errors of its predicted peak against its own oracle, pooled over every results file of that
-runtime and oracle and grouped by layout (`capopt._trust.label_group`), and the published
+runtime and oracle and grouped by layout (`capopt._trust.label_group`) and by each label of
+the answer features the points are filed under (`capopt._trust.FEATURES`), and the published
 runs' throughput errors per framework, per GPU and per GPU generation. Only held-out points
 count (configs whose card shapes no coefficient was read from); a file whose profile is
 measured on another runtime's oracle (a baseline) is left out.
@@ -87,7 +88,7 @@ def label_group(features: dict) -> str:
 
 
 def memory_section(results: Path) -> dict:
-    from capopt._trust import GROUPS
+    from capopt._trust import FEATURES, GROUPS
     pooled: dict[str, dict] = {}
     for f in sorted(results.glob("*.json")):
         d = json.loads(f.read_text())
@@ -101,14 +102,23 @@ def memory_section(results: Path) -> dict:
         if not held:
             continue
         rt = pooled.setdefault(d["profile"], {"oracle": oracle, "tier": tier, "files": {},
-                                              "points": []})
+                                              "points": [], "by_feature": {}})
         rt["files"][f.name] = len(held)
         rt["points"] += [(label_group(p["features"]), float(p["error"])) for p in held]
+        # (and by each answer feature the point is labelled with, `capopt._trust.FEATURES`)
+        for p in held:
+            for key in FEATURES:
+                if key in p["features"]:
+                    rt["by_feature"].setdefault(key, {}).setdefault(
+                        str(p["features"][key]), []).append(float(p["error"]))
     out = {}
     for name, rt in sorted(pooled.items()):
         groups = {g: stats([e for gg, e in rt["points"] if gg == g]) for g in GROUPS}
         out[name] = {"oracle": rt["oracle"], "tier": rt["tier"], "files": rt["files"],
                      "groups": {g: s for g, s in groups.items() if s["n"]},
+                     "features": {key: {label: stats(errors)
+                                        for label, errors in sorted(labels.items())}
+                                  for key, labels in sorted(rt["by_feature"].items())},
                      "all": stats([e for _, e in rt["points"]])}
     return out
 

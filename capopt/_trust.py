@@ -41,6 +41,33 @@ def config_group(config) -> str | None:
             else "data parallel, replicated")
 
 
+#: The features of an answer the random-config benchmarks also file their points under, with
+#: the same labels (`answer_features`; `capopt.validation.random_configs.features` writes
+#: them with it): what the workload and the config decide, not the card's shape.
+FEATURES = ("optimizer", "clipping", "grad_accum", "precision", "remat", "flash", "lora")
+#: Fewer held-out points than this under a feature's label say too little to print.
+MIN_FEATURE_POINTS = 5
+
+
+def answer_features(workload, config) -> dict[str, str]:
+    """The labels of `FEATURES` for ``workload`` and ``config``, as the benchmarks write them.
+
+    >>> from capopt._specs import Config, Workload
+    >>> answer_features(Workload(seq_len=512, global_batch=8, optimizer="lion"),
+    ...                 Config(micro_batch=2, grad_accum=4, remat=0.5))["remat"]
+    'fraction'
+    """
+    r = config.remat
+    lora = workload.lora
+    return {"optimizer": workload.optimizer,
+            "clipping": "clip" if workload.grad_clip else "no clip",
+            "grad_accum": f"accum {config.grad_accum}", "precision": workload.precision,
+            "remat": r if isinstance(r, str) else "fraction",
+            "flash": "flash" if config.flash_attention else "materialised",
+            "lora": ("none" if lora is None else
+                     {16: "LoRA", 8: "LoRA int8", 4: "QLoRA"}.get(lora.base_bits, "LoRA"))}
+
+
 def generation(compute_capability: str | None) -> str | None:
     """The GPU generation the published runs are grouped by (CUDA compute capability)."""
     if not compute_capability or not compute_capability[0].isdigit():
@@ -71,9 +98,25 @@ def grown(peak: float, shortfall: float) -> float | None:
     return peak / (1.0 - shortfall) if shortfall < 1.0 else None
 
 
-def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) -> dict:
+def feature_figures(mem: dict, labels: dict[str, str]) -> list[dict]:
+    """The held-out figures of a runtime's memory section (``mem``) under each of ``labels``
+    (`answer_features`) that has at least `MIN_FEATURE_POINTS` points, the feature whose
+    points fell shortest first (the largest 90th-percentile shortfall, then the largest
+    under-prediction)."""
+    out = []
+    for key, label in labels.items():
+        s = mem.get("features", {}).get(key, {}).get(label)
+        if s and s["n"] >= MIN_FEATURE_POINTS:
+            out.append({"feature": key, "label": label, "stats": s})
+    return sorted(out, key=lambda f: (-f["stats"].get("p90_under", 0.0),
+                                      f["stats"].get("worst_under", 0.0)))
+
+
+def trust_for(runtime: str, gpu: str, compute_capability: str | None, config,
+              workload=None) -> dict:
     """The held-out figures for ``config`` under ``runtime`` on ``gpu``: ``memory`` (the
-    oracle, the group and its figures; the runtime's figures over every layout beside them) and
+    oracle, the group and its figures; the runtime's figures over every layout beside them;
+    with ``workload``, the figures of each of the answer's features, `feature_figures`) and
     ``throughput`` (the published runs of the runtime's framework, and of the GPU or its
     generation), and ``answers`` (the runtime's own answers to the shipped scenarios compiled
     on its oracle). A part is None where nothing was measured."""
@@ -84,7 +127,9 @@ def trust_for(runtime: str, gpu: str, compute_capability: str | None, config) ->
         group = config_group(config)
         stats = mem["groups"].get(group) if group else None
         out["memory"] = {"runtime": runtime, "oracle": mem["oracle"], "tier": mem["tier"],
-                         "group": group, "stats": stats, "all": mem["all"]}
+                         "group": group, "stats": stats, "all": mem["all"],
+                         "features": ([] if workload is None else
+                                      feature_figures(mem, answer_features(workload, config)))}
     # the runtime's own answers compiled on its oracle (full size, near their budgets)
     out["answers"] = tab.get("answers", {}).get(runtime)
     thr = tab.get("throughput", {})
@@ -110,7 +155,8 @@ def answer_trust(scenario, config, total_bytes: float) -> dict:
     it) and by its largest under-prediction (None where that is 100% or more), against the
     scenario's usable budget and the device's memory."""
     hw = scenario.hardware
-    out = trust_for(scenario.runtime.name, hw.name, hw.compute_capability, config)
+    out = trust_for(scenario.runtime.name, hw.name, hw.compute_capability, config,
+                    scenario.workload)
     mem = out["memory"]
     if mem:
         s = mem["stats"] or mem["all"]
@@ -127,5 +173,6 @@ def answer_trust(scenario, config, total_bytes: float) -> dict:
     return out
 
 
-__all__ = ["GROUPS", "answer_trust", "config_group", "generation", "grown", "load_table",
-           "table_path", "trust_for"]
+__all__ = ["FEATURES", "GROUPS", "MIN_FEATURE_POINTS", "answer_features", "answer_trust",
+           "config_group", "feature_figures", "generation", "grown", "load_table", "table_path",
+           "trust_for"]

@@ -270,7 +270,9 @@ def trust_lines(trust: dict) -> str:
     """`capopt._trust.answer_trust` as the lines printed under an answer: the held-out
     errors of the runtime's memory prediction against its oracle for the answer's layout, what
     the answer would need were it short by their 90th percentile or by their largest
-    under-prediction, and the published runs' throughput errors."""
+    under-prediction, the errors of the points that share each of the answer's features (its
+    optimizer, clipping, accumulation, precision, recomputation, attention kernel, LoRA) with
+    the shortfall of the weakest, and the published runs' throughput errors."""
     lines = ["how far to trust it (held-out measurements, README \"How far to trust it\"):"]
     mem = trust.get("memory")
     pad = " " * 14
@@ -310,6 +312,17 @@ def trust_lines(trust: dict) -> str:
                 lines.append(_wrapped(pad, "before launching, measure it on its oracle: capopt "
                                       f"validate --tier {mem['validate_tier']} with the same "
                                       "arguments"))
+    feats = (mem or {}).get("features") or []
+    if feats:
+        listed = ", ".join(f"{f['feature']} {f['label']} {_pct(f['stats']['median_abs'])} "
+                           f"({f['stats']['n']})" for f in feats)
+        w = feats[0]
+        lines.append(_wrapped("  by feature  ", "held-out points that share the answer's "
+                              f"features, median |error| (points): {listed}; the weakest, "
+                              f"{w['feature']} {w['label']}: in 9 of 10 short by at most "
+                              f"{_pct(w['stats'].get('p90_under', 0.0))}, the largest "
+                              "under-prediction "
+                              f"{_pct(w['stats'].get('worst_under', 0.0), signed=True)}"))
     ans = trust.get("answers")
     if ans:
         lines.append(_wrapped(pad, f"its own answers, full size near their budgets: the top "

@@ -32,6 +32,7 @@ import numpy as np
 from .._hardware import Hardware
 from .._model import ModelSpec
 from .._runtime import RuntimeProfile, get_profile
+from .._trust import answer_features
 from .._specs import OPTIMIZERS, PRECISIONS, Budget, Config, LoRA, Scenario, Workload
 from .._validity import config_problems
 
@@ -243,7 +244,6 @@ def _lora_ok(m: ModelSpec, lora: LoRA | None) -> bool:
 def features(sc: Scenario, cfg: Config, style: str) -> dict:
     """The feature groups a case belongs to (the benchmark's per-feature rows)."""
     w = sc.workload
-    r = cfg.remat
     layout = ("1 device" if cfg.dp * cfg.tp == 1 else
               "tp" if cfg.dp == 1 else
               f"dp ZeRO-{cfg.zero_stage}" + (" + tp" if cfg.tp > 1 else ""))
@@ -251,16 +251,15 @@ def features(sc: Scenario, cfg: Config, style: str) -> dict:
     attn = ("mlp" if m.family == "mlp" else "MLA" if m.is_mla else
             "MQA" if m.kv_heads == 1 else "GQA" if m.kv_heads < m.num_attention_heads
             else "MHA")
+    # (the workload's and config's own labels as `capopt._trust` looks them up for an answer)
+    f = answer_features(w, cfg)
     return {
-        "style": style, "family": m.family, "optimizer": w.optimizer,
-        "clipping": "clip" if w.grad_clip else "no clip",
-        "grad_accum": f"accum {cfg.grad_accum}", "precision": w.precision,
-        "remat": r if isinstance(r, str) else "fraction",
-        "flash": "flash" if cfg.flash_attention else "materialised",
+        "style": style, "family": m.family, "optimizer": f["optimizer"],
+        "clipping": f["clipping"], "grad_accum": f["grad_accum"], "precision": f["precision"],
+        "remat": f["remat"], "flash": f["flash"],
         "layout": layout, "sequence_parallel": "sp" if cfg.sequence_parallel else "no sp",
         "tied": "tied" if m.tie_word_embeddings else "untied", "attention": attn,
-        "lora": ("none" if w.lora is None else
-                 {16: "LoRA", 8: "LoRA int8", 4: "QLoRA"}[w.lora.base_bits]),
+        "lora": f["lora"],
     }
 
 
