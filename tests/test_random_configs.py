@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections import Counter
@@ -115,6 +116,43 @@ def test_memory_random_results_come_from_the_current_model():
         # float32 cost model, the same program: equal to float32 rounding
         assert p["peak_bytes"] == pytest.approx(q["predicted_peak_bytes"], rel=1e-6), q["case"]
         assert rec["measured"]["peak_bytes"] == q["measured_peak_bytes"]
+
+
+def test_a_twin_differs_from_its_config_by_its_vocabulary_alone():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import xla_twins
+    pairs = xla_twins.pairs(draw_cases(200, 0), 16, 0)
+    assert len(pairs) >= 20
+    for c, t in pairs:
+        assert c.split == "heldout" and c.config.dp * c.config.tp == 1
+        assert t.scenario.model.vocab_size == c.scenario.model.vocab_size + 16
+        assert dataclasses.replace(t.scenario.model, vocab_size=c.scenario.model.vocab_size) \
+            == c.scenario.model
+        assert t.config == c.config and t.scenario.workload == c.scenario.workload
+    assert xla_twins.main(["--delta", "0", "--no-measure"]) == 2
+
+
+def test_xla_twins_results_come_from_the_current_model():
+    """benchmarks/results/xla_twins.json holds the current model's predictions of each pair,
+    recomputed here from the recorded compiles, and the excess it reports is theirs."""
+    path = RESULTS / "xla_twins.json"
+    if not path.exists():
+        pytest.skip("no xla_twins.json (run benchmarks/xla_twins.py)")
+    doc = json.loads(path.read_text())
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import memory_random as bench
+    import xla_twins
+    pairs = {c.name: (c, t) for c, t in xla_twins.pairs(draw_cases(200, 0), doc["delta"], 0)}
+    recs = {**_recorded(RESULTS / "memory_random.jsonl"), **_recorded(RESULTS / "xla_twins.jsonl")}
+    assert doc["measured"] >= 20
+    for row in doc["rows"][:8]:
+        c, t = pairs[row["case"]]
+        pb = bench.predicted_peak(c, recs[bench.measurement_key(c)])["peak_bytes"]
+        pt = bench.predicted_peak(t, recs[bench.measurement_key(t)])["peak_bytes"]
+        assert pb == pytest.approx(row["predicted_base_bytes"], rel=1e-6), row["case"]
+        assert pt == pytest.approx(row["predicted_twin_bytes"], rel=1e-6), row["case"]
+        assert row["excess"] == pytest.approx(
+            (row["measured_twin_bytes"] / row["measured_base_bytes"]) / (pt / pb) - 1, abs=1e-6)
 
 
 @pytest.mark.parametrize("name", ["maxtext_random", "maxtext_random_seed1"])
