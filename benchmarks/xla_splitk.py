@@ -20,6 +20,11 @@ compares it with the profile's rule (`capopt.cost.memory.splitk_tile_limit`):
 The two coefficients are read off the H100 points with K >= 1999 (1 / limit is linear in
 1 / K: a least-squares line, printed); the H100 points with K < 1999 or another n and the
 other GPUs (A100, B200, RTX A6000, L4) are held out. Results: ``results/xla_splitk.json``.
+
+``--weight-grad`` measures instead the split XLA makes of square weight-gradient GEMMs
+(``x[tokens, in]^T @ g[tokens, out]``, K the tokens) over a grid of sizes and token counts,
+the partial sums of which, float32 ``[split, in, out]``, are buffers of the step
+(``results/xla_splitk_wgrad.json``).
 """
 
 from __future__ import annotations
@@ -77,6 +82,73 @@ def splitter(gpu: str):
         shape = [int(x) for x in dims[0].split(",")] if dims else []
         return shape[0] if len(shape) == 3 else 1
     return split
+
+
+def wgrad_splitter(gpu: str):
+    """In a process set up for the xla-gpu tier: a function of (in, out, tokens) giving the
+    split XLA makes of a weight-gradient GEMM's K, the tokens (``x[t, in]^T @ g[t, out]``,
+    both bf16, as a mixed-precision step's activations and output gradients are)."""
+    import glob
+    import re
+    import tempfile
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
+
+    from capopt._hardware import get_hardware
+    from capopt.validation.tiers import gpu_topology
+    sharding = SingleDeviceSharding(gpu_topology(get_hardware(gpu), 1).devices[0])
+
+    def split(i: int, o: int, t: int) -> int:
+        with tempfile.TemporaryDirectory() as d:
+            x = jax.ShapeDtypeStruct((t, i), jnp.bfloat16, sharding=sharding)
+            g = jax.ShapeDtypeStruct((t, o), jnp.bfloat16, sharding=sharding)
+            fn = jax.jit(lambda x, g: jnp.einsum("ti,to->io", x, g))
+            fn.trace(x, g).lower().compile(compiler_options={
+                "xla_dump_to": d, "xla_dump_hlo_as_text": True})
+            text = Path(glob.glob(f"{d}/*after_optimizations.txt")[0]).read_text()
+        dims = re.findall(r"ROOT %dot[.\d]* = \w+\[([\d,]*)\]", text)
+        shape = [int(x) for x in dims[0].split(",")] if dims else []
+        return shape[0] if len(shape) == 3 else 1
+    return split
+
+
+# square weight-gradient outputs x tokens of a micro-batch (one H100)
+WGRAD_SIZES = (64, 128, 256, 384, 512, 768, 1024, 2048)
+WGRAD_TOKENS = (128, 512, 1024, 2048, 4096, 8192, 32768)
+
+
+def weight_grad_table() -> int:
+    """Print and write (``results/xla_splitk_wgrad.json``) the split XLA makes of square
+    weight-gradient GEMMs over the grid, on an H100 target."""
+    from capopt._specs import Config
+    from capopt.validation.tiers import environment
+    from _random_cases import xla_gpu_refusal
+    refused = xla_gpu_refusal()
+    if refused:
+        return refused
+    t0 = time.perf_counter()
+    jobs = [(s, s, t) for s in WGRAD_SIZES for t in WGRAD_TOKENS]
+    proc = subprocess.run([sys.executable, __file__, "--wgrad-worker", FIT_GPU,
+                           json.dumps(jobs)], env=environment("xla-gpu", Config()),
+                          capture_output=True, text=True)
+    got = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode != 0 or len(got) != len(jobs):
+        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        print(f"error: the worker failed: {tail[0]}", file=sys.stderr)
+        return 1
+    split = {(r["in"], r["tokens"]): r["split"] for r in got}
+    print(f"split of K (tokens) XLA makes of x^T g, bf16, output in x out, on {FIT_GPU}")
+    print(f"{'in = out':>9s} " + " ".join(f"{t:>6d}" for t in WGRAD_TOKENS))
+    for s in WGRAD_SIZES:
+        print(f"{s:>9d} " + " ".join(f"{split[(s, t)]:>6d}" for t in WGRAD_TOKENS))
+    out = {"compiler": "jaxlib 0.10.2 (XLA GPU, autotuning off, deviceless target)",
+           "gpu": FIT_GPU, "points": got, "total_s": time.perf_counter() - t0}
+    path = RESULTS / "xla_splitk_wgrad.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"\nwrote {path} in {out['total_s']:.0f} s")
+    return 0
 
 
 def worker(gpu: str, jobs: list[tuple[int, int]]) -> None:
@@ -153,7 +225,19 @@ def main(argv=None) -> int:
     ap.add_argument("--probe", nargs=4, metavar=("GPU", "M", "N", "K"),
                     help="print the split XLA makes of one GEMM's K (run in the tier's "
                          "environment, as the workers are)")
+    ap.add_argument("--weight-grad", action="store_true",
+                    help="instead: the split of square weight-gradient GEMMs over a grid of "
+                         "sizes and tokens (results/xla_splitk_wgrad.json)")
+    ap.add_argument("--wgrad-worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.wgrad_worker:
+        split = wgrad_splitter(args.wgrad_worker[0])
+        for i, o, t in json.loads(args.wgrad_worker[1]):
+            print(json.dumps({"in": i, "out": o, "tokens": t, "split": split(i, o, t)}),
+                  flush=True)
+        return 0
+    if args.weight_grad:
+        return weight_grad_table()
     if args.probe:
         gpu, m, n, k = args.probe
         print(splitter(gpu)(int(m), int(n), int(k)))
