@@ -522,6 +522,30 @@ def test_xla_splits_a_gemms_k_where_the_xla_gpu_profile_says():
     assert split(int(1.25 * limit)) == 1
 
 
+@pytest.mark.xla_gpu
+@pytest.mark.skipif(not _XLA_GPU, reason=_WHY or "xla-gpu plugin absent")
+def test_the_weight_gradient_split_table_is_the_compilers():
+    """`benchmarks/results/xla_splitk_wgrad.json` (the README's weight-gradient split-K
+    figures) against the compiler: two of its points compiled again, one split and one not."""
+    import json
+    import subprocess
+    import sys
+
+    from capopt.validation.tiers import environment
+    root = Path(__file__).resolve().parents[1]
+    table = json.loads((root / "benchmarks" / "results" / "xla_splitk_wgrad.json").read_text())
+    want = {(p["in"], p["tokens"]): p["split"] for p in table["points"]}
+    jobs = [[384, 384, 2048], [2048, 2048, 2048]]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "xla_splitk.py"),
+                          "--wgrad-worker", "h100-sxm-80gb", json.dumps(jobs)],
+                         env=environment("xla-gpu", Config()), capture_output=True, text=True,
+                         check=True)
+    got = {(r["in"], r["tokens"]): r["split"]
+           for r in map(json.loads, out.stdout.splitlines())}
+    assert got == {k: want[k] for k in got}
+    assert got[(384, 2048)] > 1 and got[(2048, 2048)] == 1
+
+
 def test_xla_gpu_tier_refuses_cleanly_without_the_plugin(monkeypatch):
     import capopt.validation.runner as runner
     from capopt._errors import CapoptError
