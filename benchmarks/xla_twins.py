@@ -1,6 +1,7 @@
 """How much of XLA's peak follows the shapes smoothly: each config beside a near twin.
 
-    python benchmarks/xla_twins.py [--limit N] [--delta 16] [--jobs 2] [--no-measure]
+    python benchmarks/xla_twins.py [--field vocab_size|seq_len] [--delta 16] [--limit N]
+                                   [--jobs 2] [--no-measure]
 
 The memory model prices a step's live set from the tensor inventory; XLA's buffer assignment
 also follows its own fusion and scheduling choices, which can change with a shape the model
@@ -9,7 +10,10 @@ configs of ``memory_random.py``'s draw (seed 0, the cards no coefficient was rea
 device, so XLA's latency-hiding scheduler does not run) that have a vocabulary, and compiles
 each once more with the vocabulary ``--delta`` entries larger (16 by default: the same residue
 modulo 16, so the same padding of the head's GEMMs) on the xla-gpu tier. The base compiles
-are ``memory_random.jsonl``'s own.
+are ``memory_random.jsonl``'s own. ``--field seq_len`` lengthens the sequence instead
+(every family but ViT, whose sequence is its image's patches; ``--delta 128`` keeps it a
+multiple of the flash stand-in's 128-query chunks where it was one: off them the step falls
+back to materialised scores, `capopt.validation.models.attention`, a change of structure).
 
 For a pair it reports the measured change of the peak (twin / base - 1), the predicted change
 and the excess of the one over the other, (1 + measured) / (1 + predicted) - 1: what the
@@ -18,8 +22,8 @@ model's remaining misses on these configs are systematic (a mechanism to find); 
 says they include choices that a shape change of a fraction of a percent can flip, a floor
 under what a model of the inventory alone can reach.
 
-Results: ``results/xla_twins.json`` (table printed); compiles in ``results/xla_twins.jsonl``
-(resumable).
+Results: ``results/xla_twins.json`` (``xla_twins_seq_len.json``; table printed); compiles in
+``results/xla_twins.jsonl`` (resumable).
 """
 
 from __future__ import annotations
@@ -43,20 +47,33 @@ from memory_random import measurement_key, predicted_peak  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def twin(case: Case, delta: int) -> Case:
-    """``case`` with ``delta`` more vocabulary entries."""
-    m = dataclasses.replace(case.scenario.model,
-                            vocab_size=case.scenario.model.vocab_size + delta)
-    sc = dataclasses.replace(case.scenario, model=m, name=case.scenario.name + f"-v{delta:+d}")
-    return dataclasses.replace(case, name=case.name + f"-v{delta:+d}", scenario=sc)
+FIELDS = ("vocab_size", "seq_len")
 
 
-def pairs(cases: list[Case], delta: int, limit: int) -> list[tuple[Case, Case]]:
-    """The held-out one-device cases with a vocabulary, each with its twin (at most
-    ``limit``)."""
-    out = [(c, twin(c, delta)) for c in cases
-           if c.split == "heldout" and devices_needed(c.config) == 1
-           and c.scenario.model.vocab_size > 0]
+def twin(case: Case, delta: int, field: str = "vocab_size") -> Case:
+    """``case`` with ``delta`` more vocabulary entries (``vocab_size``) or tokens a sequence
+    (``seq_len``)."""
+    sc = case.scenario
+    tag = {"vocab_size": "v", "seq_len": "s"}[field]
+    if field == "vocab_size":
+        sc = dataclasses.replace(sc, model=dataclasses.replace(
+            sc.model, vocab_size=sc.model.vocab_size + delta))
+    else:
+        sc = dataclasses.replace(sc, workload=dataclasses.replace(
+            sc.workload, seq_len=sc.workload.seq_len + delta))
+    sc = dataclasses.replace(sc, name=sc.name + f"-{tag}{delta:+d}")
+    return dataclasses.replace(case, name=case.name + f"-{tag}{delta:+d}", scenario=sc)
+
+
+def pairs(cases: list[Case], delta: int, limit: int,
+          field: str = "vocab_size") -> list[tuple[Case, Case]]:
+    """The held-out one-device cases the field applies to (a vocabulary; a sequence that is
+    not an image's patches), each with its twin (at most ``limit``)."""
+    def applies(c: Case) -> bool:
+        m = c.scenario.model
+        return m.vocab_size > 0 if field == "vocab_size" else m.family != "vit"
+    out = [(c, twin(c, delta, field)) for c in cases
+           if c.split == "heldout" and devices_needed(c.config) == 1 and applies(c)]
     return out[:limit] if limit else out
 
 
@@ -64,13 +81,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=200, help="memory_random.py's draw")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--delta", type=int, default=16, help="vocabulary entries the twin adds")
+    ap.add_argument("--field", choices=FIELDS, default="vocab_size",
+                    help="what the twin changes (results/xla_twins[_seq_len].json)")
+    ap.add_argument("--delta", type=int, default=16,
+                    help="vocabulary entries (or tokens a sequence) the twin adds")
     ap.add_argument("--limit", type=int, default=0, help="at most this many pairs (0: all)")
     add_worker_args(ap)
     ap.add_argument("--no-measure", action="store_true",
                     help="only recompute the predictions for what is already measured")
-    ap.add_argument("--out", default=str(RESULTS / "xla_twins.json"))
+    ap.add_argument("--out", default=None,
+                    help="default results/xla_twins.json (vocab_size), "
+                         "results/xla_twins_seq_len.json")
     args = ap.parse_args(argv)
+    args.out = args.out or str(RESULTS / ("xla_twins.json" if args.field == "vocab_size"
+                                          else f"xla_twins_{args.field}.json"))
     if args.delta == 0:
         print("error: --delta: 0 makes no twin (allowed: a nonzero integer)", file=sys.stderr)
         return 2
@@ -78,7 +102,7 @@ def main(argv=None) -> int:
     if refused:
         return refused
     t0 = time.perf_counter()
-    todo = pairs(draw_cases(args.cases, args.seed), args.delta, args.limit)
+    todo = pairs(draw_cases(args.cases, args.seed), args.delta, args.limit, args.field)
     from capopt.validation.runner import load_results
     base = {r["key"]: r for r in load_results(RESULTS / "memory_random.jsonl")
             if r.get("status") == "ok"}
@@ -98,7 +122,8 @@ def main(argv=None) -> int:
             continue
         pb, pt = predicted_peak(c, rb)["peak_bytes"], predicted_peak(t, rt)["peak_bytes"]
         mb, mt = rb["measured"]["peak_bytes"], rt["measured"]["peak_bytes"]
-        rows.append({"case": c.name, "describe": describe(c), "vocab": c.scenario.model.vocab_size,
+        rows.append({"case": c.name, "describe": describe(c),
+                     "vocab": c.scenario.model.vocab_size, "seq_len": c.scenario.workload.seq_len,
                      "measured_base_bytes": mb, "measured_twin_bytes": mt,
                      "predicted_base_bytes": pb, "predicted_twin_bytes": pt,
                      "measured_change": mt / mb - 1.0, "predicted_change": pt / pb - 1.0,
@@ -106,7 +131,8 @@ def main(argv=None) -> int:
                      "error_base": pb / mb - 1.0, "error_twin": pt / mt - 1.0})
     excess = [r["excess"] for r in rows]
     s = summary(excess)
-    doc = {"tier": "xla-gpu", "gpu": "h100-sxm-80gb", "delta": args.delta, "pairs": len(todo),
+    doc = {"tier": "xla-gpu", "gpu": "h100-sxm-80gb", "field": args.field,
+           "delta": args.delta, "pairs": len(todo),
            "measured": len(rows), "summary_excess": s,
            "over_2pct": sum(abs(e) > 0.02 for e in excess),
            "over_5pct": sum(abs(e) > 0.05 for e in excess),
@@ -119,7 +145,7 @@ def main(argv=None) -> int:
               f"{r['predicted_change'] * 100:>+8.2f}% {r['excess'] * 100:>+7.2f}% "
               f"{r['error_base'] * 100:>+8.1f}% {r['error_twin'] * 100:>+8.1f}%")
     if rows:
-        print(f"\n{len(rows)} pairs (vocabulary {args.delta:+d}): |excess| median "
+        print(f"\n{len(rows)} pairs ({args.field} {args.delta:+d}): |excess| median "
               f"{pct(s['median_abs'])}, p90 {pct(s['p90_abs'])}, worst "
               f"{s['worst_signed'] * 100:+.2f}%; over 2%: {doc['over_2pct']}, over 5%: "
               f"{doc['over_5pct']}")

@@ -129,20 +129,26 @@ def test_a_twin_differs_from_its_config_by_its_vocabulary_alone():
         assert dataclasses.replace(t.scenario.model, vocab_size=c.scenario.model.vocab_size) \
             == c.scenario.model
         assert t.config == c.config and t.scenario.workload == c.scenario.workload
+    for c, t in xla_twins.pairs(draw_cases(200, 0), 64, 0, "seq_len"):
+        assert c.scenario.model.family != "vit" and t.scenario.model == c.scenario.model
+        assert t.scenario.workload == dataclasses.replace(
+            c.scenario.workload, seq_len=c.scenario.workload.seq_len + 64)
     assert xla_twins.main(["--delta", "0", "--no-measure"]) == 2
 
 
-def test_xla_twins_results_come_from_the_current_model():
-    """benchmarks/results/xla_twins.json holds the current model's predictions of each pair,
-    recomputed here from the recorded compiles, and the excess it reports is theirs."""
-    path = RESULTS / "xla_twins.json"
+@pytest.mark.parametrize("name", ["xla_twins", "xla_twins_seq_len"])
+def test_xla_twins_results_come_from_the_current_model(name):
+    """benchmarks/results/xla_twins*.json hold the current model's predictions of each pair,
+    recomputed here from the recorded compiles, and the excess they report is theirs."""
+    path = RESULTS / f"{name}.json"
     if not path.exists():
-        pytest.skip("no xla_twins.json (run benchmarks/xla_twins.py)")
+        pytest.skip(f"no {name}.json (run benchmarks/xla_twins.py)")
     doc = json.loads(path.read_text())
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import memory_random as bench
     import xla_twins
-    pairs = {c.name: (c, t) for c, t in xla_twins.pairs(draw_cases(200, 0), doc["delta"], 0)}
+    pairs = {c.name: (c, t) for c, t in xla_twins.pairs(draw_cases(200, 0), doc["delta"], 0,
+                                                         doc.get("field", "vocab_size"))}
     recs = {**_recorded(RESULTS / "memory_random.jsonl"), **_recorded(RESULTS / "xla_twins.jsonl")}
     assert doc["measured"] >= 20
     for row in doc["rows"][:8]:
