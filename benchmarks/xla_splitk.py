@@ -53,9 +53,10 @@ QUICK = [(FIT_GPU, 128, 1999), (FIT_GPU, 128, 5003), (FIT_GPU, 128, 32001),
          ("a100-sxm-80gb", 128, 5003)]
 
 
-def splitter(gpu: str):
-    """In a process set up for the xla-gpu tier: a function of (m, n, K) giving the split XLA
-    makes of the GEMM's K for ``gpu`` (1: none)."""
+def _compiled_split(gpu: str, gemm):
+    """In a process set up for the xla-gpu tier: a function of a GEMM's arguments (for
+    ``gemm(jnp, sharding, *args)``, which returns the function and its argument shapes)
+    giving the split XLA makes of its K for ``gpu`` (1: none)."""
     import glob
     import re
     import tempfile
@@ -68,13 +69,11 @@ def splitter(gpu: str):
     from capopt.validation.tiers import gpu_topology
     sharding = SingleDeviceSharding(gpu_topology(get_hardware(gpu), 1).devices[0])
 
-    def split(m: int, n: int, k: int) -> int:
+    def split(*args: int) -> int:
+        fn, shapes = gemm(jnp, sharding, *args)
         with tempfile.TemporaryDirectory() as d:
-            a = jax.ShapeDtypeStruct((m, k), jnp.float32, sharding=sharding)
-            b = jax.ShapeDtypeStruct((k, n), jnp.float32, sharding=sharding)
-            fn = jax.jit(lambda x, w: x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16))
             # (the tier's XLA_FLAGS, autotuning off, come with the worker's environment)
-            fn.trace(a, b).lower().compile(compiler_options={
+            jax.jit(fn).trace(*shapes).lower().compile(compiler_options={
                 "xla_dump_to": d, "xla_dump_hlo_as_text": True})
             text = Path(glob.glob(f"{d}/*after_optimizations.txt")[0]).read_text()
         # a split dot computes [split, m, n] partial sums (float32) before their reduction
@@ -84,34 +83,28 @@ def splitter(gpu: str):
     return split
 
 
+def splitter(gpu: str):
+    """In a process set up for the xla-gpu tier: a function of (m, n, K) giving the split XLA
+    makes of the GEMM's K for ``gpu`` (1: none): ``bf16(x[m, K]) @ bf16(w[K, n])``, both
+    cast from float32."""
+    def gemm(jnp, sharding, m: int, n: int, k: int):
+        import jax
+        return ((lambda x, w: x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)),
+                (jax.ShapeDtypeStruct((m, k), jnp.float32, sharding=sharding),
+                 jax.ShapeDtypeStruct((k, n), jnp.float32, sharding=sharding)))
+    return _compiled_split(gpu, gemm)
+
+
 def wgrad_splitter(gpu: str):
     """In a process set up for the xla-gpu tier: a function of (in, out, tokens) giving the
     split XLA makes of a weight-gradient GEMM's K, the tokens (``x[t, in]^T @ g[t, out]``,
     both bf16, as a mixed-precision step's activations and output gradients are)."""
-    import glob
-    import re
-    import tempfile
-
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import SingleDeviceSharding
-
-    from capopt._hardware import get_hardware
-    from capopt.validation.tiers import gpu_topology
-    sharding = SingleDeviceSharding(gpu_topology(get_hardware(gpu), 1).devices[0])
-
-    def split(i: int, o: int, t: int) -> int:
-        with tempfile.TemporaryDirectory() as d:
-            x = jax.ShapeDtypeStruct((t, i), jnp.bfloat16, sharding=sharding)
-            g = jax.ShapeDtypeStruct((t, o), jnp.bfloat16, sharding=sharding)
-            fn = jax.jit(lambda x, g: jnp.einsum("ti,to->io", x, g))
-            fn.trace(x, g).lower().compile(compiler_options={
-                "xla_dump_to": d, "xla_dump_hlo_as_text": True})
-            text = Path(glob.glob(f"{d}/*after_optimizations.txt")[0]).read_text()
-        dims = re.findall(r"ROOT %dot[.\d]* = \w+\[([\d,]*)\]", text)
-        shape = [int(x) for x in dims[0].split(",")] if dims else []
-        return shape[0] if len(shape) == 3 else 1
-    return split
+    def gemm(jnp, sharding, i: int, o: int, t: int):
+        import jax
+        return ((lambda x, g: jnp.einsum("ti,to->io", x, g)),
+                (jax.ShapeDtypeStruct((t, i), jnp.bfloat16, sharding=sharding),
+                 jax.ShapeDtypeStruct((t, o), jnp.bfloat16, sharding=sharding)))
+    return _compiled_split(gpu, gemm)
 
 
 # square weight-gradient outputs x tokens of a micro-batch (one H100)
