@@ -281,6 +281,8 @@ KNOBS: dict[str, KnobSpec] = {k.name: k for k in [
 # stage 3 (runtime/zero/offload_config.py, v0.19.8); FSDP's CPUOffloadPolicy is priced on fully
 # sharded groups (`capopt._validity`'s rule and the scenario's refusal both read it)
 OFFLOAD_PARAMS_STAGES = (3,)
+# (their name in messages: "ZeRO-3")
+OFFLOAD_PARAMS_NEEDS = "ZeRO-" + " or ".join(map(str, OFFLOAD_PARAMS_STAGES))
 
 # the knobs whose values are true or false
 BOOL_KNOBS = tuple(name for name, spec in KNOBS.items() if spec.kind == "bool")
@@ -671,8 +673,10 @@ class Scenario:
         zeros = self.knob("zero_stage").values
         if zeros is not None and not set(zeros) & set(OFFLOAD_PARAMS_STAGES):
             self._narrow("offload_params", (False,), lambda v: v is False,
-                         f"offload_params needs ZeRO-3; config.zero_stage allows "
-                         f"{', '.join(map(str, zeros))}", "false (or auto), or zero_stage 3")
+                         f"offload_params needs {OFFLOAD_PARAMS_NEEDS}; config.zero_stage "
+                         f"allows {', '.join(map(str, zeros))}",
+                         "false (or auto), or zero_stage "
+                         + " or ".join(map(str, OFFLOAD_PARAMS_STAGES)))
         if self.objective == "cost_efficiency" and self.gpu_hour_price is None:
             raise CapoptError("cost_efficiency needs a price: set hardware.price_per_gpu_hour",
                               file=self.path, field="objective.maximize")

@@ -16,7 +16,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ._specs import OFFLOAD_PARAMS_STAGES, Config, Scenario, runtimes_running
+from ._specs import (OFFLOAD_PARAMS_NEEDS, OFFLOAD_PARAMS_STAGES, Config, Scenario,
+                     runtimes_running)
 
 Columns = Mapping[str, np.ndarray]
 
@@ -211,7 +212,8 @@ RULES: tuple[Rule, ...] = (
     _rule("config.offload_params", "offload_params zero_stage",
           lambda c, sc: (c["offload_params"] != 0)
           & ~np.isin(c["zero_stage"], OFFLOAD_PARAMS_STAGES),
-          lambda cfg, sc: f"offload_params needs ZeRO-3 (got zero_stage {cfg.zero_stage}): "
+          lambda cfg, sc: f"offload_params needs {OFFLOAD_PARAMS_NEEDS} (got zero_stage "
+                          f"{cfg.zero_stage}): "
                           "DeepSpeed offloads parameters with stage 3 only, and FSDP's "
                           "CPUOffloadPolicy is priced with full sharding",
           lambda d: False),

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .._errors import CapoptError
-from .._specs import (Config, KnobDomain, LoRA, Scenario, runtime_runs, runtime_runs_config,
-                      training_choices)
+from .._specs import (OFFLOAD_PARAMS_STAGES, Config, KnobDomain, LoRA, Scenario, runtime_runs,
+                      runtime_runs_config, training_choices)
 
 
 def with_knob(sc: Scenario, name: str, values) -> Scenario:
@@ -221,7 +221,7 @@ def config_changes(sc: Scenario, cfg: Config) -> list[tuple[str, Scenario, Confi
                             cfg.replace(zero_stage=z)))
     if not cfg.offload_optimizer:
         out.append(("offload optimizer state to host", sc, cfg.replace(offload_optimizer=True)))
-    if not cfg.offload_params and cfg.zero_stage == 3:
+    if not cfg.offload_params and cfg.zero_stage in OFFLOAD_PARAMS_STAGES:
         out.append((OFFLOAD_PARAMS, sc, cfg.replace(offload_params=True)))
     if cfg.tp > 1 and not cfg.sequence_parallel:
         out.append(("sequence parallelism", sc, cfg.replace(sequence_parallel=True)))
