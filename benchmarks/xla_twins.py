@@ -1,6 +1,6 @@
 """How much of XLA's peak follows the shapes smoothly: each config beside a near twin.
 
-    python benchmarks/xla_twins.py [--field vocab_size|seq_len] [--delta 16] [--limit N]
+    python benchmarks/xla_twins.py [--field vocab_size|seq_len|heads] [--delta N] [--limit N]
                                    [--jobs 2] [--no-measure]
 
 The memory model prices a step's live set from the tensor inventory; XLA's buffer assignment
@@ -14,6 +14,11 @@ are ``memory_random.jsonl``'s own. ``--field seq_len`` lengthens the sequence in
 (every family but ViT, whose sequence is its image's patches; ``--delta 128`` keeps it a
 multiple of the flash stand-in's 128-query chunks where it was one: off them the step falls
 back to materialised scores, `capopt.validation.models.attention`, a change of structure).
+``--field heads`` gives the materialised-attention configs (flash off, every family with
+attention) ``--delta`` more query heads (1 by default) a key-value head, the head width kept:
+grouped heads one more each group, one-to-one heads (MHA) one more of both. How many
+score-sized tensors XLA keeps a block for the backward pass is its fusion's choice, one or two,
+and the head count moves it; the model keeps two (``score_copies``).
 
 For a pair it reports the measured change of the peak (twin / base - 1), the predicted change
 and the excess of the one over the other, (1 + measured) / (1 + predicted) - 1: what the
@@ -22,7 +27,8 @@ model's remaining misses on these configs are systematic (a mechanism to find); 
 says they include choices that a shape change of a fraction of a percent can flip, a floor
 under what a model of the inventory alone can reach.
 
-Results: ``results/xla_twins.json`` (``xla_twins_seq_len.json``; table printed); compiles in
+Results: ``results/xla_twins.json`` (``xla_twins_seq_len.json``, ``xla_twins_heads.json``;
+table printed); compiles in
 ``results/xla_twins.jsonl`` (resumable).
 """
 
@@ -47,17 +53,27 @@ from memory_random import measurement_key, predicted_peak  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-FIELDS = ("vocab_size", "seq_len")
+FIELDS = ("vocab_size", "seq_len", "heads")
+#: --delta when none is given: vocabulary entries or tokens, and query heads a key-value head
+DEFAULT_DELTA = {"vocab_size": 16, "seq_len": 16, "heads": 1}
 
 
 def twin(case: Case, delta: int, field: str = "vocab_size") -> Case:
-    """``case`` with ``delta`` more vocabulary entries (``vocab_size``) or tokens a sequence
-    (``seq_len``)."""
+    """``case`` with ``delta`` more vocabulary entries (``vocab_size``), tokens a sequence
+    (``seq_len``) or query heads a key-value head (``heads``: grouped heads ``delta`` more a
+    group, one-to-one heads ``delta`` more of both; each head as wide as before)."""
     sc = case.scenario
-    tag = {"vocab_size": "v", "seq_len": "s"}[field]
+    tag = {"vocab_size": "v", "seq_len": "s", "heads": "h"}[field]
     if field == "vocab_size":
         sc = dataclasses.replace(sc, model=dataclasses.replace(
             sc.model, vocab_size=sc.model.vocab_size + delta))
+    elif field == "heads":
+        m = sc.model
+        a, kv = m.num_attention_heads, m.kv_heads
+        heads = a + delta * kv if kv < a else a + delta
+        sc = dataclasses.replace(sc, model=dataclasses.replace(
+            m, num_attention_heads=heads, num_key_value_heads=kv if kv < a else heads,
+            head_dim=m.head_size))
     else:
         sc = dataclasses.replace(sc, workload=dataclasses.replace(
             sc.workload, seq_len=sc.workload.seq_len + delta))
@@ -68,9 +84,11 @@ def twin(case: Case, delta: int, field: str = "vocab_size") -> Case:
 def pairs(cases: list[Case], delta: int, limit: int,
           field: str = "vocab_size") -> list[tuple[Case, Case]]:
     """The held-out one-device cases the field applies to (a vocabulary; a sequence that is
-    not an image's patches), each with its twin (at most ``limit``)."""
+    not an image's patches; materialised attention), each with its twin (at most ``limit``)."""
     def applies(c: Case) -> bool:
         m = c.scenario.model
+        if field == "heads":
+            return m.family != "mlp" and not c.config.flash_attention
         return m.vocab_size > 0 if field == "vocab_size" else m.family != "vit"
     out = [(c, twin(c, delta, field)) for c in cases
            if c.split == "heldout" and devices_needed(c.config) == 1 and applies(c)]
@@ -83,8 +101,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--field", choices=FIELDS, default="vocab_size",
                     help="what the twin changes (results/xla_twins[_seq_len].json)")
-    ap.add_argument("--delta", type=int, default=16,
-                    help="vocabulary entries (or tokens a sequence) the twin adds")
+    ap.add_argument("--delta", type=int, default=None,
+                    help="vocabulary entries, tokens a sequence (16 by default) or query heads a "
+                         "key-value head (1) the twin adds")
     ap.add_argument("--limit", type=int, default=0, help="at most this many pairs (0: all)")
     add_worker_args(ap)
     ap.add_argument("--no-measure", action="store_true",
@@ -93,6 +112,7 @@ def main(argv=None) -> int:
                     help="default results/xla_twins.json (vocab_size), "
                          "results/xla_twins_seq_len.json")
     args = ap.parse_args(argv)
+    args.delta = DEFAULT_DELTA[args.field] if args.delta is None else args.delta
     args.out = args.out or str(RESULTS / ("xla_twins.json" if args.field == "vocab_size"
                                           else f"xla_twins_{args.field}.json"))
     if args.delta == 0:
@@ -124,6 +144,10 @@ def main(argv=None) -> int:
         mb, mt = rb["measured"]["peak_bytes"], rt["measured"]["peak_bytes"]
         rows.append({"case": c.name, "describe": describe(c),
                      "vocab": c.scenario.model.vocab_size, "seq_len": c.scenario.workload.seq_len,
+                     "heads": c.scenario.model.num_attention_heads,
+                     "kv_heads": c.scenario.model.kv_heads,
+                     "twin_heads": t.scenario.model.num_attention_heads,
+                     "twin_kv_heads": t.scenario.model.kv_heads,
                      "measured_base_bytes": mb, "measured_twin_bytes": mt,
                      "predicted_base_bytes": pb, "predicted_twin_bytes": pt,
                      "measured_change": mt / mb - 1.0, "predicted_change": pt / pb - 1.0,
