@@ -597,7 +597,9 @@ def pinned_config(sc: Scenario, **knobs) -> Config:
                    if sc.workload.global_batch % replicas == 0 else None)
     if "micro_batch" not in values and "grad_accum" not in values:
         missing = "config.micro_batch"
-        raise CapoptError("plan needs micro_batch or grad_accum pinned (or use optimize)",
+        raise CapoptError("one config needs micro_batch or grad_accum pinned, and the "
+                          "scenario leaves both to the search (optimize searches them; or pin "
+                          "one, e.g. --set micro_batch=2)",
                           file=sc.path, field=missing, allowed="a positive integer")
     if per_replica is None:
         raise CapoptError(f"global_batch {sc.workload.global_batch} is not divisible by "

@@ -152,6 +152,8 @@ def test_optimize_json_contract(capsys):
 
 BAD = [  # (description, text or None, argv extra, words the one line must contain)
     ("malformed TOML", "name = [", [], ["s.toml", "malformed TOML"]),
+    ("neither micro_batch nor grad_accum pinned", GOOD.replace("micro_batch = 2\n", ""), [],
+     ["s.toml", "config.micro_batch", "optimize", "--set micro_batch="]),
     ("unknown top-level key", GOOD + "\n[bogus]\nx = 1\n", [], ["s.toml", "bogus", "allowed"]),
     ("unknown GPU", GOOD.replace("h100-sxm-80gb", "h100-xxl"), [],
      ["s.toml", "hardware.gpu", "h100-xxl", "a100-sxm-80gb"]),
@@ -264,6 +266,20 @@ def test_bad_input_exits_2_with_one_clear_line(tmp_path, capsys, desc, text, ext
     # the file and the field are named once each ("s.toml: model.card: ...")
     head = lines[0].split(" (allowed:")[0].split(": ")
     assert len(head) == len(set(head)), lines[0]
+
+
+def test_explain_of_a_scenario_that_pins_no_batch_split_says_so_and_how_to_pin(tmp_path,
+                                                                                  capsys):
+    """explain (like plan) needs one config: its refusal names the field and the way out, not
+    another command's name."""
+    path = write(tmp_path, GOOD.replace("micro_batch = 2\n", ""))
+    code, out, err = run(["explain", path], capsys)
+    assert code == 2 and not out
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "config.micro_batch" in lines[0] and "plan needs" not in lines[0]
+    assert "--set micro_batch=" in lines[0]
+    code, out, err = run(["explain", path, "--set", "micro_batch=2"], capsys)
+    assert code == 0 and "FITS" in out
 
 
 def test_real_process_bad_input_has_no_traceback(tmp_path):
