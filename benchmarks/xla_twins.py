@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", type=int, default=200, help="memory_random.py's draw")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--field", choices=FIELDS, default="vocab_size",
-                    help="what the twin changes (results/xla_twins[_seq_len].json)")
+                    help="what the twin changes (results/xla_twins[_seq_len|_heads].json)")
     ap.add_argument("--delta", type=int, default=None,
                     help="vocabulary entries, tokens a sequence (16 by default) or query heads a "
                          "key-value head (1) the twin adds")
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
                     help="only recompute the predictions for what is already measured")
     ap.add_argument("--out", default=None,
                     help="default results/xla_twins.json (vocab_size), "
-                         "results/xla_twins_seq_len.json")
+                         "results/xla_twins_<field>.json (seq_len, heads)")
     args = ap.parse_args(argv)
     args.delta = DEFAULT_DELTA[args.field] if args.delta is None else args.delta
     args.out = args.out or str(RESULTS / ("xla_twins.json" if args.field == "vocab_size"
